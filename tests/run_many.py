@@ -1,0 +1,43 @@
+"""Test driver: several trainer runs in one launch (one process group), to keep the suite fast.
+
+    torchrun --nproc_per_node=N tests/run_many.py RUNS.json
+RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1", which runs
+HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it.
+"""
+import json
+import sys
+
+from vit_scale import train
+from vit_scale.config import load_config
+from vit_scale.distributed.fsdp import FSDPStrategy
+from vit_scale.launch import choose_device, detect_world
+
+
+class FSDP1WithOneRankShardGroups(FSDPStrategy):
+    """HYBRID_1GPU as plain FSDP1 builds it: the trap the toolkit avoids."""
+
+    def __init__(self, cfg, label, world):
+        super().__init__(cfg, label, world)
+        self.implementation_version, self.implementation = 1, "fsdp1"
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        runs = json.load(f)
+    codes = []
+    real_strategy_class = train.strategy_class
+    for overrides in runs:
+        broken = overrides and overrides[0] == "@broken_hybrid1"
+        if broken:
+            overrides = overrides[1:]
+            train.strategy_class = lambda family: FSDP1WithOneRankShardGroups
+        cfg = load_config(None, overrides)
+        world = choose_device(detect_world(cfg.system.launcher), cfg.system.device)
+        codes.append(train.execute(cfg, world, keep_process_group=True))
+        train.strategy_class = real_strategy_class
+    print("EXIT CODES", codes, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""`vit-scale train ...` and `vit-scale plan ...`."""
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {
+    "train": ("vit_scale.train", "one run: one model under one strategy on the launched ranks"),
+    "plan": ("vit_scale.plan", "what fits where: memory per device and communication per step"),
+}
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: vit-scale {train,plan} ...\n")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:6} {text}")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"vit-scale: error: unknown command '{command}'; allowed: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    import importlib
+
+    return importlib.import_module(COMMANDS[command][0]).main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Run configuration: dataclasses loaded from YAML, dotted key=value overrides, validated once.
+
+Everything downstream trusts a validated Config. Every option of every strategy family is a key
+here, so the resolved config written into the run directory says exactly what ran.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .errors import UserError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 32          # per device; weak scaling keeps it fixed as ranks grow
+    steps: int = 30
+    warmup_steps: int = 5         # excluded from every summary figure
+    lr: float = 1e-4
+    weight_decay: float = 0.05
+    seed: int = 0
+    num_classes: int = 1000
+    precision: str = "fp32"       # fp32 | bf16 | fp16 (autocast for DDP, MixedPrecision for FSDP)
+    activation_checkpointing: bool = False
+    log_every: int = 1            # a step record every k steps
+    print_every: int = 10         # a progress line on rank 0 every k steps
+    init: str = "auto"            # device | meta | auto (meta above 1.5B parameters)
+    synthetic_batches: int = 4    # distinct synthetic batches cycled through
+
+
+@dataclass
+class FSDPConfig:
+    version: int = 1                    # 1: FullyShardedDataParallel (the paper's); 2: fully_shard
+    backward_prefetch: str = "pre"      # none | pre | post (FSDP1)
+    limit_all_gathers: bool = True      # FSDP1
+    forward_prefetch: bool = False      # FSDP1
+    use_orig_params: bool = False       # FSDP1
+    cpu_offload: bool = False           # needs a GPU with FSDP1 (pinned memory)
+
+
+@dataclass
+class DeepSpeedConfig:
+    offload_optimizer: bool = False     # to CPU; uses DeepSpeed's own optimizer, which offload requires
+    offload_params: bool = False        # ZeRO-3 only
+    overlap_comm: bool = True
+    reduce_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000
+    gradient_clipping: float = 0.0      # DeepSpeed clips at 1.0 by default; 0 keeps it equal to the others
+    hpz_partition_size: int = 0         # ZEROPP: 0 = ranks per node
+    quantized_weights: bool = True      # ZEROPP qwZ (GPU only)
+    quantized_gradients: bool = True    # ZEROPP qgZ (GPU only)
+
+
+@dataclass
+class ColossalAIConfig:
+    zero_stage: int = 2                 # CAI_LOW_LEVEL_ZERO: 1 or 2
+    cpu_offload: bool = False           # CAI_LOW_LEVEL_ZERO
+    placement_policy: str = "static"    # CAI_GEMINI: static | auto
+    offload_optim_frac: float = 0.0     # CAI_GEMINI
+    offload_param_frac: float = 0.0     # CAI_GEMINI
+    pin_memory: bool = False            # CAI_GEMINI
+    preset: str = "none"                # none | seed000 (offload_optim_frac=1.0, pin_memory=True)
+
+
+@dataclass
+class OutputConfig:
+    dir: str = "runs"
+    study: str = "default"
+    run_id: str = ""                    # empty: <UTC time>[-j<job>.<step>]
+
+
+@dataclass
+class SystemConfig:
+    launcher: str = "auto"              # auto | torchrun | srun | mpi | single
+    device: str = "auto"                # auto | cuda | cpu
+    peak_tflops: Optional[float] = None  # per device, overrides the built-in table for MFU
+    collective_timeout_s: int = 300     # a dead or stuck rank ends the job after this
+    ranks_per_node: int = 0             # 0 = from the launcher (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE)
+
+
+@dataclass
+class PlanConfig:
+    skip_if_not_fits: bool = False      # record the run as skipped instead of running into OOM
+    device_memory_gib: Optional[float] = None
+
+
+@dataclass
+class Config:
+    model: str = "vit_micro"
+    strategy: str = "DDP"
+    train: TrainConfig = field(default_factory=TrainConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CHOICES = {
+    "train.precision": PRECISIONS,
+    "train.init": ("auto", "device", "meta"),
+    "fsdp.version": (1, 2),
+    "fsdp.backward_prefetch": ("none", "pre", "post"),
+    "colossalai.zero_stage": (1, 2),
+    "colossalai.placement_policy": ("static", "auto"),
+    "colossalai.preset": ("none", "seed000"),
+    "system.launcher": ("auto", "torchrun", "srun", "mpi", "single"),
+    "system.device": ("auto", "cuda", "cpu"),
+}
+POSITIVE = ("train.batch_size", "train.steps", "train.num_classes", "train.log_every", "train.print_every",
+            "train.synthetic_batches", "system.collective_timeout_s")
+NON_NEGATIVE = ("train.warmup_steps", "train.lr", "train.weight_decay", "train.seed", "deepspeed.gradient_clipping",
+                "deepspeed.hpz_partition_size", "deepspeed.reduce_bucket_size", "deepspeed.allgather_bucket_size",
+                "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node")
+FRACTIONS = ("colossalai.offload_optim_frac", "colossalai.offload_param_frac")
+
+
+# ---------------------------------------------------------------- loading
+
+def _field_types(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _convert(key: str, raw: Any, typ: Any) -> Any:
+    """Convert a YAML value or an override string to the field's type, or say what was expected."""
+    origin = typing.get_origin(typ)
+    if origin is typing.Union:  # Optional[X]
+        inner = [a for a in typing.get_args(typ) if a is not type(None)][0]
+        if raw is None or (isinstance(raw, str) and raw.lower() in ("null", "none", "")):
+            return None
+        return _convert(key, raw, inner)
+    if typ is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.lower() in ("true", "yes", "on", "1", "false", "no", "off", "0"):
+            return raw.lower() in ("true", "yes", "on", "1")
+        raise UserError(f"{key}: expected true or false, got {raw!r}")
+    if typ is int:
+        if isinstance(raw, bool):
+            raise UserError(f"{key}: expected an integer, got {raw!r}")
+        if isinstance(raw, int):
+            return raw
+        if isinstance(raw, float) and raw.is_integer():
+            return int(raw)
+        if isinstance(raw, str):
+            try:
+                return int(float(raw)) if re.fullmatch(r"[-+]?\d+(\.0*)?([eE]\+?\d+)?", raw.strip()) else int(raw)
+            except ValueError:
+                pass
+        raise UserError(f"{key}: expected an integer, got {raw!r}")
+    if typ is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        if isinstance(raw, str):
+            try:
+                return float(raw)
+            except ValueError:
+                pass
+        raise UserError(f"{key}: expected a number, got {raw!r}")
+    if typ is str:
+        if isinstance(raw, (str, int, float)) and not isinstance(raw, bool):
+            return str(raw)
+        raise UserError(f"{key}: expected a string, got {raw!r}")
+    raise UserError(f"{key}: unsupported value {raw!r}")
+
+
+def _apply(cfg: Config, key: str, raw: Any) -> None:
+    parts = key.split(".")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        path = ".".join(parts[: i + 1])
+        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+            allowed = ", ".join(f.name for f in dataclasses.fields(obj)) if dataclasses.is_dataclass(obj) else ""
+            where = ".".join(parts[:i]) or "top level"
+            raise UserError(f"{path}: unknown key; allowed at {where}: {allowed}")
+        typ = _field_types(type(obj))[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(typ):
+                if not isinstance(raw, dict):
+                    raise UserError(f"{path}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(typ))}")
+                for sub, val in raw.items():
+                    _apply(cfg, f"{path}.{sub}", val)
+            else:
+                setattr(obj, part, _convert(path, raw, typ))
+            return
+        obj = getattr(obj, part)
+
+
+def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file, then key=value overrides; then validate."""
+    import yaml
+
+    cfg = Config()
+    if path:
+        if not os.path.isfile(path):
+            raise UserError(f"--config: no such file: {path}")
+        try:
+            with open(path) as f:
+                data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark else ""
+            raise UserError(f"--config: YAML syntax error in {path}{where}: {getattr(exc, 'problem', exc)}") from None
+        except OSError as exc:
+            raise UserError(f"--config: cannot read {path}: {exc.strerror}") from None
+        if not isinstance(data, dict):
+            raise UserError(f"--config: {path} must hold a mapping of keys, not {type(data).__name__}")
+        for key, val in data.items():
+            _apply(cfg, str(key), val)
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override '{item}': expected key=value, e.g. model=vit_micro or train.steps=30")
+        key, raw = item.split("=", 1)
+        _apply(cfg, key.strip(), _parse_scalar(raw))
+    validate(cfg)
+    return cfg
+
+
+def _parse_scalar(raw: str) -> Any:
+    """Overrides arrive as strings; YAML rules give true/false/numbers/null their meaning."""
+    import yaml
+
+    try:
+        val = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return val if isinstance(val, (bool, int, float, str)) or val is None else raw
+
+
+# ---------------------------------------------------------------- validation
+
+def _get(cfg: Config, key: str) -> Any:
+    obj: Any = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate(cfg: Config) -> None:
+    from .distributed import parse_strategy
+    from .models import get_spec
+
+    get_spec(cfg.model)
+    parse_strategy(cfg.strategy)
+    for key, allowed in CHOICES.items():
+        if _get(cfg, key) not in allowed:
+            raise UserError(f"{key}: {_get(cfg, key)!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
+    for key in POSITIVE:
+        if _get(cfg, key) < 1:
+            raise UserError(f"{key}: must be at least 1, got {_get(cfg, key)}")
+    for key in NON_NEGATIVE:
+        if _get(cfg, key) < 0:
+            raise UserError(f"{key}: must not be negative, got {_get(cfg, key)}")
+    for key in FRACTIONS:
+        if _get(cfg, key) > 1:
+            raise UserError(f"{key}: must be between 0 and 1, got {_get(cfg, key)}")
+    if cfg.train.warmup_steps >= cfg.train.steps:
+        raise UserError(f"train.warmup_steps: must be less than train.steps ({cfg.train.steps}) so that some steps "
+                        f"are timed, got {cfg.train.warmup_steps}")
+    if cfg.system.peak_tflops is not None and cfg.system.peak_tflops <= 0:
+        raise UserError(f"system.peak_tflops: must be positive, got {cfg.system.peak_tflops}")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.output.study):
+        raise UserError(f"output.study: {cfg.output.study!r} must be letters, digits, '.', '_' or '-'")
+    if cfg.output.run_id and not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.output.run_id):
+        raise UserError(f"output.run_id: {cfg.output.run_id!r} must be letters, digits, '.', '_' or '-'")
+    out = cfg.output.dir
+    probe = out
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe.rstrip("/"))
+    if probe and not os.path.isdir(probe):
+        raise UserError(f"output.dir: {probe} is a file, not a directory; choose another output.dir")
+
+
+def to_yaml(cfg: Config) -> str:
+    import yaml
+
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)

@@ -1,0 +1,34 @@
+"""torch DistributedDataParallel: every rank holds the whole model; gradients are all-reduced."""
+from __future__ import annotations
+
+from .base import Strategy
+
+
+class DDPStrategy(Strategy):
+    family = "ddp"
+
+    def setup(self, factory) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = factory.on_device(self.world.device)
+        self.apply_activation_checkpointing(model)
+        device_ids = None if self.world.device_type == "cpu" else [self.world.device_index]
+        self.model = DistributedDataParallel(model, device_ids=device_ids)
+        self.optimizer = self.make_optimizer(self.model.parameters())
+        self.scaler = (torch.amp.GradScaler(self.world.torch_device_type)
+                       if self.cfg.train.precision == "fp16" else None)
+
+    def train_step(self, images, labels):
+        with self.autocast():
+            logits = self.model(images)
+        loss = self.loss(logits, labels)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()

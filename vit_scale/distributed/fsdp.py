@@ -1,0 +1,187 @@
+"""torch FSDP: NO_SHARD, FULL_SHARD, SHARD_GRAD_OP and HYBRID_<g>GPU, as FSDP1
+(FullyShardedDataParallel, the study's) or FSDP2 (`fully_shard`). One unit per timm `Block`.
+
+HYBRID_<g>GPU shards within groups of g consecutive ranks (the closest GPUs under srun's
+block distribution) and replicates across groups: a (world/g, g) device mesh.
+
+HYBRID_1GPU runs on FSDP2 whatever `fsdp.version` says. FSDP1 given a 1-rank shard group
+switches to NO_SHARD over that one rank, with only a warning, and then never all-reduces
+gradients: replicas train apart and the images/s look excellent because nothing is
+communicated. FSDP2's (world, 1) mesh all-reduces across replicas as it should; the run
+records which implementation ran.
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+from .base import Strategy
+
+
+class FSDPStrategy(Strategy):
+    family = "fsdp"
+
+    @classmethod
+    def check(cls, cfg, label, world) -> None:
+        super().check(cfg, label, world)
+        g = label.hybrid_group
+        if g and world.world_size % g:
+            raise UserError(f"strategy: {label.label} needs a world size divisible by {g}, but this run has "
+                            f"{world.world_size} ranks; use HYBRID_<g>GPU with g dividing {world.world_size}")
+        if cfg.fsdp.cpu_offload and world.device_type == "cpu" and cfg.fsdp.version == 1:
+            raise UserError("fsdp.cpu_offload: FSDP1 parameter offload needs a GPU (it pins host memory); "
+                            "set fsdp.cpu_offload=false on a CPU")
+
+    def options(self) -> dict:
+        opts = super().options()
+        opts.update({"fsdp_version": self.implementation_version, "sharding": self.sharding,
+                     "hybrid_group": self.label.hybrid_group or None,
+                     "backward_prefetch": self.cfg.fsdp.backward_prefetch,
+                     "limit_all_gathers": self.cfg.fsdp.limit_all_gathers,
+                     "forward_prefetch": self.cfg.fsdp.forward_prefetch,
+                     "use_orig_params": self.cfg.fsdp.use_orig_params,
+                     "cpu_offload": self.cfg.fsdp.cpu_offload})
+        return opts
+
+    def __init__(self, cfg, label, world):
+        super().__init__(cfg, label, world)
+        self.sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
+        self.implementation_version = cfg.fsdp.version
+        if label.hybrid_group == 1 and cfg.fsdp.version == 1:
+            self.implementation_version = 2
+            self.notes.append("HYBRID_1GPU runs on FSDP2 with a (world, 1) mesh: FSDP1 with 1-rank shard groups "
+                              "falls back to NO_SHARD over one rank and never synchronises the replicas")
+        self.implementation = f"fsdp{self.implementation_version}"
+        replicate, shard = self._mesh_shape()
+        self.shard_group_size, self.replicate_group_size = shard, replicate
+        if self.implementation_version == 2 and (cfg.fsdp.backward_prefetch != "pre" or not cfg.fsdp.limit_all_gathers):
+            self.notes.append("backward_prefetch and limit_all_gathers are FSDP1 options; FSDP2 prefetches one "
+                              "unit ahead in backward and bounds in-flight all-gathers itself")
+
+    # ------------------------------------------------------------ meshes
+
+    def _mesh_shape(self) -> tuple[int, int]:
+        """(replicate, shard) sizes."""
+        n = self.world.world_size
+        if self.label.hybrid_group:
+            return n // self.label.hybrid_group, self.label.hybrid_group
+        if self.sharding == "NO_SHARD":
+            return n, 1
+        return 1, n
+
+    def _mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.world.torch_device_type, self._mesh_shape(),
+                                mesh_dim_names=("replicate", "shard"))
+
+    # ------------------------------------------------------------ setup
+
+    def setup(self, factory) -> None:
+        import torch
+
+        if self.implementation_version == 1:
+            self._setup_fsdp1(factory)
+        else:
+            self._setup_fsdp2(factory)
+        self.optimizer = self.make_optimizer(self.model.parameters())
+        self.scaler = None
+        if self.cfg.train.precision == "fp16":
+            if self.implementation_version == 1:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                self.scaler = ShardedGradScaler()
+            else:
+                self.scaler = torch.amp.GradScaler(self.world.torch_device_type)
+
+    def _setup_fsdp1(self, factory) -> None:
+        import torch
+        from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, MixedPrecision,
+                                            ShardingStrategy)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        kwargs = {}
+        if self.label.hybrid_group:
+            mesh = self._mesh()
+            kwargs["device_mesh"] = mesh
+            self.shard_group = mesh.get_group("shard")
+        elif self.sharding != "NO_SHARD":
+            self.shard_group = torch.distributed.group.WORLD
+        if self.dtype_name:
+            dtype = getattr(torch, self.dtype_name)
+            kwargs["mixed_precision"] = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+        prefetch = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
+        if factory.init == "meta":
+            model = factory.on_meta()
+
+            def materialise(module):
+                module.to_empty(device=self.world.device, recurse=False)
+                factory.init_module(module)
+
+            kwargs["param_init_fn"] = materialise
+        else:
+            model = factory.on_device(self.world.device)
+        self.model = FSDP(
+            model,
+            sharding_strategy=getattr(ShardingStrategy, self.sharding),
+            auto_wrap_policy=ModuleWrapPolicy({factory.block_class()}),
+            backward_prefetch=prefetch[self.cfg.fsdp.backward_prefetch],
+            limit_all_gathers=self.cfg.fsdp.limit_all_gathers,
+            forward_prefetch=self.cfg.fsdp.forward_prefetch,
+            use_orig_params=self.cfg.fsdp.use_orig_params,
+            cpu_offload=CPUOffload(offload_params=self.cfg.fsdp.cpu_offload),
+            device_id=self.world.device,
+            **kwargs,
+        )
+        # after wrapping, so the checkpoint wrapper sits inside each FSDP unit
+        self.apply_activation_checkpointing(self.model)
+
+    def _setup_fsdp2(self, factory) -> None:
+        import torch
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+        mesh = self._mesh()
+        replicate, shard = self._mesh_shape()
+        if shard > 1:
+            self.shard_group = mesh.get_group("shard")
+        # a 2-D mesh makes FSDP2 shard over "shard" and all-reduce over "replicate" (HSDP)
+        kwargs = {"mesh": mesh if replicate > 1 else mesh["shard"],
+                  "reshard_after_forward": self.sharding != "SHARD_GRAD_OP"}
+        if self.dtype_name:
+            dtype = getattr(torch, self.dtype_name)
+            kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
+        if self.cfg.fsdp.cpu_offload:
+            # pinned host memory needs an accelerator; unpinned works on a CPU-only machine
+            kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.world.device_type != "cpu")
+        meta = factory.init == "meta"
+        model = factory.on_meta() if meta else factory.on_device(self.world.device)
+        self.apply_activation_checkpointing(model)
+        block = factory.block_class()
+        units = [m for m in model.blocks]  # each Block, or the checkpoint wrapper around it
+        assert all(isinstance(getattr(u, "_checkpoint_wrapped_module", u), block) for u in units)
+        for unit in units:
+            fully_shard(unit, **kwargs)
+        fully_shard(model, **kwargs)
+        if self.cfg.fsdp.forward_prefetch:
+            for current, following in zip(units, units[1:]):
+                current.set_modules_to_forward_prefetch([following])
+        if meta:
+            model.to_empty(device=self.world.device)
+            torch.manual_seed(factory.seed + self.world.rank)  # shards differ, so their draws should too
+            for module in model.modules():
+                factory.init_module(module)
+        self.model = model
+
+    # ------------------------------------------------------------ step
+
+    def train_step(self, images, labels):
+        logits = self.model(images)
+        loss = self.loss(logits, labels)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach()

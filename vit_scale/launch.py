@@ -1,0 +1,217 @@
+"""Where this process sits in the job: launcher, ranks, nodes, device and backend. The one place
+that reads torchrun's, srun's and MPI's environment.
+
+srun and MPI give ranks but no rendezvous address; torch.distributed needs MASTER_ADDR and
+MASTER_PORT, which are derived here (first node of the step, a port from the job and step ids)
+so that no job script has to compute them.
+"""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from .errors import UserError
+
+
+@dataclass
+class World:
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    nodes: int
+    node_name: str
+    master_addr: str
+    master_port: int
+    device_type: str = "cpu"       # cuda | rocm | cpu
+    device_index: int | None = None
+    backend: str = "gloo"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self):
+        import torch
+
+        if self.device_type == "cpu":
+            return torch.device("cpu")
+        return torch.device("cuda", self.device_index or 0)
+
+    @property
+    def torch_device_type(self) -> str:
+        """The device type torch itself uses (ROCm GPUs are "cuda" to torch)."""
+        return "cpu" if self.device_type == "cpu" else "cuda"
+
+
+def _int_env(name: str, default: int | None = None) -> int | None:
+    val = os.environ.get(name)
+    if val is None or val == "":
+        return default
+    m = re.match(r"\d+", val)  # SLURM_TASKS_PER_NODE looks like "2(x3)"
+    return int(m.group(0)) if m else default
+
+
+def _node_name() -> str:
+    # emulated nodes share one host name, so prefer what the launcher says the node is
+    return (os.environ.get("VIT_SCALE_NODE_NAME") or os.environ.get("SLURMD_NODENAME")
+            or socket.gethostname())
+
+
+def detect_launcher(requested: str = "auto") -> str:
+    if requested != "auto":
+        return requested
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" in env or ("RANK" in env and "WORLD_SIZE" in env):
+        return "torchrun"
+    if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
+        return "srun"
+    if any(k in env for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")):
+        return "mpi"
+    return "single"
+
+
+def slurm_master_addr() -> str:
+    """Address of the step's first node; node names that do not resolve (emulated or
+    private names) fall back to the NodeAddr Slurm itself holds for the node."""
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or ""
+    first = ""
+    if nodelist:
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout.split()
+            first = out[0] if out else ""
+        except (OSError, subprocess.SubprocessError):
+            first = nodelist.split(",")[0]
+    if not first:
+        return "127.0.0.1"
+    try:
+        socket.getaddrinfo(first, None)
+        return first
+    except OSError:
+        pass
+    try:
+        out = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, timeout=30).stdout
+        m = re.search(r"NodeAddr=(\S+)", out)
+        if m:
+            return m.group(1)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return first
+
+
+def slurm_master_port() -> int:
+    """Distinct per job and per step, so consecutive steps of a ladder never meet a port in TIME_WAIT."""
+    job = _int_env("SLURM_JOB_ID", 0) or 0
+    step = _int_env("SLURM_STEP_ID", 0) or 0
+    return 15000 + (job * 97 + step * 13) % 30000
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def detect_world(requested_launcher: str = "auto", ranks_per_node: int = 0) -> World:
+    """Ranks and rendezvous from the environment; touches no process group."""
+    launcher = detect_launcher(requested_launcher)
+    env = os.environ
+    if launcher == "torchrun":
+        rank, world_size = _int_env("RANK", 0), _int_env("WORLD_SIZE", 1)
+        local_rank = _int_env("LOCAL_RANK", 0)
+        local_world = _int_env("LOCAL_WORLD_SIZE", ranks_per_node or world_size)
+        nodes = _int_env("GROUP_WORLD_SIZE", 0) or max(1, world_size // max(1, local_world))
+        addr, port = env.get("MASTER_ADDR", "127.0.0.1"), _int_env("MASTER_PORT", 29500)
+    elif launcher == "srun":
+        if "SLURM_PROCID" not in env:
+            raise UserError("system.launcher: srun was asked for but this process was not started by srun")
+        rank, world_size = _int_env("SLURM_PROCID"), _int_env("SLURM_NTASKS", 1)
+        local_rank = _int_env("SLURM_LOCALID", 0)
+        local_world = (_int_env("SLURM_STEP_TASKS_PER_NODE") or _int_env("SLURM_NTASKS_PER_NODE")
+                       or _int_env("SLURM_TASKS_PER_NODE") or 1)
+        nodes = _int_env("SLURM_STEP_NUM_NODES") or _int_env("SLURM_NNODES") or 1
+        addr = env.get("MASTER_ADDR") or slurm_master_addr()
+        port = _int_env("MASTER_PORT") or slurm_master_port()
+    elif launcher == "mpi":
+        rank, world_size, local_rank, local_world, nodes, addr, port = _mpi_bootstrap()
+    elif launcher == "single":
+        rank, world_size, local_rank, local_world, nodes = 0, 1, 0, 1, 1
+        addr, port = "127.0.0.1", _free_port()
+    else:
+        raise UserError(f"system.launcher: {launcher!r} is not allowed; allowed: auto, torchrun, srun, mpi, single")
+    if ranks_per_node:
+        local_world = ranks_per_node
+        nodes = max(1, world_size // ranks_per_node)
+    return World(launcher, rank, world_size, local_rank, local_world, nodes, _node_name(), addr, port)
+
+
+def _mpi_bootstrap():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise UserError("system.launcher: mpi needs mpi4py; install the extra: pip install 'vit-scale[mpi]'") from None
+    comm = MPI.COMM_WORLD
+    rank, world_size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    local_rank, local_world = local.Get_rank(), local.Get_size()
+    # rank 0 chooses the rendezvous and tells everyone: MPI has no MASTER_ADDR of its own
+    if rank == 0:
+        addr = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        port = _int_env("MASTER_PORT") or _free_port()
+    else:
+        addr, port = None, None
+    addr, port = comm.bcast((addr, port), root=0)
+    node_names = comm.allgather(_node_name())
+    return rank, world_size, local_rank, local_world, len(set(node_names)), addr, port
+
+
+def choose_device(world: World, requested: str = "auto") -> World:
+    import torch
+
+    has_gpu = torch.cuda.is_available()
+    if requested == "cuda" and not has_gpu:
+        raise UserError("system.device: cuda was asked for but torch sees no GPU; use system.device=cpu or auto")
+    if requested in ("auto", "cuda") and has_gpu:
+        world.device_type = "rocm" if torch.version.hip else "cuda"
+        # with --gpus-per-task=1 each task sees one device; otherwise the local rank picks it
+        world.device_index = world.local_rank % torch.cuda.device_count()
+        world.backend = "nccl"  # RCCL on ROCm builds
+    else:
+        world.device_type, world.device_index, world.backend = "cpu", None, "gloo"
+    return world
+
+
+def init_distributed(world: World, timeout_s: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ["MASTER_ADDR"] = world.master_addr
+    os.environ["MASTER_PORT"] = str(world.master_port)
+    kwargs = {}
+    if world.device_type != "cpu":
+        torch.cuda.set_device(world.device_index)
+        kwargs["device_id"] = world.device
+    dist.init_process_group(backend=world.backend, rank=world.rank, world_size=world.world_size,
+                            timeout=timedelta(seconds=timeout_s), **kwargs)
+
+
+def slurm_facts() -> dict | None:
+    env = os.environ
+    if "SLURM_JOB_ID" not in env:
+        return None
+    return {
+        "job_id": env.get("SLURM_JOB_ID"),
+        "step_id": env.get("SLURM_STEP_ID"),
+        "job_name": env.get("SLURM_JOB_NAME"),
+        "nodelist": env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST"),
+        "partition": env.get("SLURM_JOB_PARTITION"),
+        "account": env.get("SLURM_JOB_ACCOUNT"),
+    }

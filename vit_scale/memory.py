@@ -1,0 +1,58 @@
+"""Peak memory of this rank over a measured window.
+
+GPUs: the caching allocator's max allocated and max reserved bytes. CPU: peak resident set
+size (VmHWM); writing 5 to /proc/self/clear_refs resets it so warm-up is left out.
+"""
+from __future__ import annotations
+
+GIB = 1024 ** 3
+
+
+class MemoryProbe:
+    def __init__(self, device_type: str):
+        self.device_type = device_type
+        self.window = "whole_run"
+
+    def reset(self) -> None:
+        """Start the measured window (called after warm-up)."""
+        if self.device_type == "cpu":
+            try:
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                self.window = "timed_steps"
+            except OSError:
+                self.window = "whole_run"  # e.g. macOS: the peak then includes warm-up, and says so
+        else:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self.window = "timed_steps"
+
+    def peak(self) -> dict[str, float]:
+        if self.device_type == "cpu":
+            return {"peak_rss_gib": _peak_rss_bytes() / GIB}
+        import torch
+
+        return {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+
+
+def _peak_rss_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def device_memory_gib(device_type: str, device_index) -> float | None:
+    if device_type == "cpu":
+        return None
+    import torch
+
+    return torch.cuda.get_device_properties(device_index or 0).total_memory / GIB

@@ -1,0 +1,107 @@
+"""JSON Schema of the run record (docs/run_record.md), used by the tests to check every record
+they make, and available to users who write their own readers."""
+from __future__ import annotations
+
+NUM = {"type": ["number", "null"]}
+STR = {"type": ["string", "null"]}
+STATS = {"type": ["object", "null"], "required": ["mean", "std", "min", "max", "median"],
+         "properties": {k: {"type": "number"} for k in ("mean", "std", "min", "max", "median")}}
+OVER_RANKS = {"type": "object", "required": ["max", "mean", "per_rank"],
+              "properties": {"max": {"type": "number"}, "mean": {"type": "number"},
+                             "per_rank": {"type": "array", "items": {"type": "number"}}}}
+
+START = {
+    "type": "object",
+    "required": ["event", "time", "schema", "run_id", "study", "time_iso", "config", "model", "strategy", "world",
+                 "batch", "launcher", "slurm", "hosts", "versions", "git_revision", "plan"],
+    "properties": {
+        "event": {"const": "start"}, "time": {"type": "number"}, "schema": {"const": 1},
+        "run_id": {"type": "string"}, "study": {"type": "string"},
+        "config": {"type": "object", "required": ["model", "strategy", "train"]},
+        "model": {"type": "object", "required": ["name", "params", "flops_per_image", "img_size", "patch_size",
+                                                 "embed_dim", "depth", "num_heads", "mlp_dim", "num_classes"],
+                  "properties": {"params": {"type": "integer", "minimum": 1},
+                                 "flops_per_image": {"type": "integer", "minimum": 1}}},
+        "strategy": {"type": "object",
+                     "required": ["label", "family", "implementation", "shard_group_size", "replicate_group_size",
+                                  "options", "notes"],
+                     "properties": {"family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]},
+                                    "options": {"type": "object"}, "notes": {"type": "array"}}},
+        "world": {"type": "object",
+                  "required": ["world_size", "nodes", "ranks_per_node", "device_type", "device_name",
+                               "device_memory_gib", "backend", "peak_tflops_per_device", "peak_tflops_source"],
+                  "properties": {"world_size": {"type": "integer", "minimum": 1},
+                                 "nodes": {"type": "integer", "minimum": 1},
+                                 "device_type": {"enum": ["cuda", "rocm", "cpu"]},
+                                 "backend": {"enum": ["nccl", "gloo"]},
+                                 "peak_tflops_per_device": NUM, "device_memory_gib": NUM}},
+        "batch": {"type": "object", "required": ["per_device", "global"]},
+        "launcher": {"enum": ["torchrun", "srun", "mpi", "single"]},
+        "slurm": {"type": ["object", "null"]},
+        "hosts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "versions": {"type": "object", "required": ["python", "torch", "timm", "deepspeed", "colossalai", "cuda",
+                                                    "hip", "nccl"]},
+        "git_revision": STR, "plan": {"type": ["object", "null"]},
+    },
+}
+
+STEP = {
+    "type": "object",
+    "required": ["event", "time", "step", "loss", "step_time_s", "images_per_s", "warmup"],
+    "properties": {"event": {"const": "step"}, "step": {"type": "integer", "minimum": 1}, "loss": NUM,
+                   "step_time_s": {"type": "number", "exclusiveMinimum": 0},
+                   "images_per_s": {"type": "number", "exclusiveMinimum": 0}, "warmup": {"type": "boolean"}},
+}
+
+END = {
+    "type": "object",
+    "required": ["event", "time", "status", "error", "failed_rank", "steps_done", "timed_steps", "wall_time_s",
+                 "images_per_s", "images_per_s_per_device", "memory", "tflops_per_device", "mfu",
+                 "replicas_agree", "replica_checksums", "final_loss"],
+    "properties": {
+        "event": {"const": "end"},
+        "status": {"enum": ["ok", "oom", "timeout", "failed", "diverged", "skipped"]},
+        "error": STR, "failed_rank": {"type": ["integer", "null"]},
+        "steps_done": {"type": "integer", "minimum": 0}, "timed_steps": {"type": "integer", "minimum": 0},
+        "wall_time_s": NUM, "images_per_s": STATS, "images_per_s_per_device": NUM,
+        "memory": {"type": ["object", "null"], "required": ["device_kind", "window"],
+                   "properties": {"device_kind": {"enum": ["cuda", "rocm", "cpu"]},
+                                  "window": {"enum": ["timed_steps", "whole_run"]},
+                                  "peak_allocated_gib": OVER_RANKS, "peak_reserved_gib": OVER_RANKS,
+                                  "peak_rss_gib": OVER_RANKS}},
+        "tflops_per_device": NUM, "mfu": NUM, "replicas_agree": {"type": ["boolean", "null"]},
+        "replica_checksums": {"type": ["array", "null"]}, "final_loss": NUM,
+    },
+    # an ok run has every figure
+    "if": {"properties": {"status": {"const": "ok"}}},
+    "then": {"properties": {"images_per_s": {"type": "object"}, "memory": {"type": "object"},
+                            "replicas_agree": {"const": True}, "error": {"type": "null"}}},
+}
+
+BY_EVENT = {"start": START, "step": STEP, "end": END}
+
+
+def validate_record_file(path: str) -> list[dict]:
+    """Validate every line of a metrics.jsonl; returns the records. Needs the `jsonschema` package."""
+    import json
+
+    import jsonschema
+
+    records = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            record = json.loads(line)
+            schema = BY_EVENT.get(record.get("event"))
+            if schema is None:
+                raise ValueError(f"{path}:{number}: unknown event {record.get('event')!r}")
+            try:
+                jsonschema.validate(record, schema)
+            except jsonschema.ValidationError as exc:
+                raise ValueError(f"{path}:{number}: {exc.message}") from None
+            records.append(record)
+    if not records or records[0]["event"] != "start":
+        raise ValueError(f"{path}: the first record must be 'start'")
+    ends = [r for r in records if r["event"] == "end"]
+    if len(ends) > 1 or (ends and records[-1]["event"] != "end"):
+        raise ValueError(f"{path}: at most one 'end' record, and it must be last")
+    return records
