@@ -47,14 +47,18 @@ class FSDPConfig:
 @dataclass
 class DeepSpeedConfig:
     offload_optimizer: bool = False     # to CPU; uses DeepSpeed's own optimizer, which offload requires
-    offload_params: bool = False        # ZeRO-3 only
+    offload_params: bool = False        # ZeRO-3 only (ZERO3, ZEROPP)
     overlap_comm: bool = True
+    contiguous_gradients: bool = True
     reduce_bucket_size: int = 500_000_000
-    allgather_bucket_size: int = 500_000_000
+    allgather_bucket_size: int = 500_000_000   # ZeRO-1/2
+    prefetch_bucket_size: int = 50_000_000     # ZeRO-3: stage3_prefetch_bucket_size
+    param_persistence_threshold: int = 100_000  # ZeRO-3: parameters smaller than this stay gathered
     gradient_clipping: float = 0.0      # DeepSpeed clips at 1.0 by default; 0 keeps it equal to the others
     hpz_partition_size: int = 0         # ZEROPP: 0 = ranks per node
     quantized_weights: bool = True      # ZEROPP qwZ (GPU only)
     quantized_gradients: bool = True    # ZEROPP qgZ (GPU only)
+    skip_shm_comm: bool = True          # CPU only: do not build DeepSpeed's shm op (inference all-reduce only)
 
 
 @dataclass
@@ -62,10 +66,12 @@ class ColossalAIConfig:
     zero_stage: int = 2                 # CAI_LOW_LEVEL_ZERO: 1 or 2
     cpu_offload: bool = False           # CAI_LOW_LEVEL_ZERO
     placement_policy: str = "static"    # CAI_GEMINI: static | auto
-    offload_optim_frac: float = 0.0     # CAI_GEMINI
-    offload_param_frac: float = 0.0     # CAI_GEMINI
+    offload_optim_frac: float = 0.0     # CAI_GEMINI (static placement)
+    offload_param_frac: float = 0.0     # CAI_GEMINI (static placement)
     pin_memory: bool = False            # CAI_GEMINI
-    preset: str = "none"                # none | seed000 (offload_optim_frac=1.0, pin_memory=True)
+    preset: str = "none"                # none | seed000 (offload_optim_frac=1.0, pin_memory=True; overrides both)
+    initial_scale: float = 65536.0      # fp16 loss scale to start from (CAI_DDP_FP16 uses torch's GradScaler default)
+    bucket_cap_mb: int = 25             # CAI_DDP, CAI_DDP_FP16: DDP gradient bucket size
 
 
 @dataclass
@@ -118,9 +124,11 @@ CHOICES = {
     "system.device": ("auto", "cuda", "cpu"),
 }
 POSITIVE = ("train.batch_size", "train.steps", "train.num_classes", "train.log_every", "train.print_every",
-            "train.synthetic_batches", "system.collective_timeout_s")
+            "train.synthetic_batches", "system.collective_timeout_s", "deepspeed.reduce_bucket_size",
+            "deepspeed.allgather_bucket_size", "deepspeed.prefetch_bucket_size", "colossalai.initial_scale",
+            "colossalai.bucket_cap_mb")
 NON_NEGATIVE = ("train.warmup_steps", "train.lr", "train.weight_decay", "train.seed", "deepspeed.gradient_clipping",
-                "deepspeed.hpz_partition_size", "deepspeed.reduce_bucket_size", "deepspeed.allgather_bucket_size",
+                "deepspeed.hpz_partition_size", "deepspeed.param_persistence_threshold",
                 "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node")
 FRACTIONS = ("colossalai.offload_optim_frac", "colossalai.offload_param_frac")
 

@@ -98,6 +98,9 @@ class Run:
         self.recorder = RunRecorder(self.run_dir)
         with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
             f.write(to_yaml(self.cfg))
+        for name, text in self.strategy.artifacts().items():  # e.g. deepspeed.json
+            with open(os.path.join(self.run_dir, name), "w") as f:
+                f.write(text)
         self.model_info = models.describe(self.cfg.model, self.cfg.train.num_classes)
         device_name = self._device_name()
         self.peak_tflops, peak_source = peak_tflops(device_name, self.cfg.train.precision, self.cfg.system.peak_tflops)
@@ -358,7 +361,17 @@ def main(argv=None) -> int:
         if (world.rank if world else _launch_rank_guess()) == 0:
             print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
-    return execute(cfg, world)
+    code = execute(cfg, world)
+    if world.launcher == "mpi":
+        # Interpreter shutdown with MPI initialised lets gloo's worker threads die mid-call
+        # (std::terminate); finalise MPI ourselves and leave without the shutdown sequence.
+        from mpi4py import MPI
+
+        MPI.Finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -85,6 +85,11 @@ class Strategy(ABC):
                 "shard_group_size": self.shard_group_size, "replicate_group_size": self.replicate_group_size,
                 "options": self.options(), "notes": self.notes}
 
+    def artifacts(self) -> dict[str, str]:
+        """Files this strategy wants in the run directory ({file name: text}), written by rank 0
+        before setup (e.g. the generated DeepSpeed config). Built from the config alone."""
+        return {}
+
     def local_tensors(self):
         """The parameter data this rank holds (its shard, or the whole model when unsharded)."""
         for p in self.model.parameters():

@@ -1,0 +1,472 @@
+"""analysis/: reading run directories, the results table, the figures, the report and the CLI.
+
+Run directories here are written by analysis/synthetic.py with numbers chosen so every
+expected value can be worked out by hand; tests/test_analysis_contract.py reads ones the real
+trainer wrote.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from analysis import plots, records, report, table  # noqa: E402
+from analysis.synthetic import default_options, write_run  # noqa: E402
+from analysis.weak_scaling import main  # noqa: E402
+
+CAPACITY = 64.0
+
+
+def _study(root) -> str:
+    """A small study with hand-checkable numbers.
+
+    vit_base: DDP at 1, 2, 4 nodes = 100, 180, 300 images/s (efficiency 1, 0.9, 0.75);
+              FULL_SHARD OOM at 1 node, then 200, 360 at 2, 4 nodes (efficiency 1, 0.9 against 2 nodes);
+              HYBRID_2GPU 90, 170 at 1, 2 nodes, timeout at 4.
+    vit_3b:   DDP 10 at 1 node but diverged (replicas disagree); FULL_SHARD 8, 15 at 1, 2 nodes.
+    """
+    root = str(root)
+    t = 1.7e9
+    w = lambda **kw: write_run(root, study="s", steps=8, warmup=2, device_memory_gib=CAPACITY, **kw)  # noqa: E731
+    for nodes, ips in ((1, 100.0), (2, 180.0), (4, 300.0)):
+        w(model="vit_base", strategy="DDP", nodes=nodes, ips=ips, memory_gib=20.0, time=t + nodes)
+    w(model="vit_base", strategy="FULL_SHARD", nodes=1, ips=None, status="oom", error="CUDA out of memory", time=t)
+    for nodes, ips, mem in ((2, 200.0, 12.0), (4, 360.0, 9.0)):
+        w(model="vit_base", strategy="FULL_SHARD", nodes=nodes, ips=ips, memory_gib=mem, time=t + nodes)
+    for nodes, ips in ((1, 90.0), (2, 170.0)):
+        w(model="vit_base", strategy="HYBRID_2GPU", nodes=nodes, ips=ips, memory_gib=15.0, time=t + nodes)
+    w(model="vit_base", strategy="HYBRID_2GPU", nodes=4, ips=None, status="timeout", error="SIGTERM after 600 s",
+      time=t)
+    w(model="vit_3b", strategy="DDP", nodes=1, ips=10.0, memory_gib=60.0, replicas_agree=False, status="diverged",
+      error="replicas differ at the end", time=t)
+    for nodes, ips in ((1, 8.0), (2, 15.0)):
+        w(model="vit_3b", strategy="FULL_SHARD", nodes=nodes, ips=ips, memory_gib=30.0 / nodes, time=t + nodes)
+    return root
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    return _study(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def results(study):
+    return table.build(records.collect([study])).results
+
+
+def _row(df, model, strategy, nodes):
+    sub = df[(df["model"] == model) & (df["strategy"] == strategy) & (df["nodes"] == nodes)]
+    assert len(sub) == 1, sub
+    return sub.iloc[0]
+
+
+# --------------------------------------------------------------------------------- the table
+
+def test_efficiency_is_ips_over_base_times_node_ratio(results):
+    expected = {("DDP", 1): 1.0, ("DDP", 2): 0.9, ("DDP", 4): 0.75, ("FULL_SHARD", 2): 1.0, ("FULL_SHARD", 4): 0.9,
+                ("HYBRID_2GPU", 1): 1.0, ("HYBRID_2GPU", 2): 170 / 180}
+    for (strategy, nodes), eff in expected.items():
+        row = _row(results, "vit_base", strategy, nodes)
+        assert row["efficiency"] == pytest.approx(eff), (strategy, nodes)
+    assert _row(results, "vit_base", "FULL_SHARD", 4)["efficiency_base_nodes"] == 2
+    assert math.isnan(_row(results, "vit_base", "FULL_SHARD", 1)["efficiency"])  # the OOM has none
+
+
+def test_status_column_and_derived_columns(results):
+    assert len(results) == 12
+    assert _row(results, "vit_base", "FULL_SHARD", 1)["status"] == "oom"
+    assert _row(results, "vit_base", "HYBRID_2GPU", 4)["status"] == "timeout"
+    assert _row(results, "vit_base", "HYBRID_2GPU", 4)["error"] == "SIGTERM after 600 s"
+    ddp4 = _row(results, "vit_base", "DDP", 4)
+    assert ddp4["world_size"] == 32 and ddp4["batch_global"] == 32 * 32
+    assert ddp4["ips_per_device"] == pytest.approx(300 / 32)
+    assert ddp4["memory_gib"] == pytest.approx(20.0) and ddp4["memory_measure"] == "allocated"
+    assert ddp4["mem_reserved_max_gib"] == pytest.approx(22.0)
+    assert ddp4["device_memory_gib"] == CAPACITY
+    assert ddp4["opt_precision"] == "bf16" and ddp4["job_id"] == "1234" and ddp4["v_torch"].startswith("2.4")
+    assert ddp4["mfu"] == pytest.approx(ddp4["tflops_per_device"] / 191.5)
+
+
+def test_best_run_per_model_and_nodes(results):
+    best = table.best_runs(results).set_index(["model", "nodes"])
+    assert best.loc[("vit_base", 1), "strategy"] == "DDP"              # 100 vs 90; FULL_SHARD OOM
+    assert best.loc[("vit_base", 2), "strategy"] == "FULL_SHARD"       # 200 vs 180 vs 170
+    assert best.loc[("vit_base", 2), "margin"] == pytest.approx(200 / 180 - 1)
+    assert best.loc[("vit_base", 4), "strategy"] == "FULL_SHARD"       # 360 vs 300; HYBRID timed out
+    # DDP is faster on vit_3b but diverged (its replicas disagree): not a result
+    assert best.loc[("vit_3b", 1), "strategy"] == "FULL_SHARD"
+
+
+def test_reruns_keep_newest_ok_and_count_the_rest(tmp_path):
+    root = str(tmp_path)
+    common = dict(study="r", model="vit_base", strategy="DDP", nodes=2, steps=4, warmup=1)
+    write_run(root, ips=100.0, time=1000.0, run_id="old-ok", **common)
+    write_run(root, ips=120.0, time=2000.0, run_id="new-ok", **common)
+    write_run(root, ips=None, status="failed", error="NCCL timeout", time=3000.0, run_id="newest-failed", **common)
+    write_run(root, ips=50.0, time=1000.0, run_id="other", **dict(common, nodes=4))
+    tables = table.build(records.collect([root]))
+    kept = _row(tables.results, "vit_base", "DDP", 2)
+    assert kept["run_id"] == "new-ok" and kept["ips_mean"] == 120.0 and kept["reruns_set_aside"] == 2
+    assert sorted(tables.set_aside["run_id"]) == ["newest-failed", "old-ok"]
+    assert set(tables.set_aside["set_aside_for"]) == {"new-ok"}
+    assert _row(tables.results, "vit_base", "DDP", 4)["reruns_set_aside"] == 0
+
+
+def test_series_name_the_options_that_vary(tmp_path):
+    root = str(tmp_path)
+    for prefetch in ("pre", "post"):
+        opts = dict(default_options("FULL_SHARD"), backward_prefetch=prefetch)
+        for nodes, ips in ((1, 100.0), (2, 150.0 if prefetch == "pre" else 190.0)):
+            write_run(root, study="g", strategy="FULL_SHARD", nodes=nodes, ips=ips, options=opts, steps=4, warmup=1,
+                      run_id=f"{prefetch}{nodes}")
+    write_run(root, study="g", strategy="DDP", nodes=1, ips=80.0, steps=4, warmup=1)
+    df = table.build(records.collect([root])).results
+    assert set(df["series"]) == {"FULL_SHARD [prefetch=pre]", "FULL_SHARD [prefetch=post]", "DDP"}
+    # each configuration is its own efficiency baseline
+    post2 = df[(df["series"] == "FULL_SHARD [prefetch=post]") & (df["nodes"] == 2)].iloc[0]
+    assert post2["efficiency"] == pytest.approx(0.95)
+
+
+def test_single_node_rank_ladder_uses_ranks(tmp_path):
+    """CPU runs with 1 and 2 ranks on one node: efficiency by ranks, x axis in ranks."""
+    root = str(tmp_path)
+    write_run(root, study="c", model="vit_micro", strategy="DDP", nodes=1, ranks_per_node=1, ips=40.0, device="cpu",
+              steps=4, warmup=1)
+    write_run(root, study="c", model="vit_micro", strategy="DDP", nodes=1, ranks_per_node=2, ips=60.0, device="cpu",
+              steps=4, warmup=1, run_id="two")
+    df = table.build(records.collect([root])).results
+    assert sorted(df["efficiency"]) == pytest.approx([0.75, 1.0])
+    assert table.x_axis(df) == ("world_size", "ranks")
+    assert set(df["memory_measure"]) == {"rss"}
+    plot = plots.memory(df)
+    assert plot.figure.axes[0].get_ylabel() == "peak RSS per rank (GiB), CPU"
+
+
+# ------------------------------------------------------------------------------------ plots
+
+def _lines(ax, style):
+    return [ln for ln in ax.get_lines() if ln.get_linestyle() == style]
+
+
+def test_weak_scaling_plot_has_one_line_and_one_ideal_per_strategy(results):
+    plot = plots.weak_scaling(results)
+    assert plot.drawn["vit_base"] == {"measured": 3, "ideal": 3, "failed": 2}
+    # vit_3b DDP ran at one node count only: a single run is no scaling line, so it is left out
+    assert plot.drawn["vit_3b"] == {"measured": 1, "ideal": 1, "failed": 0}
+    ax = next(a for a in plot.figure.axes if a.get_title().startswith("vit_base"))
+    assert len(_lines(ax, "-")) == 3 and len(_lines(ax, "--")) == 3
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "nodes"
+    # the ideal FULL_SHARD line starts at its 2-node run: 200 → 400 at 4 nodes, and spans the OOM at 1
+    color = plots.series_colors(results)["FULL_SHARD"]
+    ideal = next(ln for ln in _lines(ax, "--") if ln.get_color() == color)
+    assert list(ideal.get_xdata()) == [1, 2, 4] and list(ideal.get_ydata()) == pytest.approx([100, 200, 400])
+    assert len(ax.collections) == 2  # an × for the OOM and one for the timeout
+
+
+def test_memory_plot_keeps_full_shard_apart_with_capacity(results):
+    plot = plots.memory(results)
+    assert plot.drawn[("vit_base", "FULL_SHARD")] == {"measured": 1, "capacity": 1, "failed": 1}
+    assert plot.drawn[("vit_base", "other strategies")] == {"measured": 2, "capacity": 1, "failed": 1}
+    ax = next(a for a in plot.figure.axes if a.get_title().endswith("FULL_SHARD") and "vit_base" in a.get_title())
+    assert list(_lines(ax, "-")[0].get_ydata()) == [12.0, 9.0]
+    assert [ln.get_ydata()[0] for ln in _lines(ax, ":")] == [CAPACITY]
+    assert ax.get_ylabel() == "peak allocated per GPU (GiB)"
+
+
+def test_efficiency_heat_map_values(results):
+    plot = plots.efficiency(results)
+    base = plot.drawn["vit_base"]
+    assert list(base.columns) == [1, 2, 4]
+    assert base.loc["DDP"].tolist() == pytest.approx([1.0, 0.9, 0.75])
+    assert math.isnan(base.loc["FULL_SHARD", 1]) and base.loc["FULL_SHARD", 4] == pytest.approx(0.9)
+    texts = [t.get_text() for t in plot.figure.axes[0].texts]
+    assert "75%" in texts and "×\nOOM" in texts and "×\nTIMEOUT" in texts
+
+
+def _grid_study(root, oom=("FULL_SHARD", "none", False)):
+    for label, base in (("HYBRID_2GPU", 130.0), ("FULL_SHARD", 100.0), ("SHARD_GRAD_OP", 110.0)):
+        for pi, prefetch in enumerate(("none", "pre", "post")):
+            for lag in (False, True):
+                opts = dict(default_options(label), backward_prefetch=prefetch, limit_all_gathers=lag)
+                bad = (label, prefetch, lag) == oom
+                write_run(str(root), study="grid", model="vit_5b", strategy=label, nodes=8, options=opts,
+                          ips=None if bad else base + 10 * pi + 5 * lag, status="oom" if bad else "ok",
+                          steps=4, warmup=1, run_id=f"{prefetch}-{lag}")
+    # a second, smaller grid the picker must not choose
+    for lag in (False, True):
+        opts = dict(default_options("FULL_SHARD"), limit_all_gathers=lag)
+        write_run(str(root), study="grid", model="vit_base", strategy="FULL_SHARD", nodes=2, options=opts,
+                  ips=50.0, steps=4, warmup=1, run_id=f"b-{lag}")
+
+
+def test_config_grid_bars(tmp_path):
+    _grid_study(tmp_path)
+    df = table.build(records.collect([str(tmp_path)])).results
+    plot = plots.config_grid(df)
+    d = plot.drawn
+    assert (d["model"], d["nodes"], d["batch"]) == ("vit_5b", 8, 32)
+    assert d["bars"] == 17 and d["failed"] == [("FULL_SHARD", "none", False, "oom")]
+    assert d["values"][("HYBRID_2GPU", "pre", True)] == pytest.approx(145.0)
+    ax = plot.figure.axes[0]
+    assert len(ax.patches) == 17 and [t.get_text() for t in ax.get_xticklabels()] == [
+        "HYBRID_2GPU", "FULL_SHARD", "SHARD_GRAD_OP"]
+    small = plots.config_grid(df, model="vit_base")
+    assert small.drawn["bars"] == 2
+    with pytest.raises(ValueError, match="--grid-model.*vit_5b"):
+        plots.config_grid(df, model="vit_15b")
+    with pytest.raises(ValueError, match="--grid-nodes.*8"):
+        plots.config_grid(df, model="vit_5b", nodes=4)
+
+
+def test_plugin_comparison_found_by_data(tmp_path):
+    for label, ips in (("CAI_DDP", 20.0), ("CAI_GEMINI", 30.0), ("ZERO2", 25.0)):
+        for batch in (8, 32):
+            bad = label == "CAI_DDP" and batch == 32
+            write_run(str(tmp_path), study="anything", strategy=label, nodes=1, ranks_per_node=1, batch=batch,
+                      ips=None if bad else ips * batch / 8, status="oom" if bad else "ok", steps=4, warmup=1,
+                      memory_gib=None if bad else batch / 8, run_id=f"b{batch}")
+    df = table.build(records.collect([str(tmp_path)])).results
+    plot = plots.plugin_comparison(df)
+    assert plot.drawn == {("anything", "vit_base"): {"ips_lines": 3, "memory_lines": 3, "failed": 1}}
+    assert len(_lines(plot.figure.axes[0], "-")) == 3
+    assert plots.weak_scaling(df) is None  # one world size: no scaling plot, and all_plots says why
+    _, missing = plots.all_plots(df)
+    assert any(m.startswith("weak scaling") for m in missing)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _one(path):
+    coll = records.collect([str(path)])
+    return coll
+
+
+def test_truncated_last_line_is_an_incomplete_run(tmp_path):
+    path = write_run(str(tmp_path), strategy="DDP", steps=10, warmup=2, ips=50.0)
+    with open(path, "rb") as f:
+        data = f.read()
+    with open(path, "wb") as f:  # the job died while writing the end record
+        f.write(data[: data.rfind(b'"event": "end"') + 20])
+    coll = _one(tmp_path)
+    run, = coll.runs
+    assert run.status == "incomplete" and run.last_step == 10 and run.partial_ips == pytest.approx(50.0)
+    assert any("truncated" in n for n in run.notes)
+    row = table.build(coll).results.iloc[0]
+    assert row["status"] == "incomplete" and row["steps_done"] == 10
+    assert row["error"].startswith("no end record; stopped after step 10 of 10")
+
+
+def test_killed_run_with_rank_error_file(tmp_path):
+    path = write_run(str(tmp_path), strategy="FULL_SHARD", nodes=2, steps=10, warmup=2, end=False, steps_logged=3)
+    with open(os.path.join(os.path.dirname(path), "rank5.error.json"), "w") as f:
+        json.dump({"rank": 5, "status": "oom", "error": "HIP out of memory"}, f)
+    row = table.build(_one(tmp_path)).results.iloc[0]
+    assert row["status"] == "incomplete" and row["steps_done"] == 3
+    assert "rank 5: oom: HIP out of memory" in row["error"]
+
+
+def test_garbage_after_end_record_still_reads_the_end(tmp_path):
+    path = write_run(str(tmp_path), ips=70.0)
+    with open(path, "a") as f:
+        f.write("\x00\x00garbage{\n")
+    run, = _one(tmp_path).runs
+    assert run.status == "ok" and run.end["images_per_s"]["mean"] == 70.0
+    assert any("unreadable" in n for n in run.notes)
+
+
+def test_huge_end_record_is_read_from_the_tail(tmp_path):
+    """Per-rank lists of a 4,096-rank run make the end line longer than the first tail window."""
+    path = write_run(str(tmp_path), nodes=512, ranks_per_node=8, ips=5000.0, steps=3, warmup=1)
+    with open(path, "rb") as f:
+        assert len(f.read().splitlines()[-1]) > 2 * records._TAIL_BLOCK
+    run, = _one(tmp_path).runs
+    assert run.status == "ok" and len(run.end["memory"]["peak_allocated_gib"]["per_rank"]) == 4096
+
+
+def test_each_bad_file_is_skipped_with_its_reason(tmp_path):
+    good = write_run(str(tmp_path), study="b", ips=10.0)
+    bad_dir = os.path.join(str(tmp_path), "b", "bad")
+    cases = {"empty": b"", "garbage": b"\x89PNG not json\n", "halfstart": b'{"event": "start", "sche',
+             "notstart": b'{"event": "step", "step": 1}\n', "noschema": b'{"event": "start"}\n',
+             "nomodel": json.dumps({"event": "start", "schema": 1}).encode() + b"\n"}
+    for name, content in cases.items():
+        os.makedirs(os.path.join(bad_dir, name))
+        with open(os.path.join(bad_dir, name, "metrics.jsonl"), "wb") as f:
+            f.write(content)
+    os.makedirs(os.path.join(bad_dir, "dangling"))
+    os.symlink("/nonexistent/metrics.jsonl", os.path.join(bad_dir, "dangling", "metrics.jsonl"))
+    os.makedirs(os.path.join(bad_dir, "nometrics"))
+    open(os.path.join(bad_dir, "nometrics", "config.yaml"), "w").close()
+    coll = _one(tmp_path)
+    assert [r.path for r in coll.runs] == [good]
+    reasons = {os.path.basename(os.path.dirname(s.path)) if s.path.endswith(".jsonl") else os.path.basename(s.path):
+               s.reason for s in coll.skipped}
+    assert reasons["empty"] == "empty file"
+    assert reasons["garbage"].startswith("first line is not JSON")
+    assert reasons["halfstart"].startswith("first line is not JSON")
+    assert reasons["notstart"].startswith("first line is not a start record")
+    assert "schema" in reasons["noschema"]
+    assert reasons["nomodel"] == "start record lacks model.name (str), got None"
+    assert reasons["dangling"].startswith("cannot read: No such file")
+    assert reasons["nometrics"].startswith("config.yaml but no metrics.jsonl")
+
+
+def test_permission_denied_is_skipped(tmp_path, monkeypatch):
+    """As root chmod cannot make a file unreadable, so the denial is simulated where records opens."""
+    path = write_run(str(tmp_path), ips=10.0)
+    real_open = open
+
+    def deny(p, *a, **kw):
+        if p == path:
+            raise PermissionError(13, "Permission denied", p)
+        return real_open(p, *a, **kw)
+    monkeypatch.setattr(records, "open", deny, raising=False)
+    coll = _one(tmp_path)
+    assert not coll.runs and coll.skipped[0].reason == "cannot read: Permission denied"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_file_is_skipped(tmp_path):
+    path = write_run(str(tmp_path), ips=10.0)
+    os.chmod(path, 0)
+    try:
+        coll = _one(tmp_path)
+    finally:
+        os.chmod(path, 0o644)
+    assert not coll.runs and coll.skipped[0].reason.startswith("cannot read: Permission denied")
+
+
+# ------------------------------------------------------------------------------------- CLI
+
+def _digest(root):
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            with open(p, "rb") as f:
+                out[p] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_cli_end_to_end_without_torch(study, tmp_path):
+    """The whole CLI in a fresh interpreter, as on a login node: files, numbers, no torch imported."""
+    out = str(tmp_path / "report")
+    before = _digest(study)
+    probe = ("import sys, runpy; sys.argv = ['analysis/weak_scaling.py', %r, '--out', %r, '--dpi', '60']; "
+             "code = 0\ntry:\n    runpy.run_path('analysis/weak_scaling.py', run_name='__main__')\n"
+             "except SystemExit as e:\n    code = e.code\n"
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vit_scale'))\n"
+             "print('FORBIDDEN', bad); sys.exit(code)") % (study, out)
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "FORBIDDEN []" in proc.stdout
+    assert "collected 12 runs" in proc.stdout
+    assert "vit_base     1: DDP · 2-4: FULL_SHARD" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    names = set(os.listdir(out))
+    for stem in ("weak_scaling_ips", "memory", "efficiency"):
+        assert {f"{stem}.png", f"{stem}.pdf"} <= names
+    assert {"results.csv", "report.md", "report.html"} <= names
+    import pandas as pd
+
+    csv = pd.read_csv(os.path.join(out, "results.csv"))
+    assert len(csv) == 12 and sorted(csv["status"].unique()) == ["diverged", "ok", "oom", "timeout"]
+    md = open(os.path.join(out, "report.md")).read()
+    assert "## Best run per model and node count" in md and "![Weak scaling: images/s](weak_scaling_ips.png)" in md
+    assert "| vit_base | HYBRID_2GPU | 4 | 32 | timeout |" in md and "SIGTERM after 600 s" in md
+    assert "| DDP | 100 (100%) | 180 (90%) | 300 (75%) |" in md
+    assert "replicas disagree: vit_3b DDP" in md
+    html = open(os.path.join(out, "report.html")).read()
+    assert html.count("src='data:image/png;base64,") == 3
+    with open(os.path.join(out, "weak_scaling_ips.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert _digest(study) == before  # inputs untouched
+
+
+def test_cli_goes_on_past_bad_files_and_names_them(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    write_run(str(runs), ips=10.0, nodes=1)
+    write_run(str(runs), ips=18.0, nodes=2)
+    os.makedirs(runs / "junk")
+    (runs / "junk" / "metrics.jsonl").write_text("not json at all\n")
+    code = main([str(runs), "--out", str(tmp_path / "o"), "--no-plots"])
+    cap = capsys.readouterr()
+    assert code == 0
+    assert "collected 2 runs" in cap.out and "(1 skipped, 0 reruns set aside)" in cap.out
+    assert f"skipped {runs / 'junk' / 'metrics.jsonl'}: first line is not JSON" in cap.err
+    assert "junk" in (tmp_path / "o" / "report.md").read_text()
+
+
+def test_cli_unknown_schema_is_an_error_but_the_rest_is_written(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    write_run(str(runs), ips=10.0, nodes=1)
+    write_run(str(runs), ips=10.0, nodes=2, schema=2)
+    code = main([str(runs), "--out", str(tmp_path / "o"), "--no-plots", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "schema newer than this analysis reads (up to 1)" in err and "update" in err
+    assert len((tmp_path / "o" / "results.csv").read_text().splitlines()) == 2
+    only_new = tmp_path / "new"
+    write_run(str(only_new), ips=10.0, schema=7)
+    assert main([str(only_new), "--out", str(tmp_path / "o2")]) == 3
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("empty_dir", "no usable runs"),
+    ("only_garbage", "no usable runs"),
+])
+def test_cli_nothing_usable_exits_1(tmp_path, capsys, case, expect):
+    runs = tmp_path / "runs"
+    os.makedirs(runs)
+    if case == "only_garbage":
+        os.makedirs(runs / "x")
+        (runs / "x" / "metrics.jsonl").write_text("")
+    assert main([str(runs), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert expect in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_bad_arguments_are_one_line_errors(study, tmp_path, capsys):
+    a_file = tmp_path / "f.txt"
+    a_file.write_text("x")
+    run_dir = os.path.dirname(write_run(str(tmp_path / "r"), ips=1.0))
+    cases = [
+        ([str(tmp_path / "missing"), "--out", str(tmp_path / "o")], "RUNS_DIR: no such file or directory"),
+        ([study, "--out", str(a_file)], "is a file"),
+        ([study, "--out", os.path.join(run_dir, "rep")], "inside the run directory"),
+        ([study, "--out", str(tmp_path / "o"), "--grid-model", "vit_15b"], "--grid-model"),
+        ([study, "--out", str(tmp_path / "o"), "--formats", "png,gif"], "allowed: png, pdf, svg"),
+        ([study, "--out", str(tmp_path / "o"), "--dpi", "0"], "--dpi"),
+        (["--out", str(tmp_path / "o")], "RUNS_DIR"),
+    ]
+    for argv, expect in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: ") and expect in err, (argv, err)
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_refuses_to_overwrite_an_input(tmp_path, capsys):
+    out = tmp_path / "o"
+    os.makedirs(out)
+    (out / "results.csv").write_text("precious\n")  # passed as an input file: must survive
+    runs = tmp_path / "runs"
+    write_run(str(runs), ips=10.0)
+    assert main([str(runs), str(out / "results.csv"), "--out", str(out), "--no-plots"]) == 2
+    assert "is one of the input files" in capsys.readouterr().err
+    assert (out / "results.csv").read_text() == "precious\n"
+
+
+def test_report_markdown_table_escapes_pipes():
+    md = report.to_markdown([report.Block("table", header=["a"], rows=[["x|y"]])])
+    assert md == "| a |\n|---|\n| x\\|y |\n"
