@@ -113,12 +113,20 @@ def test_reruns_keep_newest_ok_and_count_the_rest(tmp_path):
     write_run(root, ips=120.0, time=2000.0, run_id="new-ok", **common)
     write_run(root, ips=None, status="failed", error="NCCL timeout", time=3000.0, run_id="newest-failed", **common)
     write_run(root, ips=50.0, time=1000.0, run_id="other", **dict(common, nodes=4))
+    write_run(root, ips=90.0, time=2000.0, run_id="new-ok", **dict(common, strategy="FULL_SHARD"))  # same id
     tables = table.build(records.collect([root]))
     kept = _row(tables.results, "vit_base", "DDP", 2)
     assert kept["run_id"] == "new-ok" and kept["ips_mean"] == 120.0 and kept["reruns_set_aside"] == 2
     assert sorted(tables.set_aside["run_id"]) == ["newest-failed", "old-ok"]
     assert set(tables.set_aside["set_aside_for"]) == {"new-ok"}
+    assert set(tables.set_aside["series"]) == {"DDP"}
+    assert set(tables.set_aside["set_aside_for_path"]) == {kept["path"]}
     assert _row(tables.results, "vit_base", "DDP", 4)["reruns_set_aside"] == 0
+
+
+def test_overlapping_inputs_are_read_once(study):
+    coll = records.collect([study, os.path.join(study, "s", "vit_base"), study])
+    assert len(coll.runs) == 12 and table.build(coll).set_aside.empty
 
 
 def test_series_name_the_options_that_vary(tmp_path):
@@ -236,7 +244,7 @@ def test_plugin_comparison_found_by_data(tmp_path):
                       memory_gib=None if bad else batch / 8, run_id=f"b{batch}")
     df = table.build(records.collect([str(tmp_path)])).results
     plot = plots.plugin_comparison(df)
-    assert plot.drawn == {("anything", "vit_base"): {"ips_lines": 3, "memory_lines": 3, "failed": 1}}
+    assert plot.drawn == {("anything", "vit_base"): {"ips_lines": 3, "memory_lines": 3, "failed": 1, "capacity": 1}}
     assert len(_lines(plot.figure.axes[0], "-")) == 3
     assert plots.weak_scaling(df) is None  # one world size: no scaling plot, and all_plots says why
     _, missing = plots.all_plots(df)
@@ -448,6 +456,7 @@ def test_cli_bad_arguments_are_one_line_errors(study, tmp_path, capsys):
         ([study, "--out", str(tmp_path / "o"), "--formats", "png,gif"], "allowed: png, pdf, svg"),
         ([study, "--out", str(tmp_path / "o"), "--dpi", "0"], "--dpi"),
         (["--out", str(tmp_path / "o")], "RUNS_DIR"),
+        ([study, "--out", str(tmp_path / "o"), "--study", "nope"], "--study: no runs of nope"),
     ]
     for argv, expect in cases:
         assert main(argv) == 2, argv

@@ -140,7 +140,12 @@ class Run:
             from .plan import predict_for_run
         except ImportError:
             return None
-        return predict_for_run(self.cfg, self.world)
+        try:
+            self.plan = predict_for_run(self.cfg, self.world)
+        except Exception as exc:  # noqa: BLE001 - a planner bug must not cost the run
+            say(self.world, f"vit-scale: warning: no memory plan: {_one_line(exc)}")
+            self.plan = None
+        return self.plan
 
     def train(self) -> None:
         import torch
@@ -295,10 +300,46 @@ def _print_summary(run: Run, end: dict) -> None:
     print("\n".join(lines), flush=True)
 
 
+def _skip_if_not_fits(run: Run, keep_process_group: bool) -> int | None:
+    """plan.skip_if_not_fits: a run the planner says cannot fit ends as `skipped` (exit 6) before
+    any model is built. Rank 0 made the plan (in prepare); its verdict goes to every rank."""
+    if not run.cfg.plan.skip_if_not_fits:
+        return None
+    import torch.distributed as dist
+
+    plan = getattr(run, "plan", None)
+    verdict = [None]
+    if run.world.is_main and plan and plan.get("fits") is False:
+        verdict = [f"does not fit: predicted {plan['memory_gib']:.3g} GiB > {plan['device_memory_gib']:.3g} GiB"]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is None:
+        return None
+    if run.recorder:
+        end = {"status": "skipped", "error": verdict[0], "failed_rank": None, "steps_done": 0, "timed_steps": 0,
+               "wall_time_s": None, "images_per_s": None, "images_per_s_per_device": None, "memory": None,
+               "tflops_per_device": None, "mfu": None, "replicas_agree": None, "replica_checksums": None,
+               "final_loss": None}
+        if run.recorder.end(end):
+            _print_summary(run, end)
+        run.recorder.close()
+    if not keep_process_group:
+        dist.destroy_process_group()
+    return EXIT_CODES["skipped"]
+
+
 def execute(cfg: Config, world: World, keep_process_group: bool = False) -> int:
     """Run one configuration. `keep_process_group` lets a caller run several in one launch."""
     run = Run(cfg, world)
-    run.prepare()
+    try:
+        run.prepare()
+    except Exception as exc:  # noqa: BLE001 - e.g. a rendezvous that never completes
+        if world.is_main:
+            print(f"vit-scale: rank {world.rank}: could not start the run: {_one_line(exc)}", file=sys.stderr,
+                  flush=True)
+        return 1
+    skipped = _skip_if_not_fits(run, keep_process_group)
+    if skipped is not None:
+        return skipped
 
     def on_stuck(signum):
         if run.recorder:
@@ -362,16 +403,16 @@ def main(argv=None) -> int:
             print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     code = execute(cfg, world)
+    # Interpreter shutdown can catch gloo's worker threads mid-call (std::terminate, SIGABRT after
+    # a correct end record, seen under torchrun and mpirun alike); everything is written and
+    # flushed by now, so leave without the shutdown sequence.
     if world.launcher == "mpi":
-        # Interpreter shutdown with MPI initialised lets gloo's worker threads die mid-call
-        # (std::terminate); finalise MPI ourselves and leave without the shutdown sequence.
         from mpi4py import MPI
 
         MPI.Finalize()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,290 @@
+"""report.md and report.html: the tables, figures, best runs and failures of a study.
+
+The report is built once as a list of blocks (heading, paragraph, table, image, list) and
+rendered twice, so the Markdown a user pastes into a paper draft and the HTML they open in a
+browser (images inline, one self-contained file to attach to a ticket) never disagree.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import math
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from . import table as tbl
+from .records import Collection
+
+
+@dataclass
+class Block:
+    kind: str                  # h1 h2 h3 p table img ul
+    text: str = ""
+    header: list = field(default_factory=list)
+    rows: list = field(default_factory=list)
+    items: list = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- formatting
+
+def _f(value, fmt: str = "{:.4g}", missing: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return missing
+    return fmt.format(value)
+
+
+def _s(value) -> str:
+    """Text of a possibly missing cell: None and NaN (pandas turns one into the other) are blank."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def _pct(value) -> str:
+    return _f(value, "{:.0%}") if not isinstance(value, str) else value
+
+
+def _one_line(text, limit: int = 160) -> str:
+    text = " ".join(str(text or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def status_counts(df: pd.DataFrame) -> str:
+    counts = df["status"].value_counts()
+    order = ["ok", "oom", "timeout", "failed", "diverged", "skipped", "incomplete"]
+    keys = [k for k in order if k in counts] + sorted(k for k in counts.index if k not in order)
+    return ", ".join(f"{counts[k]} {k}" for k in keys)
+
+
+# ----------------------------------------------------------------------------- sections
+
+def _best_section(results: pd.DataFrame) -> list:
+    best = tbl.best_runs(results)
+    blocks = [Block("h2", "Best run per model and node count")]
+    if best.empty:
+        return blocks + [Block("p", "No run finished ok with a measured throughput.")]
+    blocks.append(Block("p", "The fastest run that finished ok (replicas agreeing where checked), "
+                             "with its margin over the next fastest."))
+    dev = "GPU" if (results["device_type"] != "cpu").all() else "rank"
+    header = ["model", "nodes", f"{dev}s", "best", f"batch/{dev}", "images/s", f"per {dev}", "efficiency",
+              "memory GiB", "MFU", "next best", "margin", "run"]
+    rows = []
+    for _, r in best.iterrows():
+        rows.append([r["model"], int(r["nodes"]), int(r["world_size"]), r["series"], int(r["batch_per_device"]),
+                     _f(r["ips_mean"], "{:,.1f}"), _f(r["ips_per_device"], "{:,.1f}"), _pct(r["efficiency"]),
+                     _f(r["memory_gib"], "{:.1f}"), _pct(r["mfu"]), _s(r["runner_up"]),
+                     _f(r["margin"], "{:+.1%}"), r["run_id"]])
+    return blocks + [Block("table", header=header, rows=rows)]
+
+
+def _figure_block(plot, images: set) -> list:
+    """The figure and its caption, when its PNG was written (--formats may leave it out)."""
+    if f"{plot.name}.png" not in images:
+        return []
+    return [Block("img", f"{plot.name}.png", items=[plot.title]), Block("p", f"*{plot.caption}*")]
+
+
+def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
+    from .plots import scaling_runs
+
+    runs = scaling_runs(results)
+    if runs.empty:
+        return []
+    blocks = [Block("h2", "Weak scaling")]
+    if "weak_scaling_ips" in plots_by_name:
+        blocks += _figure_block(plots_by_name["weak_scaling_ips"], images)
+    from .plots import _models
+
+    for model in _models(runs):
+        t = tbl.scaling_table(runs, model)
+        xname = tbl.x_axis(runs[runs["model"] == model])[1]
+        blocks.append(Block("h3", f"{model}: images/s (scaling efficiency) by {xname}"))
+        blocks.append(Block("table", header=["strategy"] + [str(c) for c in t.columns],
+                            rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())]))
+    for name, heading in (("memory", "Peak memory per device"), ("efficiency", "Scaling efficiency")):
+        if name in plots_by_name:
+            blocks += [Block("h2", heading)] + _figure_block(plots_by_name[name], images)
+    return blocks
+
+
+def _grid_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
+    plot = plots_by_name.get("config_grid")
+    if plot is None:
+        return []
+    d = plot.drawn
+    blocks = [Block("h2", "FSDP configurations (Figure 1)")] + _figure_block(plot, images)
+    combos = sorted({(p, lag) for (_, p, lag) in d["values"]} | {(p, lag) for (_, p, lag, _) in d["failed"]},
+                    key=lambda c: (("none", "pre", "post").index(c[0]) if c[0] in ("none", "pre", "post") else 9, c[1]))
+    labels = list(dict.fromkeys([k[0] for k in d["values"]] + [f[0] for f in d["failed"]]))
+    failed = {(f[0], f[1], f[2]): f[3] for f in d["failed"]}
+    header = ["strategy"] + [f"prefetch {p}, limit_ag {'on' if lag else 'off'}" for p, lag in combos]
+    rows = []
+    for label in labels:
+        row = [label]
+        for p, lag in combos:
+            v = d["values"].get((label, p, lag))
+            row.append(_f(v, "{:,.1f}") if v is not None else failed.get((label, p, lag), "").upper())
+        rows.append(row)
+    blocks.append(Block("p", f"images/s, {d['model']} on {d['nodes']} nodes, batch {d['batch']} per device "
+                             f"(study {d['study']})."))
+    return blocks + [Block("table", header=header, rows=rows)]
+
+
+def _plugin_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
+    plot = plots_by_name.get("plugin_comparison")
+    if plot is None:
+        return []
+    blocks = [Block("h2", "Single-device comparison (seeds 000/001)")] + _figure_block(plot, images)
+    for study, model in plot.drawn:
+        sub = results[(results["world_size"] == 1) & (results["study"] == study) & (results["model"] == model)]
+        header = ["strategy", "batch", "status", "images/s", "memory GiB", "MFU"]
+        rows = [[r["series"], int(r["batch_per_device"]), r["status"], _f(r["ips_mean"], "{:,.1f}"),
+                 _f(r["memory_gib"], "{:.2f}"), _pct(r["mfu"])]
+                for _, r in sub.sort_values(["batch_per_device"], kind="stable").iterrows()]
+        blocks += [Block("h3", f"{model} ({study})"), Block("table", header=header, rows=rows)]
+    return blocks
+
+
+def _failures_section(results: pd.DataFrame) -> list:
+    bad = results[results["status"] != "ok"]
+    blocks = [Block("h2", "Runs that did not finish ok")]
+    if bad.empty:
+        return blocks + [Block("p", "None.")]
+    blocks.append(Block("p", f"{len(bad)} run(s): {status_counts(bad)}."))
+    header = ["model", "strategy", "nodes", "GPUs", "status", "steps", "failed rank", "job", "error", "run directory"]
+    rows = []
+    for _, r in bad.iterrows():
+        steps = _f(r["steps_done"], "{:.0f}", "?") + ("/" + _f(r["steps_planned"], "{:.0f}")
+                                                      if not pd.isna(r["steps_planned"]) else "")
+        rows.append([r["model"], r["series"], int(r["nodes"]), int(r["world_size"]), r["status"], steps,
+                     _f(r["failed_rank"], "{:.0f}"), _s(r["job_id"]), _one_line(_s(r["error"])),
+                     os.path.dirname(r["path"])])
+    return blocks + [Block("table", header=header, rows=rows)]
+
+
+def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.DataFrame,
+                      missing_plots: list) -> list:
+    items = []
+    disagree = results[results["replicas_agree"] == False]  # noqa: E712
+    for _, r in disagree.iterrows():
+        items.append(f"replicas disagree: {r['model']} {r['series']} on {int(r['nodes'])} node(s) "
+                     f"({os.path.dirname(r['path'])}); its throughput is left out of the best-run picks")
+    for _, r in results[results["notes"].map(_s) != ""].iterrows():
+        items.append(f"{os.path.dirname(r['path'])}: {_one_line(r['notes'], 300)}")
+    for s in coll.unknown_schema:
+        items.append(f"not read: {s.path}: {s.reason}")
+    items += [f"figure not drawn: {m}" for m in missing_plots]
+    blocks = []
+    if items:
+        blocks += [Block("h2", "Warnings"), Block("ul", items=items)]
+    if coll.skipped:
+        blocks += [Block("h2", "Skipped files"),
+                   Block("p", f"{len(coll.skipped)} file(s) or directories gave no run."),
+                   Block("table", header=["path", "reason"], rows=[[s.path, s.reason] for s in coll.skipped])]
+    if not set_aside.empty:
+        header = ["model", "strategy", "nodes", "status", "run", "kept instead"]
+        rows = [[r["model"], r["series"], int(r["nodes"]), r["status"], _s(r["run_id"]), _s(r["set_aside_for"])]
+                for _, r in set_aside.iterrows()]
+        blocks += [Block("h2", "Reruns set aside"),
+                   Block("p", f"{len(set_aside)} older or failed rerun(s) of a point were set aside for the "
+                              "newest ok run of that point; they are in set_aside.csv."),
+                   Block("table", header=header, rows=rows)]
+    return blocks
+
+
+def _environment_section(results: pd.DataFrame) -> list:
+    cols = ["device_name", "device_type", "backend", "launcher", "v_torch", "v_python", "v_cuda", "v_hip", "v_nccl",
+            "v_deepspeed", "v_colossalai", "git_revision"]
+    cols = [c for c in cols if c in results.columns]
+    env = results[cols].map(_s).drop_duplicates()
+    env = env.loc[:, (env != "").any(axis=0)]
+    if env.empty or env.shape[1] == 0:
+        return []
+    names = [c[2:] if c.startswith("v_") else c.replace("_", " ") for c in env.columns]
+    return [Block("h2", "Environment"), Block("table", header=names, rows=env.values.tolist())]
+
+
+def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plots: list, missing_plots: list,
+          written: list) -> list:
+    by_name = {p.name: p for p in plots}
+    images = {os.path.basename(p) for p in written if p.endswith(".png")}
+    now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    studies = ", ".join(sorted(map(str, results["study"].unique()))) or "none"
+    summary = (f"{len(results)} runs from {', '.join(coll.inputs)} (studies: {studies}): {status_counts(results)}. "
+               f"{len(set_aside)} rerun(s) set aside; {len(coll.skipped)} file(s) skipped. Generated {now}.")
+    blocks = [Block("h1", "Weak-scaling report"), Block("p", summary)]
+    blocks += _best_section(results)
+    blocks += _scaling_section(results, by_name, images)
+    blocks += _grid_section(results, by_name, images)
+    blocks += _plugin_section(results, by_name, images)
+    blocks += _failures_section(results)
+    blocks += _warnings_section(results, coll, set_aside, missing_plots)
+    blocks += _environment_section(results)
+    blocks += [Block("h2", "Files"), Block("ul", items=[os.path.basename(p) for p in written] +
+                                            ["report.md", "report.html"])]
+    return blocks
+
+
+# ----------------------------------------------------------------------------- rendering
+
+def _md_cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(blocks: list) -> str:
+    out = []
+    for b in blocks:
+        if b.kind in ("h1", "h2", "h3"):
+            out.append("#" * int(b.kind[1]) + " " + b.text)
+        elif b.kind == "p":
+            out.append(b.text)
+        elif b.kind == "ul":
+            out.append("\n".join(f"- {_md_cell(i)}" for i in b.items))
+        elif b.kind == "img":
+            out.append(f"![{b.items[0] if b.items else ''}]({b.text})")
+        elif b.kind == "table":
+            lines = ["| " + " | ".join(_md_cell(h) for h in b.header) + " |",
+                     "|" + "|".join("---" for _ in b.header) + "|"]
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
+            out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 7px;
+text-align:left;vertical-align:top}th{background:#f3f3f3}img{max-width:100%}h2{margin-top:1.6em}"""
+
+
+def _inline(text: str) -> str:
+    text = html.escape(text)
+    if text.startswith("*") and text.endswith("*") and len(text) > 1:
+        return f"<em>{text[1:-1]}</em>"
+    return text
+
+
+def to_html(blocks: list, out_dir: str) -> str:
+    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>Weak-scaling report</title>",
+           f"<style>{_CSS}</style></head><body>"]
+    for b in blocks:
+        if b.kind in ("h1", "h2", "h3"):
+            out.append(f"<{b.kind}>{html.escape(b.text)}</{b.kind}>")
+        elif b.kind == "p":
+            out.append(f"<p>{_inline(b.text)}</p>")
+        elif b.kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{html.escape(str(i))}</li>" for i in b.items) + "</ul>")
+        elif b.kind == "img":
+            # Inline so the single file can be attached to a ticket or mailed.
+            with open(os.path.join(out_dir, b.text), "rb") as f:
+                data = base64.b64encode(f.read()).decode("ascii")
+            alt = html.escape(b.items[0] if b.items else "")
+            out.append(f"<img alt='{alt}' src='data:image/png;base64,{data}'>")
+        elif b.kind == "table":
+            head = "".join(f"<th>{html.escape(str(h))}</th>" for h in b.header)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
+                           for row in b.rows)
+            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

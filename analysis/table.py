@@ -1,0 +1,332 @@
+"""The tidy results table: one row per run, the derived columns, reruns and the best picks.
+
+Terms used throughout the analysis:
+- series: the strategy label plus the options that distinguish configurations of that label
+  within a study (e.g. `FULL_SHARD [prefetch=pre, limit_ag=on]` when a study holds several
+  prefetch settings, plain `FULL_SHARD` when it holds one). A line on a weak-scaling plot.
+- point: one series at one world size and per-device batch: what a rerun repeats.
+- efficiency: images/s against the ideal line from the same series' smallest ok world size:
+  ips_N / (ips_base × world_N / world_base). With a fixed number of ranks per node this is the
+  paper's ips_N / (ips_base × N / N_base); using ranks keeps it right for single-node runs with
+  1, 2, 4 ... ranks as well.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .records import Collection, RunRecord
+
+# The order strategies appear in legends and tables: the paper's, then the other families.
+STRATEGY_ORDER = ["DDP", "NO_SHARD", "HYBRID_1GPU", "HYBRID_2GPU", "HYBRID_4GPU", "HYBRID_8GPU", "SHARD_GRAD_OP",
+                  "FULL_SHARD", "ZERO1", "ZERO2", "ZERO3", "ZEROPP", "CAI_DDP", "CAI_DDP_FP16",
+                  "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP"]
+MODEL_ORDER = ["vit_micro", "vit_tiny", "vit_small", "vit_base", "vit_huge", "vit_1b", "vit_3b", "vit_5b", "vit_15b"]
+
+# Short names for options in series labels; a legend entry has little room.
+OPTION_SHORT = {"backward_prefetch": "prefetch", "limit_all_gathers": "limit_ag", "forward_prefetch": "fwd_prefetch",
+                "activation_checkpointing": "ckpt", "use_orig_params": "orig_params"}
+
+VERSION_KEYS = ("python", "torch", "timm", "deepspeed", "colossalai", "cuda", "hip", "nccl")
+MEMORY_MEASURES = (("peak_allocated_gib", "allocated"), ("peak_reserved_gib", "reserved"), ("peak_rss_gib", "rss"))
+
+# Columns in the order a reader scans them; option columns (opt_*) and version columns follow.
+LEADING_COLUMNS = [
+    "study", "model", "params", "series", "strategy", "family", "implementation", "nodes", "world_size",
+    "ranks_per_node", "batch_per_device", "batch_global", "status", "ips_mean", "ips_std", "ips_min", "ips_max",
+    "ips_median", "ips_per_device", "efficiency", "efficiency_base_nodes", "efficiency_base_world_size",
+    "memory_gib", "memory_measure", "mem_allocated_max_gib", "mem_allocated_mean_gib", "mem_reserved_max_gib",
+    "mem_reserved_mean_gib", "mem_rss_max_gib", "mem_rss_mean_gib", "mem_window", "device_memory_gib",
+    "tflops_per_device", "mfu", "peak_tflops_per_device", "steps_done", "steps_planned", "timed_steps",
+    "wall_time_s", "replicas_agree", "final_loss", "error", "failed_rank", "reruns_set_aside", "run_id",
+    "time_iso", "start_time", "job_id", "step_id", "job_name", "partition", "nodelist", "hosts", "launcher",
+    "device_type", "device_name", "backend", "shard_group_size", "replicate_group_size", "flops_per_image",
+    "peak_tflops_source", "plan_memory_gib", "plan_fits", "git_revision", "notes", "path",
+]
+
+
+@dataclass
+class Tables:
+    results: pd.DataFrame     # the kept runs, one per point
+    set_aside: pd.DataFrame   # older or failed reruns of a point that has a newer ok run
+
+
+def _num(x):
+    """Numbers from JSON, with null, bools and junk as NaN so columns stay numeric."""
+    if isinstance(x, bool) or x is None:
+        return math.nan
+    if isinstance(x, (int, float)):
+        return float(x)
+    return math.nan
+
+
+def _d(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _fmt_option(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def run_row(run: RunRecord) -> dict:
+    """Flatten one run's start and end records into a row of the tidy table."""
+    s, e = run.start, run.end or {}
+    model, strat, world = _d(s.get("model")), _d(s.get("strategy")), _d(s.get("world"))
+    batch, slurm, versions = _d(s.get("batch")), _d(s.get("slurm")), _d(s.get("versions"))
+    ips, mem, plan = _d(e.get("images_per_s")), _d(e.get("memory")), _d(s.get("plan"))
+    cfg_train = _d(_d(s.get("config")).get("train"))
+    options = _d(strat.get("options"))
+    world_size = world["world_size"]
+
+    row = {
+        "study": s.get("study") or "", "model": model["name"], "params": _num(model.get("params")),
+        "flops_per_image": _num(model.get("flops_per_image")),
+        "strategy": strat["label"], "family": strat.get("family"), "implementation": strat.get("implementation"),
+        "shard_group_size": _num(strat.get("shard_group_size")),
+        "replicate_group_size": _num(strat.get("replicate_group_size")),
+        "nodes": int(world["nodes"]), "world_size": int(world_size),
+        "ranks_per_node": _num(world.get("ranks_per_node")),
+        "device_type": world.get("device_type"), "device_name": world.get("device_name"),
+        "device_memory_gib": _num(world.get("device_memory_gib")), "backend": world.get("backend"),
+        "peak_tflops_per_device": _num(world.get("peak_tflops_per_device")),
+        "peak_tflops_source": world.get("peak_tflops_source"),
+        "batch_per_device": int(batch["per_device"]), "batch_global": _num(batch.get("global")),
+        "status": run.status,
+        "ips_mean": _num(ips.get("mean")), "ips_std": _num(ips.get("std")), "ips_min": _num(ips.get("min")),
+        "ips_max": _num(ips.get("max")), "ips_median": _num(ips.get("median")),
+        "ips_per_device": _num(e.get("images_per_s_per_device")),
+        "tflops_per_device": _num(e.get("tflops_per_device")), "mfu": _num(e.get("mfu")),
+        "steps_done": _num(e.get("steps_done")) if run.end else _num(run.last_step),
+        "steps_planned": _num(cfg_train.get("steps")), "timed_steps": _num(e.get("timed_steps")),
+        "wall_time_s": _num(e.get("wall_time_s")),
+        "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
+        "final_loss": _num(e.get("final_loss")), "error": e.get("error"), "failed_rank": _num(e.get("failed_rank")),
+        "mem_window": mem.get("window"),
+        "run_id": s.get("run_id"), "time_iso": s.get("time_iso"), "start_time": _num(s.get("time")),
+        "job_id": slurm.get("job_id"), "step_id": slurm.get("step_id"), "job_name": slurm.get("job_name"),
+        "partition": slurm.get("partition"), "nodelist": slurm.get("nodelist"),
+        "hosts": ",".join(map(str, s.get("hosts") or [])), "launcher": s.get("launcher"),
+        "plan_memory_gib": _num(plan.get("memory_gib")),
+        "plan_fits": plan.get("fits") if isinstance(plan.get("fits"), bool) else None,
+        "git_revision": s.get("git_revision"),
+        "notes": "; ".join([str(n) for n in (strat.get("notes") or [])] + run.notes),
+        "path": run.path,
+        "_options": options,
+    }
+    if math.isnan(row["start_time"]):
+        row["start_time"] = run.mtime
+    if math.isnan(row["ips_per_device"]) and not math.isnan(row["ips_mean"]):
+        row["ips_per_device"] = row["ips_mean"] / world_size
+    for key, short in MEMORY_MEASURES:
+        m = _d(mem.get(key))
+        row[f"mem_{short}_max_gib"] = _num(m.get("max"))
+        row[f"mem_{short}_mean_gib"] = _num(m.get("mean"))
+    # The plots use one memory figure per run: what the allocator holds on a GPU, else the
+    # process's RSS on CPU-only runs, where there is no allocator to ask.
+    if not math.isnan(row["mem_allocated_max_gib"]):
+        row["memory_gib"], row["memory_measure"] = row["mem_allocated_max_gib"], "allocated"
+    elif not math.isnan(row["mem_rss_max_gib"]):
+        row["memory_gib"], row["memory_measure"] = row["mem_rss_max_gib"], "rss"
+    else:
+        row["memory_gib"], row["memory_measure"] = math.nan, None
+    if run.end is None:
+        how_far = f"stopped after step {run.last_step}"
+        if not math.isnan(row["steps_planned"]):
+            how_far += f" of {int(row['steps_planned'])}"
+        if run.partial_ips is not None:
+            how_far += f" ({run.partial_ips:.1f} images/s over the timed steps logged)"
+        rank_err = "; ".join(f"rank {r.get('rank')}: {r.get('status')}: {r.get('error')}" for r in run.rank_errors)
+        row["error"] = f"no end record; {how_far}" + (f"; {rank_err}" if rank_err else "")
+    for key in VERSION_KEYS:
+        row[f"v_{key}"] = versions.get(key)
+    for key, val in options.items():
+        row[f"opt_{key}"] = val if isinstance(val, (str, int, float, bool)) or val is None else json.dumps(val)
+    return row
+
+
+def _point_key(row: dict) -> tuple:
+    opts = json.dumps(row["_options"], sort_keys=True, default=str)
+    return (row["study"], row["model"], row["strategy"], row["implementation"], opts, row["nodes"],
+            row["world_size"], row["batch_per_device"], row["device_type"])
+
+
+def _dedupe(rows: list) -> tuple[list, list]:
+    """Keep the newest ok run of each point (else its newest run); the others are set aside."""
+    by_point: dict = {}
+    for row in rows:
+        by_point.setdefault(_point_key(row), []).append(row)
+    kept, aside = [], []
+    for group in by_point.values():
+        group.sort(key=lambda r: (r["status"] == "ok", r["start_time"]), reverse=True)
+        keep = group[0]
+        keep["reruns_set_aside"] = len(group) - 1
+        kept.append(keep)
+        for other in group[1:]:
+            other["_kept"] = keep  # run ids need not be unique across run directories
+            other["set_aside_for"] = keep["run_id"]
+            other["set_aside_for_path"] = keep["path"]
+            aside.append(other)
+    return kept, aside
+
+
+def _add_series(rows: list) -> None:
+    """Name each row's series after the options that vary within its (study, strategy)."""
+    groups: dict = {}
+    for row in rows:
+        groups.setdefault((row["study"], row["strategy"]), []).append(row)
+    for group in groups.values():
+        keys = sorted({k for r in group for k in r["_options"]})
+        varying = [k for k in keys if len({json.dumps(r["_options"].get(k), default=str) for r in group}) > 1]
+        if len({r["implementation"] for r in group}) > 1:
+            varying = ["implementation"] + varying
+        for r in group:
+            parts = []
+            for k in varying:
+                val = r["implementation"] if k == "implementation" else r["_options"].get(k)
+                parts.append(f"{OPTION_SHORT.get(k, k)}={_fmt_option(val)}")
+            r["series"] = r["strategy"] + (f" [{', '.join(parts)}]" if parts else "")
+
+
+def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
+    """Scaling efficiency of each ok run against its series' smallest ok world size."""
+    df = df.copy()
+    df["efficiency"] = np.nan
+    df["efficiency_base_nodes"] = np.nan
+    df["efficiency_base_world_size"] = np.nan
+    ok = usable(df)
+    ok = ok[ok["ips_mean"] > 0]
+    if ok.empty:
+        return df
+    # The base of each row is its group's row with the fewest ranks (idxmin: one label per row).
+    base = ok.groupby(["study", "model", "series", "batch_per_device"], dropna=False)["world_size"].transform("idxmin")
+    base_ips = df.loc[base.to_numpy(), "ips_mean"].to_numpy()
+    base_world = df.loc[base.to_numpy(), "world_size"].to_numpy()
+    df.loc[ok.index, "efficiency"] = ok["ips_mean"].to_numpy() / (base_ips * ok["world_size"].to_numpy() / base_world)
+    df.loc[ok.index, "efficiency_base_nodes"] = df.loc[base.to_numpy(), "nodes"].to_numpy()
+    df.loc[ok.index, "efficiency_base_world_size"] = base_world
+    return df
+
+
+def _rank(value, order) -> tuple:
+    return (order.index(value) if value in order else len(order), str(value))
+
+
+def sort_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Study, then models by size, strategies in the paper's order, series, batch, ranks, time."""
+    if df.empty:
+        return df.reset_index(drop=True)
+    keys = list(zip(df["study"].astype(str), df["params"].fillna(0), [_rank(m, MODEL_ORDER) for m in df["model"]],
+                    [_rank(s, STRATEGY_ORDER) for s in df["strategy"]], df["series"].astype(str),
+                    df["batch_per_device"], df["world_size"], df["start_time"].fillna(0)))
+    order = sorted(range(len(df)), key=keys.__getitem__)
+    return df.iloc[order].reset_index(drop=True)
+
+
+def _frame(rows: list) -> pd.DataFrame:
+    df = pd.DataFrame([{k: v for k, v in r.items() if not k.startswith("_")} for r in rows])
+    if df.empty:
+        return pd.DataFrame(columns=LEADING_COLUMNS)
+    for col in LEADING_COLUMNS:
+        if col not in df.columns:
+            df[col] = np.nan
+    rest = [c for c in df.columns if c not in LEADING_COLUMNS]
+    opts = sorted(c for c in rest if c.startswith("opt_"))
+    vers = [f"v_{k}" for k in VERSION_KEYS if f"v_{k}" in rest]
+    other = [c for c in rest if c not in opts and c not in vers]
+    return df[LEADING_COLUMNS + opts + vers + other]
+
+
+def build(coll: Collection) -> Tables:
+    rows = [run_row(r) for r in coll.runs]
+    kept, aside = _dedupe(rows)
+    _add_series(kept)
+    _add_series_for_aside(aside)
+    results = sort_table(add_efficiency(_frame(kept)))
+    set_aside = _frame(aside)
+    if not set_aside.empty:
+        set_aside = set_aside.drop(columns=["efficiency", "efficiency_base_nodes", "efficiency_base_world_size"])
+    return Tables(results=results, set_aside=set_aside)
+
+
+def _add_series_for_aside(aside: list) -> None:
+    for r in aside:
+        r["series"] = r["_kept"]["series"]
+
+
+# ------------------------------------------------------------------------------ derived views
+
+def usable(df: pd.DataFrame) -> pd.DataFrame:
+    """Runs whose throughput can be compared: ok, measured, and not flagged as wrong.
+
+    A run whose replicas disagree trained something other than what it claims (e.g. FSDP1
+    HYBRID_SHARD with a shard group of 1 never synchronises), so its speed is not a result.
+    """
+    ok = (df["status"] == "ok") & df["ips_mean"].notna()
+    return df[ok & (df["replicas_agree"] != False)]  # noqa: E712 - None means not checked
+
+
+def best_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """The fastest usable run for each model and node count, with its margin over the next one.
+
+    Grouped by rank count too: on one node, 1 rank and 2 ranks are different points (on a
+    cluster with fixed ranks per node the two are the same grouping)."""
+    good = usable(df)
+    out = []
+    for (model, nodes, _), grp in good.groupby(["model", "nodes", "world_size"], sort=False):
+        grp = grp.sort_values(["ips_mean", "memory_gib"], ascending=[False, True])
+        best = grp.iloc[0].copy()
+        if len(grp) > 1:
+            nxt = grp.iloc[1]
+            best["runner_up"] = nxt["series"]
+            best["margin"] = best["ips_mean"] / nxt["ips_mean"] - 1.0
+        else:
+            best["runner_up"], best["margin"] = None, np.nan
+        best["candidates"] = len(grp)
+        out.append(best)
+    if not out:
+        return pd.DataFrame(columns=list(df.columns) + ["runner_up", "margin", "candidates"])
+    res = pd.DataFrame(out)
+    params = res["params"].fillna(0).tolist()
+    keys = [(params[i], _rank(m, MODEL_ORDER), n, w)
+            for i, (m, n, w) in enumerate(zip(res["model"], res["nodes"], res["world_size"]))]
+    return res.iloc[sorted(range(len(res)), key=keys.__getitem__)].reset_index(drop=True)
+
+
+def format_ips(value: float) -> str:
+    """Throughput as a paper prints it: 12,679 or 292.2 or 3.41, never 1.268e+04."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}" if value >= 1 else f"{value:.3g}"
+
+
+def x_axis(df: pd.DataFrame) -> tuple[str, str]:
+    """Nodes on the x axis, unless every run is on one node and only the rank count varies."""
+    if df["nodes"].nunique() <= 1 and df["world_size"].nunique() > 1:
+        return "world_size", "ranks"
+    return "nodes", "nodes"
+
+
+def scaling_table(df: pd.DataFrame, model: str) -> pd.DataFrame:
+    """Series × x (nodes or ranks) with 'ips (eff%)' cells or the failure status: the paper's table."""
+    sub = df[df["model"] == model]
+    xcol, _ = x_axis(sub)
+    multi_batch = sub["batch_per_device"].nunique() > 1
+    multi_study = sub["study"].nunique() > 1
+    cells: dict = {}
+    for _, r in sub.iterrows():
+        name = r["series"] + (f" bs={r['batch_per_device']}" if multi_batch else "")
+        name = (f"{r['study']}: " if multi_study else "") + name
+        if r["status"] == "ok" and not math.isnan(r["ips_mean"]):
+            eff = "" if math.isnan(r["efficiency"]) else f" ({r['efficiency'] * 100:.0f}%)"
+            text = f"{format_ips(r['ips_mean'])}{eff}"
+        else:
+            text = r["status"].upper()
+        cells.setdefault(name, {})[int(r[xcol])] = text
+    cols = sorted({x for v in cells.values() for x in v})
+    return pd.DataFrame([[cells[n].get(x, "") for x in cols] for n in cells], index=list(cells), columns=cols)
