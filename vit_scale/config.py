@@ -31,6 +31,7 @@ class TrainConfig:
     log_every: int = 1            # a step record every k steps
     print_every: int = 10         # a progress line on rank 0 every k steps
     init: str = "auto"            # device | meta | auto (meta above 1.5B parameters)
+    optimizer: str = "auto"       # AdamW kernel: auto (fused on GPUs) | fused | foreach | single
     synthetic_batches: int = 4    # distinct synthetic batches cycled through
 
 
@@ -97,6 +98,50 @@ class PlanConfig:
 
 
 @dataclass
+class DataConfig:
+    """Real images for `vit-scale finetune` (the benchmark `train` uses synthetic data and ignores this)."""
+    path: str = ""                      # dataset root; nothing is downloaded, a missing path is an error
+    format: str = "auto"                # auto | imagefolder | cifar10 | cifar100 | hf (datasets.save_to_disk)
+    train_split: str = "train"          # sub-folder (image folder) or split name (hf)
+    val_split: str = "auto"             # auto: val, validation or test if present, else val_fraction of train
+    val_fraction: float = 0.1           # held out of train (per class, seeded) when there is no validation split
+    image_key: str = "auto"             # hf: image column (auto: image, img)
+    label_key: str = "auto"             # hf: label column (auto: label, labels, fine_label)
+    augment: str = "standard"           # standard (random resized crop + flip) | crop (no flip: digits, text) | none
+    crop_scale_min: float = 0.08        # smallest area fraction a random resized crop keeps
+    normalize: str = "inception"        # inception (mean=std=0.5, timm's ViT weights) | imagenet | none
+    workers: int = 4                    # loader processes per rank; 0 loads in the training process
+    pin_memory: bool = True             # page-locked host batches (GPU runs only)
+
+
+@dataclass
+class FinetuneConfig:
+    """Schedule and evaluation of `vit-scale finetune`; batch size, lr, weight decay, seed and precision
+    are train.* as for the benchmark."""
+    epochs: int = 10
+    steps: int = 0                      # optimizer steps in all; 0 = epochs x steps per epoch
+    lr_warmup_steps: int = 0            # linear warm-up, then cosine decay to min_lr
+    min_lr: float = 0.0
+    accumulation_steps: int = 1         # micro-batches per optimizer step (gradients synchronised on the last)
+    clip_grad_norm: float = 1.0         # 0 = no clipping
+    label_smoothing: float = 0.1
+    pretrained: str = ""                # local timm checkpoint (.pth, .pt, .bin) or .safetensors; empty = from scratch
+    eval_batch_size: int = 0            # 0 = train.batch_size
+    confusion_matrix: bool = True       # confusion_matrix.png/.csv and per_class_accuracy.csv at the end
+
+
+@dataclass
+class CheckpointConfig:
+    dir: str = ""                       # empty = <run directory>/checkpoints; set it to resume across jobs
+    every_steps: int = 0                # 0 = only at the end and on a signal
+    keep: int = 2                       # most recent checkpoints kept; 0 keeps all
+    at_end: bool = True
+    on_signal: bool = True              # SIGUSR1/SIGTERM: save, then exit 7 (requeue)
+    resume: str = ""                    # empty = fresh start | auto (latest in dir, if any) | a checkpoint path
+    signal_grace_s: int = 100           # after a signal, how long the save may take before the watcher ends the run
+
+
+@dataclass
 class Config:
     model: str = "vit_micro"
     strategy: str = "DDP"
@@ -107,6 +152,9 @@ class Config:
     output: OutputConfig = field(default_factory=OutputConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -115,6 +163,7 @@ class Config:
 CHOICES = {
     "train.precision": PRECISIONS,
     "train.init": ("auto", "device", "meta"),
+    "train.optimizer": ("auto", "fused", "foreach", "single"),
     "fsdp.version": (1, 2),
     "fsdp.backward_prefetch": ("none", "pre", "post"),
     "colossalai.zero_stage": (1, 2),
@@ -122,15 +171,23 @@ CHOICES = {
     "colossalai.preset": ("none", "seed000"),
     "system.launcher": ("auto", "torchrun", "srun", "mpi", "single"),
     "system.device": ("auto", "cuda", "cpu"),
+    "data.format": ("auto", "imagefolder", "cifar10", "cifar100", "hf"),
+    "data.augment": ("standard", "crop", "none"),
+    "data.normalize": ("inception", "imagenet", "none"),
 }
 POSITIVE = ("train.batch_size", "train.steps", "train.num_classes", "train.log_every", "train.print_every",
             "train.synthetic_batches", "system.collective_timeout_s", "deepspeed.reduce_bucket_size",
             "deepspeed.allgather_bucket_size", "deepspeed.prefetch_bucket_size", "colossalai.initial_scale",
-            "colossalai.bucket_cap_mb")
+            "colossalai.bucket_cap_mb", "finetune.epochs", "finetune.accumulation_steps",
+            "checkpoint.signal_grace_s")
 NON_NEGATIVE = ("train.warmup_steps", "train.lr", "train.weight_decay", "train.seed", "deepspeed.gradient_clipping",
                 "deepspeed.hpz_partition_size", "deepspeed.param_persistence_threshold",
-                "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node")
-FRACTIONS = ("colossalai.offload_optim_frac", "colossalai.offload_param_frac")
+                "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node",
+                "data.workers", "finetune.steps", "finetune.lr_warmup_steps", "finetune.min_lr",
+                "finetune.clip_grad_norm", "finetune.label_smoothing", "finetune.eval_batch_size",
+                "checkpoint.every_steps", "checkpoint.keep")
+FRACTIONS = ("colossalai.offload_optim_frac", "colossalai.offload_param_frac", "data.val_fraction",
+             "data.crop_scale_min", "finetune.label_smoothing")
 
 
 # ---------------------------------------------------------------- loading
@@ -281,6 +338,12 @@ def validate(cfg: Config) -> None:
         raise UserError(f"output.study: {cfg.output.study!r} must be letters, digits, '.', '_' or '-'")
     if cfg.output.run_id and not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.output.run_id):
         raise UserError(f"output.run_id: {cfg.output.run_id!r} must be letters, digits, '.', '_' or '-'")
+    if not 0 < cfg.data.crop_scale_min:
+        raise UserError(f"data.crop_scale_min: must be above 0 and at most 1, got {cfg.data.crop_scale_min}")
+    if cfg.finetune.label_smoothing >= 1:
+        raise UserError(f"finetune.label_smoothing: must be less than 1, got {cfg.finetune.label_smoothing}")
+    if cfg.finetune.min_lr > cfg.train.lr:
+        raise UserError(f"finetune.min_lr: must not exceed train.lr ({cfg.train.lr}), got {cfg.finetune.min_lr}")
     out = cfg.output.dir
     probe = out
     while probe and not os.path.exists(probe):

@@ -95,12 +95,102 @@ class Strategy(ABC):
         for p in self.model.parameters():
             yield p.to_local() if hasattr(p, "to_local") else p
 
+    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # The benchmark loop above uses none of these. A family opts in with `supports_finetune` once
+    # the defaults below are right for it or it overrides them; the defaults fit a torch module
+    # whose optimizer is a plain torch optimizer (DDP).
+
+    supports_finetune = False
+    # how `vit_scale.checkpoint` saves this family: "full" (rank 0 writes whole state dicts),
+    # "sharded" (torch.distributed.checkpoint, every rank writes its shard), "engine" (the
+    # wrapper's own save_checkpoint/load_checkpoint, as DeepSpeed's engine has)
+    checkpoint_format = "full"
+
+    def forward(self, images):
+        """Logits for a batch, in this family's precision (autocast here; FSDP casts inside)."""
+        with self.autocast():
+            return self.model(images)
+
+    def no_sync(self):
+        """Backward inside this context accumulates gradients without synchronising them: every
+        micro-batch of an accumulated step but the last. The default synchronises anyway, which is
+        correct, only slower."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss) -> None:
+        scaler = getattr(self, "scaler", None)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+        else:
+            loss.backward()
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip the gradients of the whole model to `max_norm`; returns the norm before clipping."""
+        import torch
+
+        scaler = getattr(self, "scaler", None)
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # clip the true gradients, not the loss-scaled ones
+        return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+
+    def optimizer_step(self) -> None:
+        scaler = getattr(self, "scaler", None)
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def set_training(self, training: bool) -> None:
+        self.model.train(training)
+
+    def eval_logits(self, images):
+        import torch
+
+        with torch.no_grad():
+            return self.forward(images)
+
+    def unwrapped_model(self):
+        """The timm module inside the wrapper (its parameter names are the checkpoint's)."""
+        return getattr(self.model, "module", self.model)
+
+    def checkpoint_state(self) -> dict:
+        """Everything a resumed run needs besides data position and RNG: for "full", whole state
+        dicts (called on every rank; rank 0 writes them); for "sharded", what
+        torch.distributed.checkpoint saves and loads in place."""
+        return {"model": self.unwrapped_model().state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.unwrapped_model().load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def rank_state(self) -> dict:
+        """Small per-rank state saved beside each rank's RNG states (the fp16 loss scale)."""
+        scaler = getattr(self, "scaler", None)
+        return {"scaler": scaler.state_dict()} if scaler is not None else {}
+
+    def load_rank_state(self, state: dict) -> None:
+        scaler = getattr(self, "scaler", None)
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+
     # ------------------------------------------------------------ shared helpers
 
     def make_optimizer(self, params):
         import torch
 
-        return torch.optim.AdamW(params, lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay)
+        impl = self.cfg.train.optimizer
+        if impl == "auto":
+            # on a GPU the fused kernel: fastest, and unlike foreach it needs no temporary copy of
+            # the rank's parameters in the step (which would not let ViT-3B DDP fit a 64 GB GCD)
+            impl = "fused" if self.world.device_type != "cpu" else "default"
+        kwargs = {"fused": {"fused": True}, "foreach": {"foreach": True}, "single": {"foreach": False}}.get(impl, {})
+        return torch.optim.AdamW(params, lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay, **kwargs)
 
     def autocast(self):
         """Autocast for families that keep fp32 parameters and cast on the fly (DDP)."""

@@ -1,0 +1,119 @@
+"""Communication per step per device: bytes by collective, split into what crosses nodes and what
+stays inside one (formulas: docs/plan.md).
+
+Accounting is the bandwidth term of ring algorithms, in bytes each device sends:
+  all-reduce of S bytes over n ranks       2 (n-1)/n S
+  all-gather producing S bytes (the whole) (n-1)/n S
+  reduce-scatter of S bytes (the whole)    (n-1)/n S
+A ring over a group's ranks in rank order crosses a node boundary at every consecutive pair (and
+the wrap-around) on different nodes; the share of a device's bytes counted as inter-node is the
+share of the ring's hops that cross, averaged over all groups of that kind. Ranks are placed
+node by node (rank // gpus_per_node), as srun's block distribution and torchrun place them.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .scenario import Layout, Scenario
+from .shapes import Shape
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+FACTORS = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
+           "all_reduce": lambda n: 2 * (n - 1) / n}
+
+
+@lru_cache(maxsize=None)
+def _crossing_share(world: int, gpus_per_node: int, kind: str, size: int) -> float:
+    """Share of ring hops that cross nodes, averaged over the groups of `kind`:
+    'block' groups are `size` consecutive ranks, 'strided' groups take every `size`-th rank."""
+    if kind == "block":
+        groups = [range(s, s + size) for s in range(0, world, size)]
+    else:
+        groups = [range(s, world, size) for s in range(size)]
+    shares = []
+    for group in groups:
+        ranks = list(group)
+        n = len(ranks)
+        if n < 2:
+            shares.append(0.0)
+            continue
+        nodes = [r // gpus_per_node for r in ranks]
+        crossings = sum(nodes[i] != nodes[(i + 1) % n] for i in range(n))
+        shares.append(crossings / n)
+    return sum(shares) / len(shares)
+
+
+class Ledger:
+    def __init__(self, sc: Scenario):
+        self.sc = sc
+        self.bytes = {k: {"intra": 0.0, "inter": 0.0} for k in COLLECTIVES}
+
+    def add(self, collective: str, size_bytes: float, n: int, kind: str = "block", group_param: int = 0):
+        """`size_bytes` is the whole tensor (all-reduce input, all-gather output, reduce-scatter input)."""
+        if n < 2 or size_bytes <= 0:
+            return
+        sent = FACTORS[collective](n) * size_bytes
+        share = _crossing_share(self.sc.world, self.sc.gpus_per_node, kind, group_param or n)
+        self.bytes[collective]["inter"] += sent * share
+        self.bytes[collective]["intra"] += sent * (1 - share)
+
+    def result(self) -> dict:
+        out: dict = {k: {"intra": int(round(v["intra"])), "inter": int(round(v["inter"]))}
+                     for k, v in self.bytes.items()}
+        intra = sum(out[k]["intra"] for k in COLLECTIVES)
+        inter = sum(out[k]["inter"] for k in COLLECTIVES)
+        out.update(intra_node=intra, inter_node=inter, total=intra + inter)
+        return out
+
+
+def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
+    shape = shape or sc.shape
+    W, P, L = sc.world, shape.params, shape.L
+    c = 4 if sc.precision == "fp32" else 2
+    ledger = Ledger(sc)
+    label, g = lay.label, lay.shard
+
+    def padded(n: int, k: int) -> int:
+        return -(-n // k) * k
+
+    if lay.family == "ddp" or label in ("CAI_DDP", "CAI_DDP_FP16"):
+        ledger.add("all_reduce", 4 * P, W)                        # fp32 gradients, whatever autocast did
+    elif lay.family == "fsdp" or label == "CAI_FSDP":
+        sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
+        blocks, root = L * padded(shape.block_params, g), padded(shape.root_params, g)
+        if sharding == "NO_SHARD" or g == 1:
+            ledger.add("all_reduce", c * P, W)
+        else:
+            kind = "block"
+            gathers = 2 * blocks + root if sharding != "SHARD_GRAD_OP" else blocks + root  # root kept after forward
+            ledger.add("all_gather", c * gathers, g, kind)
+            ledger.add("reduce_scatter", c * (blocks + root), g, kind)
+            if lay.replicate > 1:
+                ledger.add("all_reduce", c * (blocks + root) / g, lay.replicate, "strided", g)
+    elif lay.family == "deepspeed":
+        ds = sc.deepspeed
+        stage = int(lay.sharding[-1])
+        if stage < 3:
+            ledger.add("reduce_scatter", c * P, W)
+            ledger.add("all_gather", c * P, W)                    # updated parameters after the step
+        else:
+            gathered = P - shape.small_tensor_params(ds.param_persistence_threshold)
+            if lay.hpz:
+                weight_bytes = 1 if ds.quantized_weights else c   # qwZ: int8 weights
+                grad_bytes = 0.5 if ds.quantized_gradients else c  # qgZ: int4 gradients
+                ledger.add("all_gather", weight_bytes * gathered, W)          # forward, over all ranks
+                ledger.add("all_gather", c * gathered, lay.hpz, "block")      # backward, inside the hpZ group
+                ledger.add("reduce_scatter", grad_bytes * P, W)
+            else:
+                ledger.add("all_gather", 2 * c * gathered, W)                 # forward and backward
+                ledger.add("reduce_scatter", c * P, W)
+    elif label == "CAI_LOW_LEVEL_ZERO":
+        if sc.colossalai.zero_stage == 1:
+            ledger.add("all_reduce", c * P, W)
+        else:
+            ledger.add("reduce_scatter", c * P, W)
+        ledger.add("all_gather", c * P, W)
+    elif label == "CAI_GEMINI":
+        ledger.add("all_gather", 2 * c * P, W)
+        ledger.add("reduce_scatter", c * P, W)
+    return ledger.result()
