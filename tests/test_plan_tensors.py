@@ -50,13 +50,14 @@ def test_states_equal_the_real_tensors(launch, case):
 
 
 def test_the_auto_optimizer_rule_is_torchs(launch):
-    """AdamW goes foreach on a GPU when every parameter's type passes torch's check; the planner's
-    'auto' says foreach for every family, FSDP1's FlatParameter included."""
+    """Every family's parameters pass torch's check for the multi-tensor kernels (FSDP1's
+    FlatParameter included), so the fused AdamW the trainer asks for on a GPU applies to all of
+    them, and the planner's 'auto' says fused."""
     results, _ = launch
     for case in STATE_CASES:
         for rank in results[case]["ranks"]:
             assert rank["measured"]["foreach_capable"] is True, case
-            assert rank["predicted"]["optimizer_impl_auto"] == "foreach", case
+            assert rank["predicted"]["optimizer_impl_auto"] == "fused", case
 
 
 def test_a_run_that_cannot_fit_is_recorded_as_skipped(launch):
