@@ -536,6 +536,40 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None) -> Option
                 "(seeds 000/001).")
 
 
+# ------------------------------------------------------------------------ planner against measurement
+
+def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None) -> Optional[Plot]:
+    """The planner's predicted peak allocated memory (recorded in each run's start) against the
+    measured peak allocated (max over ranks). GPU runs only: a CPU run's RSS holds the whole
+    process, not the tensors the planner counts."""
+    if df.empty or "plan_peak_allocated_gib" not in df:
+        return None
+    runs = df[(df["status"] == "ok") & (df["memory_measure"] == "allocated")
+              & df["plan_peak_allocated_gib"].notna() & df["memory_gib"].notna()]
+    if runs.empty:
+        return None
+    colors = colors or series_colors(df)
+    fig, axes = _figure(1, 1, w=4.8, h=4.2)
+    ax = axes[0][0]
+    drawn = {}
+    for strategy, sub in runs.groupby("strategy", sort=True):
+        ax.scatter(sub["plan_peak_allocated_gib"], sub["memory_gib"], s=22, color=colors.get(strategy, "black"),
+                   label=strategy, zorder=3)
+        drawn[strategy] = len(sub)
+    top = float(max(runs["plan_peak_allocated_gib"].max(), runs["memory_gib"].max())) * 1.1
+    xs = [0.0, top]
+    ax.plot(xs, xs, color="grey", lw=1.0)
+    ax.fill_between(xs, [0.0, top * 0.85], [0.0, top * 1.15], color="grey", alpha=0.12, lw=0)
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("predicted peak allocated per GPU (GiB), vit-scale plan")
+    ax.set_ylabel("measured peak allocated per GPU (GiB)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    return Plot("predicted_memory", "Predicted against measured memory", fig, drawn,
+                "Each point is one run; the line is equality and the band ±15%.")
+
+
 def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Optional[int] = None) -> tuple:
     """Every figure the table supports, and a line for each one it does not, saying why."""
     colors = series_colors(df) if not df.empty else {}
@@ -548,6 +582,8 @@ def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Op
          "no model and node count has two or more FSDP backward-prefetch / limit_all_gathers configurations"),
         ("plugin comparison", lambda: plugin_comparison(df, colors),
          "no model has single-device runs at two or more batch sizes"),
+        ("predicted against measured memory", lambda: predicted_memory(df, colors),
+         "no GPU run carries a plan prediction (CPU runs measure RSS, which the planner does not model)"),
     ]
     for name, make, why in makers:
         plot = make()

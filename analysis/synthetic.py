@@ -69,7 +69,8 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
               device_memory_gib: Optional[float] = 64.0, peak_tflops: Optional[float] = 191.5,
               error: Optional[str] = None, end: bool = True, steps_logged: Optional[int] = None,
               replicas_agree: Optional[bool] = True, job_id: Optional[str] = "1234", schema: int = 1,
-              params: Optional[float] = None, flops_per_image: Optional[float] = None) -> str:
+              params: Optional[float] = None, flops_per_image: Optional[float] = None,
+              predicted_gib: Optional[float] = None) -> str:
     """One run directory; returns the path of its metrics.jsonl.
 
     status other than ok gives an end record with that status (ips still written if given,
@@ -110,7 +111,9 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
         "hosts": [f"frontier{i:05d}" for i in range(1, nodes + 1)],
         "versions": {"python": "3.11.7", "torch": "2.4.1+rocm6.1", "timm": "1.0.9", "deepspeed": None,
                      "colossalai": None, "cuda": None, "hip": "6.1" if gpu else None, "nccl": "2.20.5"},
-        "git_revision": "0123abc", "plan": {"memory_gib": memory_gib, "fits": True} if memory_gib else None,
+        "git_revision": "0123abc", "plan": ({"memory_gib": memory_gib, "fits": True,
+                                            "peak_allocated_gib": predicted_gib or memory_gib}
+                                           if memory_gib else None),
     }
     n_steps = steps if steps_logged is None else steps_logged
     step_time = batch * world_size / ips if ips else 1.0

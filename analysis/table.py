@@ -45,7 +45,7 @@ LEADING_COLUMNS = [
     "wall_time_s", "replicas_agree", "final_loss", "error", "failed_rank", "reruns_set_aside", "run_id",
     "time_iso", "start_time", "job_id", "step_id", "job_name", "partition", "nodelist", "hosts", "launcher",
     "device_type", "device_name", "backend", "shard_group_size", "replicate_group_size", "flops_per_image",
-    "peak_tflops_source", "plan_memory_gib", "plan_fits", "git_revision", "notes", "path",
+    "peak_tflops_source", "plan_memory_gib", "plan_peak_allocated_gib", "plan_fits", "git_revision", "notes", "path",
 ]
 
 
@@ -113,6 +113,7 @@ def run_row(run: RunRecord) -> dict:
         "partition": slurm.get("partition"), "nodelist": slurm.get("nodelist"),
         "hosts": ",".join(map(str, s.get("hosts") or [])), "launcher": s.get("launcher"),
         "plan_memory_gib": _num(plan.get("memory_gib")),
+        "plan_peak_allocated_gib": _num(plan.get("peak_allocated_gib")),
         "plan_fits": plan.get("fits") if isinstance(plan.get("fits"), bool) else None,
         "git_revision": s.get("git_revision"),
         "notes": "; ".join([str(n) for n in (strat.get("notes") or [])] + run.notes),

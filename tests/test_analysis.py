@@ -180,6 +180,15 @@ def test_weak_scaling_plot_has_one_line_and_one_ideal_per_strategy(results):
     assert len(ax.collections) == 2  # an × for the OOM and one for the timeout
 
 
+def test_predicted_against_measured_memory_has_a_point_per_ok_gpu_run(results):
+    plot = plots.predicted_memory(results)
+    assert plot is not None
+    # ok runs with a measured peak: vit_base DDP x3, FULL_SHARD x2 (+ vit_3b x2), HYBRID_2GPU x2
+    assert plot.drawn == {"DDP": 3, "FULL_SHARD": 4, "HYBRID_2GPU": 2}
+    ax = plot.figure.axes[0]
+    assert len(ax.collections) == 3 + 1  # one scatter per strategy and the ±15% band
+
+
 def test_memory_plot_keeps_full_shard_apart_with_capacity(results):
     plot = plots.memory(results)
     assert plot.drawn[("vit_base", "FULL_SHARD")] == {"measured": 1, "capacity": 1, "failed": 1}
