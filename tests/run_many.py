@@ -5,6 +5,7 @@ RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1"
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it.
 """
 import json
+import os
 import sys
 
 from vit_scale import train
@@ -32,11 +33,20 @@ def main() -> int:
             overrides = overrides[1:]
             train.strategy_class = lambda family: FSDP1WithOneRankShardGroups
         cfg = load_config(None, overrides)
-        world = choose_device(detect_world(cfg.system.launcher), cfg.system.device)
+        world = choose_device(detect_world(cfg.system.launcher, cfg.system.ranks_per_node), cfg.system.device)
         codes.append(train.execute(cfg, world, keep_process_group=True))
         train.strategy_class = real_strategy_class
     print("EXIT CODES", codes, flush=True)
-    return 0
+    import torch.distributed as dist
+
+    # leave the way a single run does: a process group left to interpreter shutdown can abort
+    # there ("terminate called without an active exception") once DeepSpeed has wrapped it
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    # and, as vit_scale.train.main does, skip interpreter shutdown, where gloo's threads can still abort
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ class DeepSpeedStrategy(Strategy):
         super().check(cfg, label, world)
         ds = cfg.deepspeed
         stage = STAGES[label.label]
+        if cfg.train.precision == "fp16" and world.device_type == "cpu":
+            raise UserError("train.precision: fp16 with DeepSpeed needs a GPU (DeepSpeed's CPU accelerator has no "
+                            "fp16: 'Type fp16 is not supported on your device'); use bf16 or fp32 on a CPU")
         if ds.offload_params and stage != 3:
             raise UserError(f"deepspeed.offload_params: parameter offload is ZeRO-3 only (ZERO3, ZEROPP), "
                             f"not {label.label}; set deepspeed.offload_params=false or use ZERO3")
@@ -96,7 +99,20 @@ class DeepSpeedStrategy(Strategy):
         if world.device_type == "cpu" and ds.skip_shm_comm:
             self.notes.append("DeepSpeed's shm_comm op (inference all-reduce only) was not built: "
                               "deepspeed.skip_shm_comm=true")
+        if self.stage == 3 and self._init_mode() == "meta":
+            self.notes.append("built under deepspeed.zero.Init (train.init meta): parameters are initialised one "
+                              "module at a time on rank 0 and broadcast")
         self.ds_config = self._build_config()
+
+    def _init_mode(self) -> str:
+        """What ModelFactory will do with train.init (auto: meta above its size threshold)."""
+        if self.cfg.train.init != "auto":
+            return self.cfg.train.init
+        from ..models import count_params
+        from .base import META_INIT_ABOVE_PARAMS
+
+        params = count_params(self.cfg.model, self.cfg.train.num_classes)
+        return "meta" if params > META_INIT_ABOVE_PARAMS else "device"
 
     def _build_config(self) -> dict:
         cfg, ds, world = self.cfg, self.cfg.deepspeed, self.world
@@ -168,13 +184,19 @@ class DeepSpeedStrategy(Strategy):
         else:
             os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
         import logging
+        import warnings
 
         deepspeed.utils.logger.setLevel(logging.WARNING)
+        # DeepSpeed 0.19 calls collectives torch 2.13 deprecates, and each call would warn
+        warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
         if world.device_type == "cpu" and self.cfg.deepspeed.skip_shm_comm:
             import deepspeed.ops
 
             # a module-level dict that DeepSpeed consults before building an op; edits persist
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        # wrap the trainer's process group now, not inside deepspeed.initialize: zero.Init reads
+        # the world size before it would initialise anything, and would see 1
+        deepspeed.init_distributed(dist_backend=world.backend, dist_init_required=False)
 
     def setup(self, factory) -> None:
         import torch
@@ -200,8 +222,9 @@ class DeepSpeedStrategy(Strategy):
         gathered one module at a time, rank 0's values broadcast to all."""
         import torch
 
-        dtype = getattr(torch, self.dtype_name) if self.dtype_name else torch.float32
-        with deepspeed.zero.Init(config_dict_or_path=self.ds_config, dtype=dtype):
+        # no dtype argument: zero.Init takes it from the config's bf16/fp16 sections. (DeepSpeed
+        # 0.19.8 ignores an explicit dtype on accelerators without fp16 and builds bf16 instead.)
+        with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
             model = factory.on_device(self.world.device)
         torch.manual_seed(factory.seed)
         for module in model.modules():
@@ -211,8 +234,6 @@ class DeepSpeedStrategy(Strategy):
             with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
                 if self.world.rank == 0:
                     factory.init_module(module)
-        self.notes.append("built under deepspeed.zero.Init (train.init=meta): parameters were initialised one "
-                          "module at a time on rank 0 and broadcast")
         return model
 
     # ------------------------------------------------------------ step

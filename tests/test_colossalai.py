@@ -1,0 +1,102 @@
+"""ColossalAI Booster plugins: CAI_DDP trains the same model as DDP on the same ranks (real
+torchrun launch over gloo, vit_micro, fp32); every plugin that needs a GPU says so in one line
+before any work on a CPU; a missing colossalai names the install command."""
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+from conftest import FAST, IN_CI, PYTHON, ROOT, load_runs, losses, run_many
+
+REL_TOL = 2e-5
+
+
+def _require_colossalai():
+    if importlib.util.find_spec("colossalai") is None:
+        if IN_CI:
+            pytest.fail("colossalai is not installed, and CI must run the ColossalAI tests (.ci/run installs it)")
+        pytest.skip("colossalai not installed (see docs/strategies.md for the install that keeps your torch)")
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    _require_colossalai()
+    tmp = tmp_path_factory.mktemp("cai2")
+    out = f"output.dir={tmp / 'runs'}"
+    runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],
+            [*FAST, out, "strategy=CAI_DDP", "output.study=cai-ddp"],
+            [*FAST, out, "strategy=CAI_DDP", "colossalai.bucket_cap_mb=1", "train.activation_checkpointing=true",
+             "output.study=cai-ddp-small-buckets-ac"]]
+    proc = run_many(2, runs, tmp)
+    return {study: records for (study, _, _), records in load_runs(tmp / "runs").items()}, proc
+
+
+def test_cai_ddp_equals_ddp(two_rank_runs):
+    runs, proc = two_rank_runs
+    assert "EXIT CODES [0, 0, 0]" in proc.stdout
+    reference = losses(runs["ddp"])
+    for study in ("cai-ddp", "cai-ddp-small-buckets-ac"):
+        end = runs[study][-1]
+        assert end["status"] == "ok" and end["replicas_agree"] is True, (study, end)
+        other = losses(runs[study])
+        assert len(other) == len(reference) == 4
+        for step, (a, b) in enumerate(zip(reference, other), 1):
+            assert abs(a - b) <= REL_TOL * abs(a), f"{study}: step {step} loss {b} differs from DDP's {a}"
+
+
+def test_the_run_records_what_ran(two_rank_runs):
+    runs, _ = two_rank_runs
+    strategy = runs["cai-ddp"][0]["strategy"]
+    assert strategy["family"] == "colossalai" and strategy["implementation"] == "colossalai-TorchDDPPlugin"
+    assert strategy["options"]["plugin"] == "TorchDDPPlugin"
+    assert strategy["options"]["booster_mixed_precision"] is None
+    assert strategy["options"]["optimizer"] == "torch.optim.AdamW"
+    assert (strategy["shard_group_size"], strategy["replicate_group_size"]) == (1, 2)
+    assert runs["cai-ddp-small-buckets-ac"][0]["strategy"]["options"]["bucket_cap_mb"] == 1
+    assert runs["cai-ddp"][0]["versions"]["colossalai"]
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, no work
+
+def _train(args, tmp_path, env=None):
+    return subprocess.Popen([PYTHON, "-m", "vit_scale.train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _shim_without(module: str, tmp_path) -> dict:
+    """Absence is simulated: a directory on PYTHONPATH (searched before site-packages) holds a
+    `<module>.py` that raises ModuleNotFoundError, exactly what `import <module>` raises when the
+    package is not installed."""
+    shim = tmp_path / f"no-{module}"
+    shim.mkdir()
+    (shim / f"{module}.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
+    # the GPU checks come before the import, so they need no colossalai; the missing-package case
+    # is simulated, so it runs whether or not colossalai is installed
+    cases = {
+        "CAI_DDP_FP16": (["strategy=CAI_DDP_FP16", "train.precision=fp16"], None, ["CAI_DDP_FP16", "needs a GPU"]),
+        "CAI_LOW_LEVEL_ZERO": (["strategy=CAI_LOW_LEVEL_ZERO"], None, ["CAI_LOW_LEVEL_ZERO", "needs a GPU"]),
+        "CAI_GEMINI": (["strategy=CAI_GEMINI", "colossalai.preset=seed000"], None, ["CAI_GEMINI", "needs a GPU"]),
+        "CAI_FSDP": (["strategy=CAI_FSDP"], None, ["CAI_FSDP", "needs a GPU"]),
+        "CAI_DDP-bf16": (["strategy=CAI_DDP", "train.precision=bf16"], None, ["train.precision", "needs a GPU"]),
+        "bad-zero-stage": (["strategy=CAI_LOW_LEVEL_ZERO", "colossalai.zero_stage=3"], None,
+                           ["colossalai.zero_stage", "allowed: 1, 2"]),
+        "colossalai-missing": (["strategy=CAI_DDP"], _shim_without("colossalai", tmp_path),
+                               ["colossalai", "pip install --no-deps colossalai==0.5.0"]),
+    }
+    procs = {name: _train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == 2, (name, proc.returncode, stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith("vit-scale: error: "), (name, stderr)
+        assert "Traceback" not in stderr + stdout, name
+        for fragment in cases[name][2]:
+            assert fragment in lines[0], (name, lines[0])
+    assert not (tmp_path / "runs").exists()

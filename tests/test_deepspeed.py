@@ -1,0 +1,266 @@
+"""DeepSpeed ZeRO strategies train the same model as DDP: same per-step losses on the same ranks,
+replicas agree, status ok; the generated config is in the run directory; bad input is one line.
+Real torchrun launches over gloo, vit_micro, fp32, several runs per launch (tests/run_many.py).
+
+DeepSpeed compiles two ops on a CPU the first time they are used (cached under
+~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR): `deepspeed_shm_comm` (~30 s), which every
+engine would build, is skipped by the strategy (`deepspeed.skip_shm_comm`, default on: the op
+serves inference all-reduce only); `cpu_adam` (~45 s) is needed by optimizer offload, and only
+the one offload run in `two_rank_runs` builds it.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import FAST, IN_CI, PYTHON, ROOT, load_runs, losses, run_many
+
+REL_TOL = 2e-5  # reduction order differs between all-reduce and reduce-scatter; nothing else may
+
+
+def _require_deepspeed():
+    if importlib.util.find_spec("deepspeed") is None:
+        if IN_CI:
+            pytest.fail("deepspeed is not installed, and CI must run the DeepSpeed tests (.ci/run installs it)")
+        pytest.skip("deepspeed not installed (pip install 'vit-scale[deepspeed]')")
+
+
+def _assert_same_losses(reference, other, what):
+    assert len(reference) == len(other) == 4, what
+    for step, (a, b) in enumerate(zip(reference, other), 1):
+        assert abs(a - b) <= REL_TOL * abs(a), f"{what}: step {step} loss {b} differs from DDP's {a}"
+
+
+def _by_study(runs):
+    return {study: records for (study, _, _), records in runs.items()}
+
+
+def _run_dir(records, out_dir):
+    start = records[0]
+    matches = [os.path.join(root) for root, _, files in os.walk(out_dir)
+               if "metrics.jsonl" in files and root.endswith(start["run_id"]) and f"/{start['study']}/" in root]
+    assert len(matches) == 1, matches
+    return matches[0]
+
+
+NO_QUANT = ["deepspeed.quantized_weights=false", "deepspeed.quantized_gradients=false"]
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory):
+    _require_deepspeed()
+    tmp = tmp_path_factory.mktemp("ds2")
+    out = f"output.dir={tmp / 'runs'}"
+    runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],
+            # first DeepSpeed run of the process: zero.Init must find DeepSpeed's comm already set up
+            [*FAST, out, "strategy=ZERO3", "train.init=meta", "deepspeed.param_persistence_threshold=0",
+             "output.study=zero3-meta"],
+            [*FAST, out, "strategy=ZERO1", "output.study=zero1"],
+            [*FAST, out, "strategy=ZERO2", "output.study=zero2"],
+            [*FAST, out, "strategy=ZERO2", "deepspeed.overlap_comm=false", "deepspeed.reduce_bucket_size=20000",
+             "deepspeed.allgather_bucket_size=20000", "output.study=zero2-small-buckets"],
+            [*FAST, out, "strategy=ZERO3", "output.study=zero3"],
+            # vit_micro's parameters are all under the default persistence threshold: 0 shards every one
+            [*FAST, out, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0",
+             "deepspeed.prefetch_bucket_size=10000", "output.study=zero3-sharded"],
+            [*FAST, out, "strategy=ZEROPP", *NO_QUANT, "deepspeed.param_persistence_threshold=0",
+             "output.study=zeropp"],
+            # not compared with DDP: these options must train and keep replicas equal
+            [*FAST, out, "strategy=ZERO2", "train.precision=bf16", "train.activation_checkpointing=true",
+             "output.study=zero2-bf16-ac"],
+            [*FAST, out, "strategy=ZERO3", "train.precision=bf16", "deepspeed.param_persistence_threshold=0",
+             "output.study=zero3-bf16"],
+            # the one run that compiles an op (cpu_adam, for DeepSpeed's CPU Adam)
+            [*FAST, out, "strategy=ZERO3", "deepspeed.offload_optimizer=true", "deepspeed.offload_params=true",
+             "deepspeed.param_persistence_threshold=0", "output.study=zero3-offload"]]
+    proc = run_many(2, runs, tmp, timeout=900)
+    return _by_study(load_runs(tmp / "runs")), tmp / "runs", proc
+
+
+def test_every_run_ok_and_replicas_agree(two_rank_runs):
+    runs, _, proc = two_rank_runs
+    assert len(runs) == 11
+    for study, records in runs.items():
+        end = records[-1]
+        assert end["event"] == "end" and end["status"] == "ok", (study, end)
+        assert end["replicas_agree"] is True, study
+        assert end["steps_done"] == 4 and end["timed_steps"] == 3
+        assert end["memory"]["peak_rss_gib"]["max"] > 0
+    assert "EXIT CODES [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]" in proc.stdout
+    # no run waited for the shm_comm op build
+    assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("study", ["zero1", "zero2", "zero2-small-buckets", "zero3", "zero3-sharded", "zeropp"])
+def test_zero_stages_equal_ddp_on_two_ranks(two_rank_runs, study):
+    runs, _, _ = two_rank_runs
+    _assert_same_losses(losses(runs["ddp"]), losses(runs[study]), study)
+
+
+def test_offload_trains_with_deepspeeds_optimizer(two_rank_runs):
+    runs, _, _ = two_rank_runs
+    records = runs["zero3-offload"]
+    options = records[0]["strategy"]["options"]
+    assert options["offload_optimizer"] is True and options["offload_params"] is True
+    assert options["optimizer"].startswith("DeepSpeedCPUAdam")
+    step_losses = losses(records)
+    assert len(step_losses) == 4 and all(0 < x < 20 for x in step_losses)
+
+
+def test_the_run_records_what_ran(two_rank_runs):
+    runs, out_dir, _ = two_rank_runs
+    zero3 = runs["zero3-sharded"][0]["strategy"]
+    assert zero3["family"] == "deepspeed" and zero3["implementation"] == "deepspeed-zero3"
+    assert (zero3["shard_group_size"], zero3["replicate_group_size"]) == (2, 1)
+    assert zero3["options"]["zero_stage"] == 3 and zero3["options"]["gradient_clipping"] == 0.0
+    assert zero3["options"]["param_persistence_threshold"] == 0
+    zero2 = runs["zero2-small-buckets"][0]["strategy"]
+    assert (zero2["shard_group_size"], zero2["replicate_group_size"]) == (1, 2)
+    assert zero2["options"]["overlap_comm"] is False and zero2["options"]["allgather_bucket_size"] == 20000
+    zeropp = runs["zeropp"][0]["strategy"]
+    assert zeropp["implementation"] == "deepspeed-zero3-pp"
+    # hpZ defaults to the ranks per node: both ranks of this one-node launch
+    assert zeropp["options"]["hpz_partition_size"] == 2
+    assert zeropp["options"]["quantized_weights"] is False and zeropp["options"]["quantized_gradients"] is False
+    bf16 = runs["zero2-bf16-ac"][0]["strategy"]["options"]
+    assert bf16["precision"] == "bf16" and bf16["activation_checkpointing"] is True
+    assert runs["zero3-meta"][0]["config"]["train"]["init"] == "meta"
+    assert any("zero.Init" in note for note in runs["zero3-meta"][0]["strategy"]["notes"])
+    assert runs["zero3"][0]["versions"]["deepspeed"]
+
+
+def test_generated_config_is_in_the_run_directory(two_rank_runs):
+    runs, out_dir, _ = two_rank_runs
+    with open(os.path.join(_run_dir(runs["zeropp"], out_dir), "deepspeed.json")) as f:
+        config = json.load(f)
+    assert config["gradient_clipping"] == 0.0
+    assert config["train_micro_batch_size_per_gpu"] == 4 and config["train_batch_size"] == 8
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["zero_hpz_partition_size"] == 2
+    assert zero["zero_quantized_weights"] is False and zero["zero_quantized_gradients"] is False
+    assert "optimizer" not in config  # the client torch AdamW, as DDP uses
+    with open(os.path.join(_run_dir(runs["zero3-offload"], out_dir), "deepspeed.json")) as f:
+        offload = json.load(f)
+    assert offload["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert offload["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert offload["optimizer"]["type"] == "AdamW"
+    assert not os.path.exists(os.path.join(_run_dir(runs["ddp"], out_dir), "deepspeed.json"))
+
+
+@pytest.fixture(scope="module")
+def four_rank_runs(tmp_path_factory):
+    """Two emulated nodes of two ranks: hpZ's default partition (ranks per node) is 2 of 4 ranks."""
+    _require_deepspeed()
+    tmp = tmp_path_factory.mktemp("ds4")
+    out = f"output.dir={tmp / 'runs'}"
+    nodes = "system.ranks_per_node=2"
+    runs = [[*FAST, out, nodes, "strategy=DDP", "output.study=ddp"],
+            [*FAST, out, nodes, "strategy=ZEROPP", *NO_QUANT, "deepspeed.param_persistence_threshold=0",
+             "output.study=zeropp"],
+            [*FAST, out, nodes, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0", "output.study=zero3"]]
+    run_many(4, runs, tmp)
+    return _by_study(load_runs(tmp / "runs"))
+
+
+@pytest.mark.parametrize("study", ["zeropp", "zero3"])
+def test_zero3_and_hpz_equal_ddp_on_four_ranks(four_rank_runs, study):
+    end = four_rank_runs[study][-1]
+    assert end["status"] == "ok" and end["replicas_agree"] is True, end
+    _assert_same_losses(losses(four_rank_runs["ddp"]), losses(four_rank_runs[study]), study)
+
+
+def test_hpz_partition_defaults_to_ranks_per_node(four_rank_runs):
+    start = four_rank_runs["zeropp"][0]
+    assert start["world"]["world_size"] == 4 and start["world"]["ranks_per_node"] == 2
+    assert start["strategy"]["options"]["hpz_partition_size"] == 2
+    assert (start["strategy"]["shard_group_size"], start["strategy"]["replicate_group_size"]) == (4, 1)
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, no work
+
+def _train(args, tmp_path, env=None):
+    return subprocess.Popen([PYTHON, "-m", "vit_scale.train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def _shim_without(module: str, tmp_path) -> dict:
+    """Absence is simulated: a directory on PYTHONPATH (searched before site-packages) holds a
+    `<module>.py` that raises ModuleNotFoundError, exactly what `import <module>` raises when the
+    package is not installed."""
+    shim = tmp_path / f"no-{module}"
+    shim.mkdir()
+    (shim / f"{module}.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def test_bad_input_is_one_line_before_any_work(tmp_path):
+    _require_deepspeed()
+    cases = {
+        "zeropp-quantisation-on-cpu": (["strategy=ZEROPP"], None, ["ZEROPP", "needs a GPU", "quantized_weights"]),
+        "zeropp-qgz-only-on-cpu": (["strategy=ZEROPP", "deepspeed.quantized_weights=false"], None,
+                                   ["needs a GPU"]),
+        "fp16-on-cpu": (["strategy=ZERO1", "train.precision=fp16"], None, ["train.precision", "needs a GPU"]),
+        "param-offload-on-zero2": (["strategy=ZERO2", "deepspeed.offload_params=true"], None,
+                                   ["deepspeed.offload_params", "ZeRO-3 only"]),
+        "hpz-not-dividing": (["strategy=ZEROPP", *NO_QUANT, "deepspeed.hpz_partition_size=3"], None,
+                             ["deepspeed.hpz_partition_size", "must divide"]),
+        "deepspeed-missing": (["strategy=ZERO2"], _shim_without("deepspeed", tmp_path),
+                              ["deepspeed", "pip install 'vit-scale[deepspeed]'"]),
+    }
+    procs = {name: _train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=180)
+        lines = stderr.strip().splitlines()
+        assert proc.returncode == 2, (name, proc.returncode, stderr[-2000:])
+        assert len(lines) == 1 and lines[0].startswith("vit-scale: error: "), (name, stderr)
+        assert "Traceback" not in stderr + stdout, name
+        for fragment in cases[name][2]:
+            assert fragment in lines[0], (name, lines[0])
+    assert not (tmp_path / "runs").exists()  # nothing was written
+
+
+# ---------------------------------------------------------------- the generated config, as a GPU run would get it
+
+def _strategy_on(device_type, overrides, world_size=16, ranks_per_node=8):
+    """The strategy object alone: its config is built from the run config and the world, with no
+    process group and no deepspeed import, so GPU settings can be checked on a CPU."""
+    from vit_scale.config import load_config
+    from vit_scale.distributed import parse_strategy
+    from vit_scale.distributed.deepspeed import DeepSpeedStrategy
+    from vit_scale.launch import World
+
+    cfg = load_config(None, overrides)
+    world = World("srun", 0, world_size, 0, ranks_per_node, world_size // ranks_per_node, "n0", "n0", 29500,
+                  device_type=device_type, device_index=0 if device_type != "cpu" else None,
+                  backend="nccl" if device_type != "cpu" else "gloo")
+    return DeepSpeedStrategy(cfg, parse_strategy(cfg.strategy), world)
+
+
+def test_generated_config_for_a_gpu_run():
+    strategy = _strategy_on("cuda", ["strategy=ZEROPP", "train.precision=fp16", "train.batch_size=32",
+                                     "deepspeed.offload_optimizer=true", "deepspeed.gradient_clipping=1.0"])
+    config = json.loads(strategy.artifacts()["deepspeed.json"])
+    assert config["fp16"]["enabled"] is True and config["bf16"]["enabled"] is False
+    assert config["train_batch_size"] == 32 * 16 and config["gradient_clipping"] == 1.0
+    zero = config["zero_optimization"]
+    assert zero["zero_hpz_partition_size"] == 8  # ranks per node
+    assert zero["zero_quantized_weights"] is True and zero["zero_quantized_gradients"] is True
+    assert zero["offload_optimizer"] == {"device": "cpu", "pin_memory": True}
+    assert "offload_param" not in zero and config["optimizer"]["type"] == "AdamW"
+    assert strategy.options()["hpz_partition_size"] == 8 and strategy.options()["skip_shm_comm"] is False
+    override = _strategy_on("cuda", ["strategy=ZEROPP", "deepspeed.hpz_partition_size=4"])
+    assert override.ds_config["zero_optimization"]["zero_hpz_partition_size"] == 4
+    bf16 = _strategy_on("cuda", ["strategy=ZERO2", "train.precision=bf16"]).ds_config
+    assert bf16["bf16"]["enabled"] is True and "zero_hpz_partition_size" not in bf16["zero_optimization"]
+    assert bf16["zero_optimization"]["stage"] == 2 and "optimizer" not in bf16
+
+
+def test_default_clipping_is_off():
+    from vit_scale.config import Config
+
+    assert Config().deepspeed.gradient_clipping == 0.0
+    assert _strategy_on("cpu", ["strategy=ZERO1"], 2, 2).ds_config["gradient_clipping"] == 0.0

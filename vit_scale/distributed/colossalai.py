@@ -1,0 +1,208 @@
+"""ColossalAI Booster plugins: CAI_DDP, CAI_DDP_FP16, CAI_LOW_LEVEL_ZERO, CAI_GEMINI, CAI_FSDP.
+
+The plugins run on the trainer's own process group: `colossalai.launch*` is not called (it
+would call init_process_group again and reseed every rank with 1024); the Booster and its
+plugins need only an initialised torch.distributed and, on a GPU, the current device, both of
+which vit_scale.launch has set.
+
+What runs where (measured with ColossalAI 0.5.0 on torch 2.13): only CAI_DDP in fp32 trains on a
+CPU. The others need a GPU: mixed precision uses CUDA autocast and grad scaling, LowLevelZero and
+Gemini put their buffers on the accelerator and use ColossalAI's fused/CPU Adam kernels, and
+TorchFSDPPlugin passes `torch.cuda.current_device()` to FSDP. `check` says so before any work.
+
+Labels and precision:
+- CAI_DDP: TorchDDPPlugin; `train.precision` fp32 (bf16/fp16 go through the Booster's mixed
+  precision, GPU only).
+- CAI_DDP_FP16: TorchDDPPlugin with the Booster's fp16 mixed precision (autocast + GradScaler),
+  seed 000's `torch_ddp_fp16`; asks for `train.precision=fp16` so the record says what ran.
+- CAI_LOW_LEVEL_ZERO: stage `colossalai.zero_stage` (1 or 2), `colossalai.cpu_offload`;
+  precision fp32, bf16 or fp16 from `train.precision`.
+- CAI_GEMINI: placement policy, offload fractions, pin memory; fp16 or bf16 only.
+  `colossalai.preset=seed000` sets offload_optim_frac=1.0 and pin_memory=True (seed 000's run).
+- CAI_FSDP: TorchFSDPPlugin (torch FSDP1, FULL_SHARD, one unit per timm Block as FULL_SHARD does).
+"""
+from __future__ import annotations
+
+from ..errors import UserError
+from .base import Strategy
+
+INSTALL_HINT = ("pip install --no-deps colossalai==0.5.0 && pip install -c CONSTRAINTS transformers==4.51.3 "
+                "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
+                "see docs/strategies.md)")
+GPU_ONLY = {
+    "CAI_DDP_FP16": "fp16 mixed precision (CUDA autocast and grad scaling)",
+    "CAI_LOW_LEVEL_ZERO": "ColossalAI's LowLevelZero plugin (accelerator buffers and kernels)",
+    "CAI_GEMINI": "ColossalAI's Gemini plugin (chunk manager and HybridAdam kernels)",
+    "CAI_FSDP": "ColossalAI's TorchFSDPPlugin (wraps FSDP on torch.cuda.current_device())",
+}
+PRESETS = {"none": {}, "seed000": {"offload_optim_frac": 1.0, "pin_memory": True}}
+
+
+def _import_colossalai():
+    from ..compat import ensure_torchvision_importable
+
+    ensure_torchvision_importable()  # colossalai imports transformers, which imports torchvision
+    try:
+        import colossalai  # noqa: F401
+        from colossalai.booster import Booster  # noqa: F401
+    except ImportError as exc:
+        raise UserError(f"strategy: ColossalAI labels need the colossalai package, which is not importable "
+                        f"({' '.join(str(exc).split())}); install it keeping your torch: {INSTALL_HINT}") from None
+    import colossalai
+
+    return colossalai
+
+
+class ColossalAIStrategy(Strategy):
+    family = "colossalai"
+
+    # ------------------------------------------------------------ checks before any process group
+
+    @classmethod
+    def check(cls, cfg, label, world) -> None:
+        super().check(cfg, label, world)
+        name, precision = label.label, cfg.train.precision
+        if world.device_type == "cpu":
+            if name in GPU_ONLY:
+                raise UserError(f"strategy: {name} needs a GPU ({GPU_ONLY[name]}); on a CPU only CAI_DDP "
+                                f"with train.precision=fp32 runs")
+            if precision != "fp32":
+                raise UserError(f"train.precision: CAI_DDP with {precision} needs a GPU (the Booster's mixed "
+                                f"precision is CUDA autocast); on a CPU use train.precision=fp32")
+        if name == "CAI_DDP_FP16" and precision != "fp16":
+            raise UserError(f"train.precision: CAI_DDP_FP16 is fp16 mixed precision by name; set "
+                            f"train.precision=fp16 (got {precision}), or use CAI_DDP for {precision}")
+        if name == "CAI_GEMINI" and precision == "fp32":
+            raise UserError("train.precision: CAI_GEMINI runs in fp16 or bf16 only (Gemini has no fp32 mode); "
+                            "set train.precision=fp16 or bf16")
+        if cfg.train.init == "meta":
+            raise UserError("train.init: meta is not supported with ColossalAI labels (the model is built on the "
+                            "device); use train.init=device")
+        _import_colossalai()
+
+    # ------------------------------------------------------------ configuration
+
+    def __init__(self, cfg, label, world):
+        super().__init__(cfg, label, world)
+        self.booster = None
+        self.plugin_name = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin",
+                            "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin", "CAI_GEMINI": "GeminiPlugin",
+                            "CAI_FSDP": "TorchFSDPPlugin"}[label.label]
+        self.implementation = f"colossalai-{self.plugin_name}"
+        c = cfg.colossalai
+        self.gemini = {"placement_policy": c.placement_policy, "offload_optim_frac": c.offload_optim_frac,
+                       "offload_param_frac": c.offload_param_frac, "pin_memory": c.pin_memory}
+        if label.label == "CAI_GEMINI" and c.preset != "none":
+            self.gemini.update(PRESETS[c.preset])
+            self.notes.append(f"colossalai.preset={c.preset}: "
+                              + ", ".join(f"{k}={v}" for k, v in PRESETS[c.preset].items()))
+        if label.label == "CAI_FSDP":
+            self.shard_group_size, self.replicate_group_size = world.world_size, 1
+        elif label.label in ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI"):
+            self.notes.append("optimizer states are partitioned over all ranks; the replica check compares each "
+                              "rank's full copy of the parameters"
+                              + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""))
+
+    def _optimizer_name(self) -> str:
+        c = self.cfg.colossalai
+        if self.label.label == "CAI_GEMINI" or (self.label.label == "CAI_LOW_LEVEL_ZERO" and c.cpu_offload):
+            return "HybridAdam (AdamW mode)"
+        if self.label.label == "CAI_FSDP":
+            return "torch.optim.Adam (decoupled_weight_decay=True, i.e. AdamW)"
+        return "torch.optim.AdamW"
+
+    def options(self) -> dict:
+        c = self.cfg.colossalai
+        opts = super().options()
+        opts.update({"plugin": self.plugin_name, "optimizer": self._optimizer_name()})
+        name = self.label.label
+        if name in ("CAI_DDP", "CAI_DDP_FP16"):
+            opts.update(booster_mixed_precision=None if self.cfg.train.precision == "fp32" else self.cfg.train.precision,
+                        bucket_cap_mb=c.bucket_cap_mb)
+        elif name == "CAI_LOW_LEVEL_ZERO":
+            opts.update(zero_stage=c.zero_stage, cpu_offload=c.cpu_offload, initial_scale=c.initial_scale)
+        elif name == "CAI_GEMINI":
+            opts.update(self.gemini, preset=c.preset, initial_scale=c.initial_scale)
+        elif name == "CAI_FSDP":
+            opts.update(sharding="FULL_SHARD", auto_wrap="timm Block")
+        return opts
+
+    # ------------------------------------------------------------ setup
+
+    def _plugin(self, factory):
+        import torch
+        from colossalai.booster import plugin as plugins
+
+        c, precision, name = self.cfg.colossalai, self.cfg.train.precision, self.label.label
+        if name in ("CAI_DDP", "CAI_DDP_FP16"):
+            return plugins.TorchDDPPlugin(bucket_cap_mb=c.bucket_cap_mb)
+        if name == "CAI_LOW_LEVEL_ZERO":
+            return plugins.LowLevelZeroPlugin(stage=c.zero_stage, precision=precision, cpu_offload=c.cpu_offload,
+                                              initial_scale=c.initial_scale)
+        if name == "CAI_GEMINI":
+            return plugins.GeminiPlugin(precision=precision, initial_scale=c.initial_scale, **self.gemini)
+        from torch.distributed.fsdp import MixedPrecision
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        mixed = None
+        if self.dtype_name:
+            dtype = getattr(torch, self.dtype_name)
+            mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+        return plugins.TorchFSDPPlugin(auto_wrap_policy=ModuleWrapPolicy({factory.block_class()}),
+                                       mixed_precision=mixed)
+
+    def setup(self, factory) -> None:
+        import torch
+
+        _import_colossalai()
+        from colossalai.booster import Booster
+
+        model = factory.on_device(self.world.device)
+        self.apply_activation_checkpointing(model)
+        if self._optimizer_name().startswith("HybridAdam"):
+            from colossalai.nn.optimizer import HybridAdam
+
+            optimizer = HybridAdam(model.parameters(), lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay,
+                                   adamw_mode=True)
+        elif self.label.label == "CAI_FSDP":
+            # TorchFSDPPlugin re-runs `optimizer.__init__(params, **optimizer.defaults)`; torch's AdamW
+            # rejects its own `decoupled_weight_decay` default there; Adam takes the same settings
+            # (decoupled_weight_decay=True among them) and makes the same update
+            defaults = self.make_optimizer(model.parameters()).defaults
+            optimizer = torch.optim.Adam(model.parameters(), **defaults)
+        else:
+            optimizer = self.make_optimizer(model.parameters())
+        mixed = None
+        if self.label.label in ("CAI_DDP", "CAI_DDP_FP16") and self.cfg.train.precision != "fp32":
+            mixed = self.cfg.train.precision
+        self.booster = Booster(plugin=self._plugin(factory), mixed_precision=mixed)
+        self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
+        if self.label.label == "CAI_FSDP":
+            self.shard_group = torch.distributed.group.WORLD
+
+    # ------------------------------------------------------------ step
+
+    def train_step(self, images, labels):
+        logits = self.model(images)
+        loss = self.loss(logits, labels)
+        self.booster.backward(loss, self.optimizer)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return loss.detach()
+
+    # ------------------------------------------------------------ replica check
+
+    def local_tensors(self):
+        if self.label.label == "CAI_GEMINI":
+            from colossalai.zero import GeminiDDP
+
+            module = self.model
+            while not isinstance(module, GeminiDDP) and hasattr(module, "module"):
+                module = module.module
+            # parameters live in sharded chunks: gather a full copy on every rank (a collective)
+            yield from module.state_dict(only_rank_0=False).values()
+            return
+        if self.label.label == "CAI_FSDP":
+            yield from self.model.parameters()  # FSDP1 flat parameters: this rank's shard
+            return
+        yield from self.model.unwrap().parameters()
