@@ -21,8 +21,9 @@ setup(
     ],
     extras_require={
         "deepspeed": ["deepspeed>=0.16"],
-        # ColossalAI pins an old torch: env/setup_venv.sh installs it with --no-deps plus what it imports
-        "colossalai": ["colossalai"],
+        # What ColossalAI imports. ColossalAI itself pins torch<=2.5.1, so it is installed apart with
+        # `pip install --no-deps colossalai==0.5.0` (env/setup_venv.sh --extras colossalai does both)
+        "colossalai": ["transformers==4.51.3", "peft==0.13.2", "galore-torch", "bitsandbytes"],
         "mpi": ["mpi4py"],
         "test": ["pytest", "pytest-timeout", "scikit-learn", "pillow", "jsonschema"],
     },
