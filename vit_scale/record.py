@@ -87,6 +87,7 @@ def write_rank_error(run_dir: str, rank: int, status: str, error: str) -> None:
     path = os.path.join(run_dir, f"rank{rank}.error.json")
     tmp = path + ".tmp"
     try:
+        os.makedirs(run_dir, exist_ok=True)  # this rank may fail before rank 0 has made it
         with open(tmp, "w") as f:
             json.dump({"rank": rank, "status": status, "error": error, "time": time.time()}, f)
         os.replace(tmp, path)

@@ -1,0 +1,178 @@
+#!/bin/bash
+# Builds the Python venv that env/<system>.sh activates: the torch build the system needs
+# (ROCm, CUDA or CPU) first, then vit-scale and its extras installed against that torch, so
+# that no later install swaps it for another build.
+#
+#   bash env/setup_venv.sh local                                   # CPU: laptops, CI
+#   bash env/setup_venv.sh local --extras test,deepspeed,mpi --with-test-tools
+#   bash env/setup_venv.sh frontier                                # on a Frontier login node
+#   bash env/setup_venv.sh cuda --venv /path/to/venv --extras deepspeed
+#   bash env/setup_venv.sh cuda --dry-run                          # print the commands only
+#
+# Which torch (environment variables):
+#   TORCH_SPEC        default torch==2.13.0
+#   TORCH_INDEX_URL   where pip gets it; default per system: local: pip's own configuration
+#                     (PyPI; on Linux that is a CUDA build, which also runs on CPUs; set
+#                     https://download.pytorch.org/whl/cpu for the smaller CPU-only one),
+#                     cuda: https://download.pytorch.org/whl/cu128,
+#                     frontier: https://download.pytorch.org/whl/rocm6.4 (match env/frontier.sh's rocm module)
+#   PYTHON            the interpreter the venv is made from (default python3; on Frontier, load
+#                     a Python module first, e.g. cray-python)
+set -euo pipefail
+
+PROG=setup_venv.sh
+HOME_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+TEST_TOOLS=(slurm-wlm munge lmod shellcheck openmpi-bin)
+
+die() { echo "$PROG: $*" >&2; exit 2; }
+
+usage() {
+  cat <<'EOF'
+usage: bash env/setup_venv.sh SYSTEM [--venv DIR] [--extras a,b] [--with-test-tools] [--dry-run]
+  SYSTEM              local, cuda or frontier: which torch build to install
+  --venv DIR          where (default: .venv at the repository root, which env/*.sh use)
+  --extras LIST       extras of vit-scale: test, deepspeed, mpi, colossalai
+  --with-test-tools   also install the system packages the tests use (slurm-wlm munge lmod
+                      shellcheck openmpi-bin), with apt-get as root or through sudo
+  --dry-run           print the commands, run nothing
+EOF
+}
+
+SYSTEM="" VENV=$HOME_DIR/.venv EXTRAS="" WITH_TOOLS=0 DRY_RUN=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h|--help) usage; exit 0 ;;
+    --venv) [ $# -ge 2 ] || die "--venv: needs a directory"; VENV=$2; shift 2 ;;
+    --venv=*) VENV=${1#*=}; shift ;;
+    --extras) [ $# -ge 2 ] || die "--extras: needs a list such as test,deepspeed"; EXTRAS=$2; shift 2 ;;
+    --extras=*) EXTRAS=${1#*=}; shift ;;
+    --with-test-tools) WITH_TOOLS=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -*) die "unknown option '$1'; allowed: --venv --extras --with-test-tools --dry-run --help" ;;
+    *) [ -z "$SYSTEM" ] || die "unexpected argument '$1'; give one SYSTEM: local, cuda or frontier"
+       SYSTEM=$1; shift ;;
+  esac
+done
+case $SYSTEM in
+  local) default_index="" ;;
+  cuda) default_index=https://download.pytorch.org/whl/cu128 ;;
+  frontier) default_index=https://download.pytorch.org/whl/rocm6.4 ;;
+  "") die "SYSTEM: missing; allowed: local, cuda, frontier" ;;
+  *) die "SYSTEM: unknown system '$SYSTEM'; allowed: local, cuda, frontier" ;;
+esac
+extras=() colossalai=0
+IFS=, read -r -a requested <<< "$EXTRAS"
+for extra in "${requested[@]}"; do
+  case $extra in
+    test|deepspeed|mpi) extras+=("$extra") ;;
+    colossalai) colossalai=1 ;;
+    "") ;;
+    *) die "--extras: unknown extra '$extra'; allowed: test, deepspeed, mpi, colossalai" ;;
+  esac
+done
+VENV=$(realpath -m "$VENV")
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TORCH_INDEX_URL=${TORCH_INDEX_URL-$default_index}
+PYTHON=${PYTHON:-python3}
+
+run() {  # print a command, then run it unless this is a dry run
+  echo "+ $*"
+  [ "$DRY_RUN" = 1 ] || "$@"
+}
+
+as_root() {  # a command that needs root: directly, through sudo, or not at all
+  if [ "$(id -u)" = 0 ]; then
+    run "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    run sudo "$@"
+  else
+    echo "$PROG: installing system packages needs root; as root run: $*" >&2
+    exit 1
+  fi
+}
+
+# ---- system packages for the tests (Debian/Ubuntu), before anything else: slurmd looks for the
+# PMIx library (from openmpi-bin) only when it starts
+if [ "$WITH_TOOLS" = 1 ]; then
+  if command -v sbatch >/dev/null && command -v munged >/dev/null && command -v shellcheck >/dev/null &&
+     command -v mpirun >/dev/null && [ -r /usr/share/lmod/lmod/init/bash ]; then
+    echo "test tools already installed: ${TEST_TOOLS[*]}"
+  elif ! command -v apt-get >/dev/null 2>&1; then
+    echo "$PROG: --with-test-tools knows only apt-get; install the equivalents of: ${TEST_TOOLS[*]}" >&2
+    exit 1
+  else
+    as_root apt-get update
+    # without --no-install-recommends apt pulls dozens of unneeded packages (ROCm plugins, hdf5...)
+    as_root apt-get install -y --no-install-recommends "${TEST_TOOLS[@]}"
+  fi
+fi
+
+# ---- the venv
+if [ ! -x "$VENV/bin/python" ]; then
+  if ! run "$PYTHON" -m venv "$VENV"; then
+    # Debian and Ubuntu ship venv support as a separate package
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      run apt-get install -y --no-install-recommends python3-venv
+      run "$PYTHON" -m venv "$VENV"
+    else
+      echo "$PROG: '$PYTHON -m venv' failed; on Debian/Ubuntu install python3-venv (as root: apt-get install python3-venv)" >&2
+      exit 1
+    fi
+  fi
+else
+  echo "using the existing venv $VENV"
+fi
+pip=("$VENV/bin/python" -m pip)
+
+# ---- torch first, the build for this system
+torch_cmd=("${pip[@]}" install "$TORCH_SPEC")
+if [ -n "$TORCH_INDEX_URL" ]; then
+  # torchvision's compiled ops must match torch's build, so both come from the same index
+  torch_cmd+=(torchvision --index-url "$TORCH_INDEX_URL")
+fi
+run "${torch_cmd[@]}"
+
+# ---- everything else against that torch: a constraints file pins the build just installed,
+# so that no dependency (timm, torchvision, deepspeed, colossalai) replaces it
+constraints=$VENV/vit-scale-constraints.txt
+pin_installed='
+import importlib.metadata as md
+for name in ("torch", "torchvision"):
+    try:
+        print(f"{name}=={md.version(name).split(chr(43))[0]}")
+    except md.PackageNotFoundError:
+        pass
+'
+if [ "$DRY_RUN" = 1 ]; then
+  echo "+ $VENV/bin/python -c '<print torch==X (and torchvision==Y) as installed>' > $constraints"
+else
+  "$VENV/bin/python" -c "$pin_installed" > "$constraints"
+  echo "pinned: $(paste -sd' ' "$constraints") (in $constraints; use it with pip install -c for later installs)"
+fi
+
+target=$HOME_DIR
+[ ${#extras[@]} -gt 0 ] && target="${HOME_DIR}[$(IFS=,; echo "${extras[*]}")]"
+if [[ " ${extras[*]} " == *" deepspeed "* ]]; then
+  # DeepSpeed then builds no C++/CUDA ops at install time; it compiles what a run needs on first use
+  export DS_BUILD_OPS=0
+  echo "+ export DS_BUILD_OPS=0"
+fi
+run "${pip[@]}" install -c "$constraints" -e "$target"
+
+if [ "$colossalai" = 1 ]; then
+  # ColossalAI 0.5.0 pins torch<=2.5.1 and many heavy packages: install it without its
+  # dependencies, then only what its imports need, under the same constraints
+  run "${pip[@]}" install -c "$constraints" --no-deps colossalai==0.5.0
+  run "${pip[@]}" install -c "$constraints" transformers==4.51.3 peft==0.13.2 galore-torch bitsandbytes
+fi
+
+if [ "$DRY_RUN" = 1 ]; then
+  echo "dry run: nothing was installed"
+else
+  "$VENV/bin/python" -c 'import torch, vit_scale; print(f"venv ready: torch {torch.__version__}, vit-scale {vit_scale.__version__}")'
+  if [ "$VENV" = "$HOME_DIR/.venv" ]; then
+    echo "next: bash jobs/weak_scaling.sh    (env/$SYSTEM.sh activates this venv)"
+  else
+    echo "next: export VIT_SCALE_VENV=$VENV, so that env/$SYSTEM.sh activates this venv; then bash jobs/weak_scaling.sh"
+  fi
+fi
