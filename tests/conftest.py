@@ -52,3 +52,36 @@ def load_runs(out_dir) -> dict:
 
 def losses(records) -> list[float]:
     return [r["loss"] for r in records if r["event"] == "step"]
+
+
+# ---------------------------------------------------------------- shared by the strategy tests
+
+REL_TOL = 2e-5  # reduction order differs between all-reduce and reduce-scatter; nothing else may
+
+
+def assert_same_losses(reference, other, what, steps=4):
+    assert len(reference) == len(other) == steps, what
+    for step, (a, b) in enumerate(zip(reference, other), 1):
+        assert abs(a - b) <= REL_TOL * abs(a), f"{what}: step {step} loss {b} differs from DDP's {a}"
+
+
+def by_study(runs: dict) -> dict:
+    return {study: records for (study, _, _), records in runs.items()}
+
+
+def start_train(args, tmp_path, env=None) -> subprocess.Popen:
+    """One `python -m vit_scale.train` with the fast settings, its output under tmp_path/runs."""
+    return subprocess.Popen([PYTHON, "-m", "vit_scale.train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def env_without(module: str, tmp_path) -> dict:
+    """Absence of a package, simulated: a directory on PYTHONPATH (searched before site-packages)
+    holds a `<module>.py` that raises ModuleNotFoundError, exactly what `import <module>` raises
+    when the package is not installed."""
+    shim = tmp_path / f"no-{module}"
+    shim.mkdir()
+    (shim / f"{module}.py").write_text(
+        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

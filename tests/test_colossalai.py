@@ -2,14 +2,10 @@
 torchrun launch over gloo, vit_micro, fp32); every plugin that needs a GPU says so in one line
 before any work on a CPU; a missing colossalai names the install command."""
 import importlib.util
-import os
-import subprocess
 
 import pytest
 
-from conftest import FAST, IN_CI, PYTHON, ROOT, load_runs, losses, run_many
-
-REL_TOL = 2e-5
+from conftest import FAST, IN_CI, assert_same_losses, env_without, load_runs, losses, run_many, start_train
 
 
 def _require_colossalai():
@@ -39,10 +35,7 @@ def test_cai_ddp_equals_ddp(two_rank_runs):
     for study in ("cai-ddp", "cai-ddp-small-buckets-ac"):
         end = runs[study][-1]
         assert end["status"] == "ok" and end["replicas_agree"] is True, (study, end)
-        other = losses(runs[study])
-        assert len(other) == len(reference) == 4
-        for step, (a, b) in enumerate(zip(reference, other), 1):
-            assert abs(a - b) <= REL_TOL * abs(a), f"{study}: step {step} loss {b} differs from DDP's {a}"
+        assert_same_losses(reference, losses(runs[study]), study)
 
 
 def test_the_run_records_what_ran(two_rank_runs):
@@ -59,23 +52,6 @@ def test_the_run_records_what_ran(two_rank_runs):
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, no work
 
-def _train(args, tmp_path, env=None):
-    return subprocess.Popen([PYTHON, "-m", "vit_scale.train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def _shim_without(module: str, tmp_path) -> dict:
-    """Absence is simulated: a directory on PYTHONPATH (searched before site-packages) holds a
-    `<module>.py` that raises ModuleNotFoundError, exactly what `import <module>` raises when the
-    package is not installed."""
-    shim = tmp_path / f"no-{module}"
-    shim.mkdir()
-    (shim / f"{module}.py").write_text(
-        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
-    return {"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-
-
 def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
     # the GPU checks come before the import, so they need no colossalai; the missing-package case
     # is simulated, so it runs whether or not colossalai is installed
@@ -87,10 +63,10 @@ def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
         "CAI_DDP-bf16": (["strategy=CAI_DDP", "train.precision=bf16"], None, ["train.precision", "needs a GPU"]),
         "bad-zero-stage": (["strategy=CAI_LOW_LEVEL_ZERO", "colossalai.zero_stage=3"], None,
                            ["colossalai.zero_stage", "allowed: 1, 2"]),
-        "colossalai-missing": (["strategy=CAI_DDP"], _shim_without("colossalai", tmp_path),
+        "colossalai-missing": (["strategy=CAI_DDP"], env_without("colossalai", tmp_path),
                                ["colossalai", "pip install --no-deps colossalai==0.5.0"]),
     }
-    procs = {name: _train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
+    procs = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
         lines = stderr.strip().splitlines()

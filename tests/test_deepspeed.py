@@ -11,13 +11,10 @@ the one offload run in `two_rank_runs` builds it.
 import importlib.util
 import json
 import os
-import subprocess
 
 import pytest
 
-from conftest import FAST, IN_CI, PYTHON, ROOT, load_runs, losses, run_many
-
-REL_TOL = 2e-5  # reduction order differs between all-reduce and reduce-scatter; nothing else may
+from conftest import FAST, IN_CI, assert_same_losses, by_study, env_without, load_runs, losses, run_many, start_train
 
 
 def _require_deepspeed():
@@ -25,16 +22,6 @@ def _require_deepspeed():
         if IN_CI:
             pytest.fail("deepspeed is not installed, and CI must run the DeepSpeed tests (.ci/run installs it)")
         pytest.skip("deepspeed not installed (pip install 'vit-scale[deepspeed]')")
-
-
-def _assert_same_losses(reference, other, what):
-    assert len(reference) == len(other) == 4, what
-    for step, (a, b) in enumerate(zip(reference, other), 1):
-        assert abs(a - b) <= REL_TOL * abs(a), f"{what}: step {step} loss {b} differs from DDP's {a}"
-
-
-def _by_study(runs):
-    return {study: records for (study, _, _), records in runs.items()}
 
 
 def _run_dir(records, out_dir):
@@ -76,7 +63,7 @@ def two_rank_runs(tmp_path_factory):
             [*FAST, out, "strategy=ZERO3", "deepspeed.offload_optimizer=true", "deepspeed.offload_params=true",
              "deepspeed.param_persistence_threshold=0", "output.study=zero3-offload"]]
     proc = run_many(2, runs, tmp, timeout=900)
-    return _by_study(load_runs(tmp / "runs")), tmp / "runs", proc
+    return by_study(load_runs(tmp / "runs")), tmp / "runs", proc
 
 
 def test_every_run_ok_and_replicas_agree(two_rank_runs):
@@ -96,7 +83,7 @@ def test_every_run_ok_and_replicas_agree(two_rank_runs):
 @pytest.mark.parametrize("study", ["zero1", "zero2", "zero2-small-buckets", "zero3", "zero3-sharded", "zeropp"])
 def test_zero_stages_equal_ddp_on_two_ranks(two_rank_runs, study):
     runs, _, _ = two_rank_runs
-    _assert_same_losses(losses(runs["ddp"]), losses(runs[study]), study)
+    assert_same_losses(losses(runs["ddp"]), losses(runs[study]), study)
 
 
 def test_offload_trains_with_deepspeeds_optimizer(two_rank_runs):
@@ -161,14 +148,14 @@ def four_rank_runs(tmp_path_factory):
              "output.study=zeropp"],
             [*FAST, out, nodes, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0", "output.study=zero3"]]
     run_many(4, runs, tmp)
-    return _by_study(load_runs(tmp / "runs"))
+    return by_study(load_runs(tmp / "runs"))
 
 
 @pytest.mark.parametrize("study", ["zeropp", "zero3"])
 def test_zero3_and_hpz_equal_ddp_on_four_ranks(four_rank_runs, study):
     end = four_rank_runs[study][-1]
     assert end["status"] == "ok" and end["replicas_agree"] is True, end
-    _assert_same_losses(losses(four_rank_runs["ddp"]), losses(four_rank_runs[study]), study)
+    assert_same_losses(losses(four_rank_runs["ddp"]), losses(four_rank_runs[study]), study)
 
 
 def test_hpz_partition_defaults_to_ranks_per_node(four_rank_runs):
@@ -179,23 +166,6 @@ def test_hpz_partition_defaults_to_ranks_per_node(four_rank_runs):
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, no work
-
-def _train(args, tmp_path, env=None):
-    return subprocess.Popen([PYTHON, "-m", "vit_scale.train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def _shim_without(module: str, tmp_path) -> dict:
-    """Absence is simulated: a directory on PYTHONPATH (searched before site-packages) holds a
-    `<module>.py` that raises ModuleNotFoundError, exactly what `import <module>` raises when the
-    package is not installed."""
-    shim = tmp_path / f"no-{module}"
-    shim.mkdir()
-    (shim / f"{module}.py").write_text(
-        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
-    return {"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-
 
 def test_bad_input_is_one_line_before_any_work(tmp_path):
     _require_deepspeed()
@@ -208,10 +178,10 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
                                    ["deepspeed.offload_params", "ZeRO-3 only"]),
         "hpz-not-dividing": (["strategy=ZEROPP", *NO_QUANT, "deepspeed.hpz_partition_size=3"], None,
                              ["deepspeed.hpz_partition_size", "must divide"]),
-        "deepspeed-missing": (["strategy=ZERO2"], _shim_without("deepspeed", tmp_path),
+        "deepspeed-missing": (["strategy=ZERO2"], env_without("deepspeed", tmp_path),
                               ["deepspeed", "pip install 'vit-scale[deepspeed]'"]),
     }
-    procs = {name: _train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
+    procs = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
     for name, proc in procs.items():
         stdout, stderr = proc.communicate(timeout=180)
         lines = stderr.strip().splitlines()

@@ -4,19 +4,7 @@ import itertools
 
 import pytest
 
-from conftest import FAST, load_runs, losses, run_many
-
-REL_TOL = 2e-5  # reduction order differs between all-reduce and reduce-scatter; nothing else may
-
-
-def _assert_same_losses(reference, other, what):
-    assert len(reference) == len(other) == 4, what
-    for step, (a, b) in enumerate(zip(reference, other), 1):
-        assert abs(a - b) <= REL_TOL * abs(a), f"{what}: step {step} loss {b} differs from DDP's {a}"
-
-
-def _by_study(runs):
-    return {study: records for (study, _, _), records in runs.items()}
+from conftest import FAST, assert_same_losses, by_study, load_runs, losses, run_many
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +30,7 @@ def two_rank_runs(tmp_path_factory):
     runs.append([*FAST, out, "strategy=DDP", "train.precision=bf16", "train.activation_checkpointing=true",
                  "output.study=bf16-ac-ddp"])
     run_many(2, runs, tmp)
-    return _by_study(load_runs(tmp / "runs"))
+    return by_study(load_runs(tmp / "runs"))
 
 
 def test_every_run_ok_and_replicas_agree(two_rank_runs):
@@ -60,7 +48,7 @@ def test_every_run_ok_and_replicas_agree(two_rank_runs):
                                    "fsdp1-HYBRID_2GPU", "fsdp2-NO_SHARD", "fsdp2-FULL_SHARD", "fsdp2-SHARD_GRAD_OP",
                                    "fsdp1-orig-params"])
 def test_fsdp_modes_equal_ddp_on_two_ranks(two_rank_runs, study):
-    _assert_same_losses(losses(two_rank_runs["ddp"]), losses(two_rank_runs[study]), study)
+    assert_same_losses(losses(two_rank_runs["ddp"]), losses(two_rank_runs[study]), study)
 
 
 def test_prefetch_and_limit_all_gathers_grid_equals_ddp(two_rank_runs):
@@ -68,7 +56,7 @@ def test_prefetch_and_limit_all_gathers_grid_equals_ddp(two_rank_runs):
     grid = [s for s in two_rank_runs if s.startswith("grid-")]
     assert len(grid) == 12
     for study in grid:
-        _assert_same_losses(reference, losses(two_rank_runs[study]), study)
+        assert_same_losses(reference, losses(two_rank_runs[study]), study)
         options = two_rank_runs[study][0]["strategy"]["options"]
         _, _, prefetch, limit = study.split("-")
         assert options["backward_prefetch"] == prefetch and str(options["limit_all_gathers"]).lower() == limit
@@ -103,7 +91,7 @@ def four_rank_runs(tmp_path_factory):
         runs.append([*FAST, out, "strategy=HYBRID_2GPU", f"fsdp.backward_prefetch={prefetch}",
                      f"fsdp.limit_all_gathers={limit}", f"output.study=grid-HYBRID_2GPU-{prefetch}-{limit}"])
     proc = run_many(4, runs, tmp)
-    return _by_study(load_runs(tmp / "runs")), proc
+    return by_study(load_runs(tmp / "runs")), proc
 
 
 @pytest.mark.parametrize("study", ["hybrid1", "hybrid2", "hybrid2-fsdp2", "hybrid4", "grid-HYBRID_2GPU-none-true",
@@ -112,7 +100,7 @@ def test_hybrid_modes_equal_ddp_on_four_ranks(four_rank_runs, study):
     runs, _ = four_rank_runs
     end = runs[study][-1]
     assert end["status"] == "ok" and end["replicas_agree"] is True, end
-    _assert_same_losses(losses(runs["ddp"]), losses(runs[study]), study)
+    assert_same_losses(losses(runs["ddp"]), losses(runs[study]), study)
 
 
 def test_hybrid_group_layout(four_rank_runs):
