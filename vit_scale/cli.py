@@ -1,4 +1,4 @@
-"""`vit-scale train ...` and `vit-scale plan ...`."""
+"""`vit-scale train ...`, `vit-scale plan ...` and `vit-scale finetune ...`."""
 from __future__ import annotations
 
 import sys
@@ -6,15 +6,16 @@ import sys
 COMMANDS = {
     "train": ("vit_scale.train", "one run: one model under one strategy on the launched ranks"),
     "plan": ("vit_scale.plan", "what fits where: memory per device and communication per step"),
+    "finetune": ("vit_scale.finetune", "fine-tune on real images: evaluation, pretrained weights, checkpoints"),
 }
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: vit-scale {train,plan} ...\n")
+        print(f"usage: vit-scale {{{','.join(COMMANDS)}}} ...\n")
         for name, (_, text) in COMMANDS.items():
-            print(f"  {name:6} {text}")
+            print(f"  {name:8} {text}")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

@@ -64,6 +64,12 @@ class RunRecorder:
             if not self.ended:
                 self._write("step", payload)
 
+    def event(self, name: str, payload: dict) -> None:
+        """A record beside start/step/end, e.g. fine-tuning's `eval` (readers skip events they do not know)."""
+        with self._lock:
+            if not self.ended:
+                self._write(name, payload)
+
     def end(self, payload: dict) -> bool:
         """Write the end record unless one was written already; True if this call wrote it."""
         with self._lock:

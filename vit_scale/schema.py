@@ -78,7 +78,17 @@ END = {
                             "replicas_agree": {"const": True}, "error": {"type": "null"}}},
 }
 
-BY_EVENT = {"start": START, "step": STEP, "end": END}
+EVAL = {
+    "type": "object",
+    "required": ["event", "time", "epoch", "step", "loss", "top1", "top5", "images"],
+    "properties": {"event": {"const": "eval"}, "epoch": {"type": "integer", "minimum": 1},
+                   "step": {"type": "integer", "minimum": 0}, "loss": {"type": "number", "minimum": 0},
+                   "top1": {"type": "number", "minimum": 0, "maximum": 1},
+                   "top5": {"type": "number", "minimum": 0, "maximum": 1},
+                   "images": {"type": "integer", "minimum": 1}},
+}
+
+BY_EVENT = {"start": START, "step": STEP, "end": END, "eval": EVAL}
 
 
 def validate_record_file(path: str) -> list[dict]:

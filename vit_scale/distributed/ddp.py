@@ -6,6 +6,10 @@ from .base import Strategy
 
 class DDPStrategy(Strategy):
     family = "ddp"
+    supports_finetune = True  # the Strategy defaults are DDP's; only no_sync is its own
+
+    def no_sync(self):
+        return self.model.no_sync()
 
     def setup(self, factory) -> None:
         import torch

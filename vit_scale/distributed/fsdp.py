@@ -12,6 +12,8 @@ records which implementation ran.
 """
 from __future__ import annotations
 
+import contextlib
+
 from ..errors import UserError
 from .base import Strategy
 
@@ -185,3 +187,53 @@ class FSDPStrategy(Strategy):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
+
+    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+
+    supports_finetune = True
+    checkpoint_format = "sharded"  # torch.distributed.checkpoint: each rank writes and reads its own shard
+
+    def forward(self, images):
+        return self.model(images)  # MixedPrecision / MixedPrecisionPolicy cast inside; no autocast
+
+    def no_sync(self):
+        if self.implementation_version == 1:
+            return self.model.no_sync()
+        return self._fsdp2_no_sync()
+
+    @contextlib.contextmanager
+    def _fsdp2_no_sync(self):
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        import torch
+
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if self.implementation_version == 1:
+            # each rank holds a shard of the gradients: FSDP1's own method reduces the norm over them
+            return float(self.model.clip_grad_norm_(max_norm))
+        # FSDP2 gradients are DTensors: the norm is partial per shard until full_tensor() reduces it
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        total = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if hasattr(total, "full_tensor"):
+            total = total.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return float(total)
+
+    def checkpoint_state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        # sharded state dicts (ShardedTensor / DTensor): no rank ever gathers the whole model
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optimizer": optimizer_state}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"])

@@ -1,0 +1,328 @@
+"""Fine-tuning on real images with real torchrun launches over gloo (2 CPU ranks).
+
+The dataset is scikit-learn's bundled digits (1,797 real 8x8 scans of handwritten digits, 10
+classes, no download), written as an image folder (train/ and val/, 80/20 per class) and
+upscaled to vit_micro's 32 px. One launch per scenario:
+- DDP and FULL_SHARD each train vit_micro from scratch to at least 90% validation accuracy;
+- DDP, from a pretrained file (another head), saves every 7 steps; a second run resumes from step 7;
+- FULL_SHARD is stopped by SIGUSR1 after step 9 (sharded checkpoint, exit 7), then resumes with
+  checkpoint.resume=auto;
+and a resumed run's per-step losses equal the uninterrupted run's.
+"""
+import csv
+import glob
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import PYTHON, ROOT, torchrun
+
+pytest.importorskip("sklearn", reason="the digits come with scikit-learn (pip install scikit-learn)")
+jsonschema = pytest.importorskip("jsonschema")
+
+MIN_ACCURACY = 0.90
+# from scratch, no augmentation, 16 epochs of 44 steps of 2 x 16 images: 96.1%, 96.1%, 98.3% with
+# seeds 0, 1, 2 under DDP. (lr 4e-3 with a shorter warm-up once sat at chance for epochs: 77%.)
+EPOCHS = 16
+ACCURACY = ["model=vit_micro", "train.batch_size=16", "train.lr=2e-3", "finetune.lr_warmup_steps=44",
+            f"finetune.epochs={EPOCHS}", "data.augment=none", "train.print_every=1000", "train.warmup_steps=2"]
+# short runs for resuming, with everything that could break "the same losses": random crops and
+# flips, two loader workers per rank, accumulation over two micro-batches, clipping, label smoothing
+SHORT = ["model=vit_micro", "train.batch_size=16", "finetune.accumulation_steps=2", "train.lr=4e-3",
+         "finetune.lr_warmup_steps=5", "finetune.epochs=2", "data.augment=standard", "data.workers=2",
+         "train.print_every=1000", "train.warmup_steps=2"]
+SHORT_STEPS = 44  # 1,438 training images / 2 ranks / 16 / 2 micro-batches = 22 steps per epoch
+
+# ---------------------------------------------------------------- helpers
+
+def write_digits(root) -> dict:
+    """The digits as PNGs, one folder per class, 20% of each class in val/; returns image counts."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = random.Random(0)
+    counts = {"train": 0, "val": 0}
+    for label in range(10):
+        members = [i for i, y in enumerate(digits.target) if y == label]
+        rng.shuffle(members)
+        n_val = round(0.2 * len(members))
+        for k, i in enumerate(members):
+            split = "val" if k < n_val else "train"
+            os.makedirs(os.path.join(root, split, str(label)), exist_ok=True)
+            pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)  # 0..16 gray levels
+            Image.fromarray(pixels, "L").resize((32, 32), Image.BILINEAR).save(
+                os.path.join(root, split, str(label), f"{i:04d}.png"))
+            counts[split] += 1
+    return counts
+
+
+def finetune(args, env=None, nproc=2):
+    start = time.time()
+    proc = torchrun(nproc, ["-m", "vit_scale.finetune", *args], timeout=900, env=env)
+    return proc, time.time() - start
+
+
+def rank_exit_codes(proc) -> list[int]:
+    if proc.returncode == 0:
+        return [0]
+    return [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stdout + proc.stderr)]
+
+
+def read_run(out_dir, study) -> list[dict]:
+    """The one run of `study` under out_dir, every record checked against the schema."""
+    from vit_scale.schema import BY_EVENT
+
+    paths = glob.glob(os.path.join(str(out_dir), study, "**", "metrics.jsonl"), recursive=True)
+    assert len(paths) == 1, paths
+    records = [json.loads(line) for line in open(paths[0])]
+    for record in records:
+        jsonschema.validate(record, BY_EVENT[record["event"]])
+    assert records[0]["event"] == "start" and records[-1]["event"] == "end"
+    return records
+
+
+def run_dir(records) -> str:
+    start = records[0]
+    cfg = start["config"]
+    return os.path.join(cfg["output"]["dir"], start["study"], cfg["model"], cfg["strategy"],
+                        f"n{start['world']['nodes']}", start["run_id"])
+
+
+def losses_by_step(records) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in records if r["event"] == "step"}
+
+
+def evals(records) -> list[dict]:
+    return [r for r in records if r["event"] == "eval"]
+
+
+def assert_resumed_losses_match(resumed: dict, reference: dict, what: str) -> None:
+    assert resumed, what
+    for step, loss in resumed.items():
+        # the same batches, augmentations, parameters and optimizer state: the same numbers
+        assert loss == pytest.approx(reference[step], rel=1e-6, abs=1e-7), f"{what}: step {step}"
+
+
+# ---------------------------------------------------------------- fixtures: one launch per scenario
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    root = tmp_path_factory.mktemp("digits")
+    return str(root), write_digits(str(root))
+
+
+@pytest.fixture(scope="module", params=["DDP", "FULL_SHARD"])
+def accuracy_run(request, digits, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"acc-{request.param}")
+    proc, seconds = finetune([f"data.path={digits[0]}", *ACCURACY, f"strategy={request.param}",
+                              f"data.workers={1 if request.param == 'DDP' else 0}",
+                              f"output.dir={out}", "output.study=acc"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    print(f"\n{request.param}: digits fine-tuning took {seconds:.0f} s")
+    return {"records": read_run(out, "acc"), "seconds": seconds, "stdout": proc.stdout, "strategy": request.param}
+
+
+@pytest.fixture(scope="module")
+def pretrained_file(tmp_path_factory):
+    """A vit_micro checkpoint for 5 classes, as a user would bring one (safetensors if installed)."""
+    import torch
+
+    from vit_scale.models import build_model, get_spec
+
+    torch.manual_seed(42)
+    state = build_model(get_spec("vit_micro"), 5).state_dict()
+    folder = tmp_path_factory.mktemp("pretrained")
+    try:
+        from safetensors.torch import save_file
+
+        path = str(folder / "vit_micro_5.safetensors")
+        save_file(state, path)
+    except ImportError:
+        path = str(folder / "vit_micro_5.pth")
+        torch.save(state, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ddp_resumed(digits, pretrained_file, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ddp-resume")
+    common = [f"data.path={digits[0]}", *SHORT, "strategy=DDP", f"finetune.pretrained={pretrained_file}",
+              f"output.dir={tmp / 'runs'}"]
+    whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
+                               "checkpoint.every_steps=7", "checkpoint.keep=0"])
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
+                                   f"checkpoint.resume={tmp / 'ck' / 'step-00000007'}"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    print(f"\nDDP resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
+    return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
+            "checkpoints": str(tmp / "ck"), "stdout": whole.stdout + resumed.stdout}
+
+
+@pytest.fixture(scope="module")
+def fsdp_requeued(digits, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fsdp-requeue")
+    common = [f"data.path={digits[0]}", *SHORT, "strategy=FULL_SHARD", f"output.dir={tmp / 'runs'}"]
+    whole, whole_s = finetune([*common, "output.study=whole", "checkpoint.at_end=false"])
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    # the job script's view: the same command line each time, checkpoint.resume=auto
+    requeue = [*common, f"checkpoint.dir={tmp / 'ck'}", "checkpoint.resume=auto"]
+    stopped, stopped_s = finetune([*requeue, "output.study=stopped"], env={"VIT_SCALE_TEST_SIGNAL_AT_STEP": "9"})
+    resumed, resumed_s = finetune([*requeue, "output.study=resumed"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    print(f"\nFULL_SHARD requeue: uninterrupted {whole_s:.0f} s, stopped {stopped_s:.0f} s, resumed {resumed_s:.0f} s")
+    return {"whole": read_run(tmp / "runs", "whole"), "stopped": read_run(tmp / "runs", "stopped"),
+            "resumed": read_run(tmp / "runs", "resumed"), "stopped_proc": stopped, "checkpoints": str(tmp / "ck")}
+
+
+# ---------------------------------------------------------------- accuracy and evaluation
+
+def test_digits_reach_90_percent_validation_accuracy(accuracy_run, digits):
+    records = accuracy_run["records"]
+    end = records[-1]
+    assert end["status"] == "ok" and end["replicas_agree"] is True, end
+    assert end["step"] == end["total_steps"] == EPOCHS * 44
+    per_epoch = evals(records)
+    assert [e["epoch"] for e in per_epoch] == list(range(1, EPOCHS + 1))
+    assert all(e["images"] == digits[1]["val"] for e in per_epoch)
+    final = per_epoch[-1]
+    assert final["top1"] >= MIN_ACCURACY, (accuracy_run["strategy"], [round(e["top1"], 3) for e in per_epoch])
+    assert final["top5"] >= final["top1"] and end["eval"]["top1"] == final["top1"]
+    assert per_epoch[-1]["loss"] < per_epoch[0]["loss"]
+    print(f"\n{accuracy_run['strategy']}: top-1 {final['top1'] * 100:.1f}% top-5 {final['top5'] * 100:.1f}% "
+          f"in {accuracy_run['seconds']:.0f} s")
+
+
+def test_step_records_say_how_long_each_step_waited_for_data(accuracy_run):
+    records = accuracy_run["records"]
+    steps = [r for r in records if r["event"] == "step"]
+    assert len(steps) == EPOCHS * 44 and [s["step"] for s in steps] == list(range(1, EPOCHS * 44 + 1))
+    assert all(s["data_time_s"] >= 0 and s["step_time_s"] > 0 and 0 < s["lr"] <= 2e-3 for s in steps)
+    assert all(1 <= s["epoch"] <= EPOCHS for s in steps) and steps[44]["epoch"] == 2
+    end = records[-1]
+    assert 0 <= end["data_time_s"]["fraction"] < 1 and end["images_per_s"]["mean"] > 0
+    assert "waiting for data" in accuracy_run["stdout"]
+
+
+def test_confusion_matrix_sums_to_the_validation_set(accuracy_run, digits):
+    records = accuracy_run["records"]
+    directory = run_dir(records)
+    rows = list(csv.reader(open(os.path.join(directory, "confusion_matrix.csv"))))
+    assert rows[0][1:] == [str(c) for c in range(10)]
+    matrix = [[int(v) for v in row[1:]] for row in rows[1:]]
+    assert sum(map(sum, matrix)) == digits[1]["val"]
+    assert sum(matrix[i][i] for i in range(10)) / digits[1]["val"] == pytest.approx(records[-1]["eval"]["top1"])
+    per_class = list(csv.DictReader(open(os.path.join(directory, "per_class_accuracy.csv"))))
+    assert [r["class"] for r in per_class] == [str(c) for c in range(10)]
+    assert sum(int(r["images"]) for r in per_class) == digits[1]["val"]
+    for r, row in zip(per_class, matrix):
+        assert int(r["images"]) == sum(row) and float(r["accuracy"]) == pytest.approx(int(r["correct"]) / sum(row))
+    assert open(os.path.join(directory, "confusion_matrix.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    assert records[-1]["files"]["confusion_matrix_png"] == "confusion_matrix.png"
+
+
+# ---------------------------------------------------------------- resuming
+
+def test_resuming_from_a_periodic_checkpoint_gives_the_same_losses_ddp(ddp_resumed):
+    whole, resumed = ddp_resumed["whole"], ddp_resumed["resumed"]
+    assert whole[-1]["status"] == resumed[-1]["status"] == "ok"
+    assert sorted(losses_by_step(resumed)) == list(range(8, SHORT_STEPS + 1))
+    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "DDP resumed from step 7")
+    assert [(e["epoch"], e["top1"], e["loss"]) for e in evals(resumed)] == \
+        [(e["epoch"], e["top1"], e["loss"]) for e in evals(whole)]
+    assert resumed[-1]["resumed_from"]["step"] == 7 and resumed[-1]["step"] == SHORT_STEPS
+    names = sorted(os.listdir(ddp_resumed["checkpoints"]))
+    assert names == ["latest"] + [f"step-{s:08d}" for s in (7, 14, 21, 28, 35, 42, SHORT_STEPS)]
+    meta = json.load(open(os.path.join(ddp_resumed["checkpoints"], "step-00000007", "meta.json")))
+    assert (meta["model"], meta["strategy"], meta["step"], meta["epoch"], meta["step_in_epoch"]) == \
+        ("vit_micro", "DDP", 7, 0, 7)
+    assert meta["sampler"]["start_sample_per_rank"] == 7 * 2 * 16 and meta["checkpoint_format"] == "full"
+
+
+def test_pretrained_weights_start_the_ddp_run_with_a_new_head(ddp_resumed):
+    assert "classifier head replaced" in ddp_resumed["stdout"]
+    assert ddp_resumed["whole"][0]["config"]["finetune"]["pretrained"].split(".")[-1] in ("safetensors", "pth")
+
+
+def test_sigusr1_saves_a_sharded_checkpoint_and_exits_for_requeue(fsdp_requeued):
+    stopped = fsdp_requeued["stopped"]
+    codes = rank_exit_codes(fsdp_requeued["stopped_proc"])
+    # torchrun stops the other ranks (SIGTERM, -15) once one has exited non-zero; under srun every
+    # rank exits 7 by itself
+    assert 7 in codes and set(codes) <= {7, -15}, fsdp_requeued["stopped_proc"].stderr[-3000:]
+    end = stopped[-1]
+    assert end["status"] == "timeout" and end["requeue"] is True and "SIGUSR1" in end["error"]
+    assert end["step"] == 9 and end["checkpoint"].endswith("step-00000009")
+    saved = os.path.join(fsdp_requeued["checkpoints"], "step-00000009")
+    assert os.path.isfile(os.path.join(saved, "state", ".metadata"))  # torch.distributed.checkpoint
+    assert len(glob.glob(os.path.join(saved, "state", "*.distcp"))) == 2  # one shard file per rank
+    assert json.load(open(os.path.join(saved, "meta.json")))["reason"] == "signal"
+    assert_resumed_losses_match(losses_by_step(stopped), losses_by_step(fsdp_requeued["whole"]),
+                                "FULL_SHARD before the signal")
+
+
+def test_requeued_fsdp_run_continues_the_same_loss_curve(fsdp_requeued):
+    whole, resumed = fsdp_requeued["whole"], fsdp_requeued["resumed"]
+    assert resumed[-1]["status"] == "ok" and resumed[-1]["resumed_from"]["step"] == 9
+    assert sorted(losses_by_step(resumed)) == list(range(10, SHORT_STEPS + 1))
+    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "FULL_SHARD resumed after SIGUSR1 at step 9")
+    assert [(e["epoch"], e["top1"]) for e in evals(resumed)] == [(e["epoch"], e["top1"]) for e in evals(whole)]
+
+
+# ---------------------------------------------------------------- bad input, through the command line
+
+def _main_error(args, capsys) -> str:
+    from vit_scale.finetune import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("vit-scale: error: "), err
+    return err
+
+
+def test_a_checkpoint_from_another_model_or_strategy_is_refused(ddp_resumed, digits, tmp_path, capsys):
+    saved = os.path.join(ddp_resumed["checkpoints"], "step-00000007")
+    base = [f"data.path={digits[0]}", *SHORT, f"output.dir={tmp_path / 'runs'}", f"checkpoint.resume={saved}"]
+    err = _main_error([*base, "strategy=FULL_SHARD"], capsys)
+    assert os.path.join(saved, "meta.json") in err and "under DDP" in err and "under FULL_SHARD" in err
+    err = _main_error([*base, "strategy=DDP", "model=vit_tiny"], capsys)
+    assert "model vit_micro" in err and "vit_tiny" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_corrupt_checkpoint_is_refused_naming_the_file(ddp_resumed, digits, tmp_path, capsys):
+    copy = str(tmp_path / "step-00000007")
+    shutil.copytree(os.path.join(ddp_resumed["checkpoints"], "step-00000007"), copy)
+    state = os.path.join(copy, "state.pt")
+    with open(state, "r+b") as f:
+        f.seek(os.path.getsize(state) // 2)
+        f.write(b"\x00corrupt\x00")
+    base = [f"data.path={digits[0]}", *SHORT, "strategy=DDP", f"output.dir={tmp_path / 'runs'}"]
+    err = _main_error([*base, f"checkpoint.resume={copy}"], capsys)
+    assert state in err and "corrupt" in err
+
+
+def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "one" / "cat").mkdir(parents=True)
+    shutil.copy(os.path.join(ROOT, "docs", "run_record.md"), tmp_path / "one" / "cat" / "not-an-image.md")
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "one" / "cat" / "a.png")
+    for path, words in ((tmp_path / "missing", "no such directory"), (tmp_path / "empty", "holds no images"),
+                        (tmp_path / "one", "1 class (cat)")):
+        proc = subprocess.run([PYTHON, "-m", "vit_scale.finetune", f"data.path={path}",
+                               f"output.dir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert str(path) in proc.stderr and words in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -1,0 +1,549 @@
+"""Fine-tune a ViT on real images under any fine-tuning strategy, with evaluation and resumable checkpoints.
+
+    python -m vit_scale.finetune [--config FILE] [key=value ...]
+    vit-scale finetune [--config FILE] [key=value ...]
+
+e.g. `data.path=~/data/pets model=vit_base strategy=FULL_SHARD finetune.pretrained=vit_base.safetensors`.
+Same launchers, strategies, run directory and run record as `vit-scale train` (docs/run_record.md,
+plus `eval` records); guide in docs/finetune.md. Exit codes: 0 ok, 1 failed, 2 bad input, 3 oom,
+4 diverged, 5 stopped by a signal without a checkpoint, 7 stopped by a signal (Slurm's time
+limit) after saving a checkpoint: requeue the job with checkpoint.resume=auto and it continues.
+
+The benchmark loop (vit_scale.train) stays as it is; this loop adds a real input pipeline,
+a learning-rate schedule, gradient accumulation and clipping, evaluation and checkpoints.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+
+from . import checkpoint as ckpt
+from .config import Config, load_config
+from .distributed import parse_strategy, strategy_class
+from .errors import UserError
+from .launch import World, choose_device, detect_world
+from .record import EXIT_CODES, read_rank_errors, write_rank_error
+from .signals import SignalWatcher
+from .train import Run, _classify, _launch_rank_guess, _memory_summary, _one_line, say
+
+EXIT_REQUEUE = 7
+# tests stop a run at an exact step through the real signal path: rank 0 signals itself after
+# that optimizer step (the other ranks learn of it through the per-step agreement, as they
+# would when Slurm's signal reaches only some of them)
+TEST_SIGNAL_ENV = "VIT_SCALE_TEST_SIGNAL_AT_STEP"
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="vit-scale finetune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="YAML file of keys (see configs/finetune/); overrides come after it")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="e.g. data.path=DIR model=vit_micro strategy=FULL_SHARD finetune.epochs=5")
+    return parser.parse_args(argv)
+
+
+def learning_rate(step: int, total: int, base: float, warmup: int, min_lr: float) -> float:
+    """Linear warm-up over `warmup` steps, then cosine decay towards min_lr; `step` is 1-based."""
+    if warmup and step <= warmup:
+        return base * step / warmup
+    progress = (step - 1 - warmup) / max(1, total - warmup)
+    return min_lr + (base - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---------------------------------------------------------------- inputs, checked before any process group
+
+@dataclass
+class Inputs:
+    splits: object                      # datasets.Splits
+    pretrained_state: dict | None
+    head_replaced: bool
+    resume_path: str | None
+    resume_meta: dict | None
+
+
+def check_inputs(cfg: Config, world: World) -> Inputs:
+    """Everything a user can get wrong, found on every rank before any collective: a bad dataset,
+    pretrained file or checkpoint is a one-line error and exit code 2 on every rank."""
+    from . import datasets
+    from .distributed.base import META_INIT_ABOVE_PARAMS
+    from .models import build_model, count_params, get_spec
+
+    splits = datasets.load_splits(cfg.data, cfg.train.seed)
+    cfg.train.num_classes = len(splits.classes)  # the dataset decides; the resolved config records it
+    per_rank = len(splits.train) // world.world_size
+    micro_batches = per_rank // cfg.train.batch_size
+    if micro_batches // cfg.finetune.accumulation_steps < 1:
+        raise UserError(f"train.batch_size: {splits.train.where} has {len(splits.train)} training images, "
+                        f"{per_rank} per rank on {world.world_size} ranks: too few for one step of "
+                        f"{cfg.train.batch_size} x {cfg.finetune.accumulation_steps} (accumulation) per rank")
+    spec = get_spec(cfg.model)
+    state, head_replaced = None, False
+    if cfg.finetune.pretrained:
+        params = count_params(cfg.model, cfg.train.num_classes)
+        if cfg.train.init == "meta" or (cfg.train.init == "auto" and params > META_INIT_ABOVE_PARAMS):
+            raise UserError(f"finetune.pretrained: {cfg.model} would be built on the meta device (train.init="
+                            f"{cfg.train.init}), which cannot take pretrained weights yet; set train.init=device")
+        from . import pretrained
+
+        state, head_replaced = pretrained.prepare(cfg.finetune.pretrained,
+                                                  build_model(spec, cfg.train.num_classes, device="meta"))
+    resume_path = ckpt.resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.dir)
+    meta = None
+    if resume_path:
+        meta = ckpt.read_meta(resume_path)
+        ckpt.verify(resume_path, meta, _checkpoint_facts(cfg, world))
+    return Inputs(splits, state, head_replaced, resume_path, meta)
+
+
+def _checkpoint_facts(cfg: Config, world: World) -> dict:
+    """What a checkpoint records about its run, and a resumed run must match."""
+    return {"model": cfg.model, "strategy": cfg.strategy, "world_size": world.world_size,
+            "batch_size": cfg.train.batch_size, "accumulation_steps": cfg.finetune.accumulation_steps,
+            "seed": cfg.train.seed, "num_classes": cfg.train.num_classes}
+
+
+# ---------------------------------------------------------------- the run
+
+class FinetuneRun(Run):
+    """train.Run's start (process group, run directory, start record) with its own loop and end."""
+
+    def __init__(self, cfg: Config, world: World, inputs: Inputs):
+        super().__init__(cfg, world)
+        self.inputs = inputs
+        self.position = ckpt.Position()
+        self.total_steps = 0
+        self.steps_this_run = 0
+        self.data_times: list[float] = []
+        self.timed_window_s = 0.0
+        self.images_per_step = cfg.train.batch_size * world.world_size * cfg.finetune.accumulation_steps
+        self.final_eval = None
+        self.best_top1 = None
+        self.saved: str | None = None
+        self.stop_signal: int | None = None
+        self.stop_requests = None        # the signal watcher, set by execute
+        self.checkpoint_dir = cfg.checkpoint.dir
+
+    def prepare(self) -> None:
+        super().prepare()
+        self.checkpoint_dir = self.cfg.checkpoint.dir or os.path.join(self.run_dir, "checkpoints")
+        facts = self.inputs.splits.describe()
+        say(self.world, f"  data: {facts['format']} {facts['classes']} classes, {facts['train_images']} train images "
+                        f"({facts['train']}), {facts['val_images']} validation ({facts['val']})")
+        if self.cfg.finetune.pretrained:
+            say(self.world, f"  pretrained: {self.cfg.finetune.pretrained}"
+                            f"{' (classifier head replaced)' if self.inputs.head_replaced else ''}")
+
+    # ------------------------------------------------------------ training
+
+    def train(self) -> None:
+        import torch
+        import torch.nn.functional as F
+
+        from . import datasets
+        from .distributed.base import ModelFactory
+        from .memory import MemoryProbe
+        from .models import count_params, get_spec
+
+        cfg, world, ft = self.cfg, self.world, self.cfg.finetune
+        spec = get_spec(cfg.model)
+        nc = cfg.train.num_classes
+        args = (spec, nc, cfg.train.seed, cfg.train.init, count_params(cfg.model, nc))
+        if self.inputs.pretrained_state is not None:
+            from .pretrained import PretrainedFactory
+
+            factory = PretrainedFactory(*args, state=self.inputs.pretrained_state)
+        else:
+            factory = ModelFactory(*args)
+        self.strategy.setup(factory)
+        self.inputs.pretrained_state = None  # the model holds the weights now; free the host copy
+        if hasattr(factory, "state"):
+            factory.state = None
+
+        splits, data = self.inputs.splits, cfg.data
+        self.train_set = datasets.ImageDataset(splits.train, datasets.build_transform(data, spec.img_size, True),
+                                               cfg.train.seed, train=True)
+        val_set = datasets.ImageDataset(splits.val, datasets.build_transform(data, spec.img_size, False),
+                                        cfg.train.seed, train=False)
+        self.sampler = datasets.ResumableDistributedSampler(len(self.train_set), world.rank, world.world_size,
+                                                            cfg.train.seed)
+        pin = data.pin_memory and world.device_type != "cpu"
+        self.train_loader = datasets.make_loader(self.train_set, self.sampler, cfg.train.batch_size, data.workers,
+                                                 pin, drop_last=True)
+        self.eval_loader = datasets.make_loader(
+            val_set, datasets.ShardedEvalSampler(len(val_set), world.rank, world.world_size),
+            ft.eval_batch_size or cfg.train.batch_size, data.workers, pin, drop_last=False)
+        accum, batch = ft.accumulation_steps, cfg.train.batch_size
+        self.steps_per_epoch = self.sampler.num_samples // batch // accum
+        self.total_steps = ft.steps or ft.epochs * self.steps_per_epoch
+        epochs = math.ceil(self.total_steps / self.steps_per_epoch)
+
+        if self.inputs.resume_path:
+            self.position = ckpt.load(self.strategy, self.inputs.resume_path, self.inputs.resume_meta)
+            say(world, f"  resumed from {self.inputs.resume_path}: step {self.position.step}, epoch "
+                       f"{self.position.epoch + 1}, {self.position.step_in_epoch}/{self.steps_per_epoch} steps into it")
+        smoothing = ft.label_smoothing
+        self.criterion = lambda logits, labels: F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+        self.probe = MemoryProbe(world.device_type)
+        self.sync = torch.cuda.synchronize if world.device_type != "cpu" else (lambda: None)
+        self.untimed = min(cfg.train.warmup_steps, max(0, self.total_steps - self.position.step - 1))
+        if self.untimed == 0:
+            self.probe.reset()
+        self.first_step_at = time.perf_counter()
+
+        pos = self.position
+        for epoch in range(pos.epoch, epochs):
+            if epoch > pos.epoch:
+                pos.epoch, pos.step_in_epoch = epoch, 0
+            self.sampler.set_position(epoch, pos.step_in_epoch * accum * batch)
+            batches = None
+            while pos.step_in_epoch < self.steps_per_epoch and pos.step < self.total_steps:
+                if batches is None:
+                    batches = iter(self.train_loader)  # starts this epoch's loader workers
+                if self._step(batches):
+                    return
+            batches = None  # stops them before the evaluation starts its own
+            self._evaluate(epoch + 1)
+        if self.cfg.checkpoint.at_end:
+            self._save("end")
+
+    def _step(self, batches) -> bool:
+        """One optimizer step over `accumulation_steps` micro-batches; True when the run must stop."""
+        import torch
+        import torch.distributed as dist
+
+        cfg, ft, world, strategy, pos = self.cfg, self.cfg.finetune, self.world, self.strategy, self.position
+        accum = ft.accumulation_steps
+        step = pos.step + 1
+        lr = learning_rate(step, self.total_steps, cfg.train.lr, ft.lr_warmup_steps, ft.min_lr)
+        strategy.set_lr(lr)
+        data_time = compute_time = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float32, device=world.device)
+        for micro in range(accum):
+            t0 = time.perf_counter()
+            images, labels, _ = next(batches)
+            images = images.to(world.device, non_blocking=True)
+            labels = labels.to(world.device, non_blocking=True)
+            self.sync()
+            t1 = time.perf_counter()
+            data_time += t1 - t0
+            # gradients are synchronised once per optimizer step, on its last micro-batch
+            with strategy.no_sync() if micro < accum - 1 else contextlib.nullcontext():
+                loss = self.criterion(strategy.forward(images), labels)
+                strategy.backward(loss / accum)
+            loss_sum += loss.detach()
+            self.sync()
+            compute_time += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        grad_norm = strategy.clip_grad_norm(ft.clip_grad_norm) if ft.clip_grad_norm > 0 else None
+        strategy.optimizer_step()
+        self.sync()
+        compute_time += time.perf_counter() - t2
+        loss_value = (loss_sum / accum).item()
+        pos.step, pos.step_in_epoch = step, pos.step_in_epoch + 1
+        self.steps_done, self.last_loss = step, loss_value
+        self.steps_this_run += 1
+        warmup = self.steps_this_run <= self.untimed
+        if not warmup:
+            self.step_times.append(data_time + compute_time)
+            self.data_times.append(data_time)
+            self.timed_window_s += data_time + compute_time
+        if self.steps_this_run == self.untimed:
+            self.probe.reset()  # peak memory over the timed steps, as the benchmark reports it
+
+        if world.is_main and os.environ.get(TEST_SIGNAL_ENV) == str(step):
+            self._signal_myself()
+        # the ranks agree, every step, on whether to stop: a signal may reach only some of them
+        received = self.stop_requests is not None and self.stop_requests.received is not None
+        flags = torch.tensor([int(received), int(not math.isfinite(loss_value))], dtype=torch.int32,
+                             device=world.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        signalled, diverged = bool(flags[0]), bool(flags[1])
+
+        if self.recorder and step % cfg.train.log_every == 0:
+            self.recorder.step({"step": step, "epoch": pos.epoch + 1, "loss": loss_value, "lr": lr,
+                                "grad_norm": grad_norm, "step_time_s": compute_time, "data_time_s": data_time,
+                                "images_per_s": self.images_per_step / compute_time, "warmup": warmup})
+        if world.is_main and (step % cfg.train.print_every == 0 or step == self.total_steps):
+            say(world, f"  step {step:>6}/{self.total_steps}  epoch {pos.epoch + 1}  loss {loss_value:.4f}  "
+                       f"lr {lr:.2e}  data {data_time * 1e3:6.1f} ms  compute {compute_time * 1e3:7.1f} ms  "
+                       f"{self.images_per_step / (data_time + compute_time):9.1f} img/s")
+        if diverged:
+            self.nonfinite_step = step
+            say(world, f"  loss is not finite at step {step}: stopping")
+            return True
+        if signalled:
+            # the signal this rank received, or the usual one when it reached another rank only
+            self.stop_signal = (self.stop_requests.received if received else None) or signal.SIGUSR1
+            say(world, f"  {signal.Signals(self.stop_signal).name if received else 'a signal on another rank'}: "
+                       f"stopping after step {step}")
+            if cfg.checkpoint.on_signal:
+                self._save("signal")
+            return True
+        if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < self.total_steps:
+            self._save("every_steps")
+        return False
+
+    def _signal_myself(self) -> None:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.time() + 10
+        while self.stop_requests.received is None and time.time() < deadline:
+            time.sleep(0.01)  # the handler runs in this thread between bytecodes; give it the chance
+
+    def _evaluate(self, epoch: int) -> None:
+        from .evaluate import evaluate
+
+        t0 = time.perf_counter()
+        result = evaluate(self.strategy, self.eval_loader, self.cfg.train.num_classes, self.world.device)
+        seconds = time.perf_counter() - t0
+        self.final_eval = result
+        self.best_top1 = max(self.best_top1 or 0.0, result.top1)
+        if self.recorder:
+            self.recorder.event("eval", {"epoch": epoch, "step": self.position.step, "loss": result.loss,
+                                                 "top1": result.top1, "top5": result.top5, "images": result.images,
+                                                 "eval_time_s": seconds})
+        say(self.world, f"  eval  epoch {epoch}  loss {result.loss:.4f}  top-1 {result.top1 * 100:6.2f}%  "
+                        f"top-5 {result.top5 * 100:6.2f}%  ({result.images} images, {seconds:.1f} s)")
+
+    def _save(self, reason: str) -> None:
+        pos = self.position
+        facts = {**_checkpoint_facts(self.cfg, self.world), "family": self.label.family, "reason": reason,
+                 "total_steps": self.total_steps, "classes": self.inputs.splits.classes,
+                 "sampler": {"epoch": pos.epoch, "start_sample_per_rank":
+                             pos.step_in_epoch * self.cfg.finetune.accumulation_steps * self.cfg.train.batch_size}}
+        t0 = time.perf_counter()
+        self.saved = ckpt.save(self.strategy, self.checkpoint_dir, replace(pos), facts, self.cfg.checkpoint.keep)
+        say(self.world, f"  checkpoint ({reason}) {self.saved} in {time.perf_counter() - t0:.1f} s")
+
+    # ------------------------------------------------------------ the end
+
+    def finish(self) -> dict:
+        """End record after train() returned (every rank, all still in step): ok, diverged or stopped."""
+        import torch
+        import torch.distributed as dist
+
+        from .replicas import replica_checksums, replicas_agree
+
+        stopped = self.stop_signal is not None
+        checksums = None if stopped else replica_checksums(self.strategy, self.world.device)
+        peaks = [None] * self.world.world_size
+        dist.all_gather_object(peaks, self.probe.peak())
+        window = torch.tensor([self.timed_window_s], dtype=torch.float64, device=self.world.device)
+        dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        agree = None if stopped else replicas_agree(checksums)
+        status, error = "ok", None
+        if stopped:
+            name = signal.Signals(self.stop_signal).name
+            status = "timeout"
+            error = (f"stopped by {name} after step {self.position.step} of {self.total_steps}; "
+                     + (f"checkpoint saved: {self.saved}; resume with checkpoint.resume=auto (or this path)"
+                        if self.saved and self.cfg.checkpoint.on_signal else "no checkpoint saved"))
+        elif not agree:
+            status, error = "diverged", (f"replicas differ at the end: parameter checksums "
+                                         f"{sorted({round(c[0], 6) for c in checksums})} across ranks")
+        elif self.nonfinite_step is not None:
+            status, error = "diverged", f"loss was not finite at step {self.nonfinite_step}"
+        end = self._summary(status, error, None, window.item())
+        end.update(memory=_memory_summary(self.world.device_type, peaks, self.probe.window),
+                   replicas_agree=agree, replica_checksums=checksums)
+        if self.world.is_main and self.final_eval is not None and self.cfg.finetune.confusion_matrix and not stopped:
+            end["files"] = self._write_eval_files()
+        return end
+
+    def _summary(self, status: str, error, failed_rank, window_s) -> dict:
+        per_step = [self.images_per_step / t for t in self.step_times if t > 0]
+        timed = len(self.step_times)
+        ips = None
+        if per_step and window_s:
+            mean = timed * self.images_per_step / window_s
+            ips = {"mean": mean, "std": statistics.pstdev(per_step), "min": min(per_step), "max": max(per_step),
+                   "median": statistics.median(per_step)}
+        tflops = (self.model_info.get("flops_per_image", 0) * ips["mean"] / self.world.world_size / 1e12
+                  if ips and self.model_info else None)
+        data = None
+        if self.data_times:
+            data = {"mean": statistics.fmean(self.data_times), "max": max(self.data_times),
+                    "fraction": sum(self.data_times) / sum(self.step_times)}
+        result = self.final_eval
+        return {
+            "status": status, "error": error, "failed_rank": failed_rank,
+            "steps_done": self.steps_this_run, "timed_steps": timed,
+            "wall_time_s": time.perf_counter() - self.first_step_at if self.first_step_at else None,
+            "images_per_s": ips, "images_per_s_per_device": ips["mean"] / self.world.world_size if ips else None,
+            "memory": None, "tflops_per_device": tflops,
+            "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
+            "replicas_agree": None, "replica_checksums": None, "final_loss": self.last_loss,
+            # fine-tuning additions (docs/run_record.md, "Fine-tuning runs")
+            "step": self.position.step, "total_steps": self.total_steps, "epoch": self.position.epoch + 1,
+            "data_time_s": data,
+            "eval": ({"loss": result.loss, "top1": result.top1, "top5": result.top5, "images": result.images}
+                     if result else None),
+            "best_top1": self.best_top1, "checkpoint": self.saved,
+            "resumed_from": ({"path": self.inputs.resume_path, "step": self.inputs.resume_meta["step"]}
+                             if self.inputs.resume_path else None),
+            "requeue": bool(self.stop_signal is not None and self.saved and self.cfg.checkpoint.on_signal
+                            and status == "timeout"),
+        }
+
+    def interrupted(self, status: str, error: str, failed_rank=None) -> dict:
+        """End record when a rank failed: nothing collective any more."""
+        for peer in read_rank_errors(self.run_dir):  # a peer that failed first says why
+            if status != "timeout" or peer.get("status") in ("oom", "failed"):
+                status, error, failed_rank = peer["status"], f"rank {peer['rank']}: {peer['error']}", peer["rank"]
+                break
+        end = self._summary(status, error, failed_rank, sum(self.step_times))
+        if getattr(self, "probe", None) is not None:
+            end["memory"] = _memory_summary(self.world.device_type, [self.probe.peak()], self.probe.window)
+        return end
+
+    def _write_eval_files(self) -> dict:
+        from .evaluate import plot_confusion, write_confusion_csv, write_per_class_csv
+
+        classes = self.inputs.splits.classes
+        files = {"confusion_matrix_csv": "confusion_matrix.csv", "confusion_matrix_png": "confusion_matrix.png",
+                 "per_class_accuracy_csv": "per_class_accuracy.csv"}
+        write_confusion_csv(os.path.join(self.run_dir, files["confusion_matrix_csv"]), self.final_eval, classes)
+        write_per_class_csv(os.path.join(self.run_dir, files["per_class_accuracy_csv"]), self.final_eval, classes)
+        plot_confusion(os.path.join(self.run_dir, files["confusion_matrix_png"]), self.final_eval, classes,
+                       f"{self.cfg.model} {self.cfg.strategy}, step {self.position.step}")
+        return files
+
+
+class StopRequests(SignalWatcher):
+    """Slurm's end-of-time signals as a request rather than an interruption: the handler only notes
+    the signal; the loop finishes its step, the ranks agree to stop, save a checkpoint and leave.
+    The watcher thread still ends a run whose main thread stays stuck for `grace_s` (a collective
+    with a dead peer), as it does for the benchmark."""
+
+    def _handler(self, signum, frame):
+        self.received = signum
+
+
+# ---------------------------------------------------------------- running it
+
+def _print_summary(run: FinetuneRun, end: dict) -> None:
+    world = run.world
+    lines = [f"vit-scale finetune: {run.cfg.model} {run.cfg.strategy} on {world.world_size} ranks: "
+             f"{end['status'].upper()} at step {end.get('step')}/{end.get('total_steps')}"]
+    if end.get("error"):
+        lines.append(f"  error: {end['error']}")
+    if end.get("eval"):
+        e = end["eval"]
+        lines.append(f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  loss {e['loss']:.4f}"
+                     f"  ({e['images']} images; best top-1 {end['best_top1'] * 100:.2f}%)")
+    ips = end.get("images_per_s")
+    if ips:
+        lines.append(f"  images/s {ips['mean']:.1f} ({end['images_per_s_per_device']:.1f} per device) over "
+                     f"{end['timed_steps']} timed steps")
+    if end.get("data_time_s"):
+        lines.append(f"  waiting for data: {end['data_time_s']['fraction'] * 100:.1f}% of the step time"
+                     + ("  (input-bound: raise data.workers)" if end["data_time_s"]["fraction"] > 0.2 else ""))
+    mem = end.get("memory") or {}
+    for key, label in (("peak_allocated_gib", "peak allocated"), ("peak_rss_gib", "peak RSS")):
+        if key in mem:
+            lines.append(f"  {label} per rank: max {mem[key]['max']:.2f} GiB")
+    if end.get("checkpoint"):
+        lines.append(f"  checkpoint: {end['checkpoint']}")
+    lines.append(f"  record: {os.path.join(run.run_dir, 'metrics.jsonl')}")
+    print("\n".join(lines), flush=True)
+
+
+def execute(cfg: Config, world: World, inputs: Inputs) -> int:
+    run = FinetuneRun(cfg, world, inputs)
+    try:
+        run.prepare()
+    except Exception as exc:  # noqa: BLE001 - e.g. a rendezvous that never completes
+        if world.is_main:
+            print(f"vit-scale: could not start the run: {_one_line(exc)}", file=sys.stderr, flush=True)
+        return 1
+
+    def on_stuck(signum):
+        if run.recorder:
+            status = "timeout" if signum is not None else "failed"
+            error = ("stopped by a signal and still blocked (in a collective or a save) after "
+                     f"checkpoint.signal_grace_s={cfg.checkpoint.signal_grace_s}" if signum else "a peer rank failed")
+            end = run.interrupted(status, error)
+            if run.recorder.end(end):
+                _print_summary(run, end)
+
+    watcher = StopRequests(on_stuck, grace_s=cfg.checkpoint.signal_grace_s,
+                           peer_failure=(lambda: bool(read_rank_errors(run.run_dir))) if world.is_main else None)
+    run.stop_requests = watcher
+    end, code, together = None, 1, False
+    try:
+        run.train()
+        end = run.finish()
+        together = True  # every rank finished the loop and the end-of-run collectives
+        code = EXIT_CODES[end["status"]]
+        if end["status"] == "timeout" and end["requeue"]:
+            code = EXIT_REQUEUE
+    except UserError as exc:  # e.g. a checkpoint that fails to load: the same on every rank
+        if world.is_main:
+            print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
+            end = run.interrupted("failed", str(exc))
+        code = exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - any failure becomes a record, not a traceback wall
+        status = _classify(exc)
+        code = EXIT_CODES[status]
+        if not world.is_main:
+            write_rank_error(run.run_dir, world.rank, status, _one_line(exc))
+            print(f"vit-scale: rank {world.rank}: {status}: {_one_line(exc)}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(1.0)  # let a peer that failed first leave its reason
+            end = run.interrupted(status, _one_line(exc), failed_rank=world.rank)
+        if status == "failed" and os.environ.get("VIT_SCALE_TRACEBACK"):
+            raise
+    if run.recorder and end is not None:
+        if run.recorder.end(end):
+            _print_summary(run, end)
+        run.recorder.close()
+    watcher.done()
+    if together:
+        import torch.distributed as dist
+
+        # no rank leaves before rank 0 has written the end record: torchrun ends the other ranks
+        # as soon as one exits with a non-zero code, such as 7
+        dist.barrier()
+        dist.destroy_process_group()
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a broken process group can hang in its destructor: leave without it
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    world = None
+    try:
+        cfg = load_config(args.config, args.overrides)
+        label = parse_strategy(cfg.strategy)
+        family = strategy_class(label.family)
+        if not family.supports_finetune:
+            raise UserError(f"strategy: {label.label} cannot fine-tune yet (the {label.family} strategy has no "
+                            f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, HYBRID_<g>GPU")
+        world = detect_world(cfg.system.launcher, cfg.system.ranks_per_node)
+        choose_device(world, cfg.system.device)
+        family.check(cfg, label, world)
+        inputs = check_inputs(cfg, world)
+    except UserError as exc:
+        if (world.rank if world else _launch_rank_guess()) == 0:
+            print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    code = execute(cfg, world, inputs)
+    if world.launcher == "mpi":
+        from mpi4py import MPI  # see vit_scale.train.main: finalise MPI ourselves, then leave
+
+        MPI.Finalize()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
