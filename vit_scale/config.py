@@ -356,3 +356,13 @@ def to_yaml(cfg: Config) -> str:
     import yaml
 
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def parse_command_line(argv, prog: str, description: str, configs: str, example: str):
+    """`[--config FILE] [key=value ...]`, the command line every run-type command takes."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help=f"YAML file of keys (see {configs}); overrides come after it")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
+    return parser.parse_args(argv)

@@ -14,7 +14,6 @@ a learning-rate schedule, gradient accumulation and clipping, evaluation and che
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
@@ -25,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 
 from . import checkpoint as ckpt
-from .config import Config, load_config
+from .config import Config, load_config, parse_command_line
 from .distributed import parse_strategy, strategy_class
 from .errors import UserError
 from .launch import World, choose_device, detect_world
@@ -41,11 +40,8 @@ TEST_SIGNAL_ENV = "VIT_SCALE_TEST_SIGNAL_AT_STEP"
 
 
 def _parse_args(argv):
-    parser = argparse.ArgumentParser(prog="vit-scale finetune", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", help="YAML file of keys (see configs/finetune/); overrides come after it")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="e.g. data.path=DIR model=vit_micro strategy=FULL_SHARD finetune.epochs=5")
-    return parser.parse_args(argv)
+    return parse_command_line(argv, "vit-scale finetune", __doc__.split("\n\n")[0], "configs/finetune/",
+                              "data.path=DIR model=vit_micro strategy=FULL_SHARD finetune.epochs=5")
 
 
 def learning_rate(step: int, total: int, base: float, warmup: int, min_lr: float) -> float:
@@ -115,6 +111,7 @@ class FinetuneRun(Run):
 
     def __init__(self, cfg: Config, world: World, inputs: Inputs):
         super().__init__(cfg, world)
+        self.strategy.configure_finetune(cfg.finetune)  # before prepare writes deepspeed.json
         self.inputs = inputs
         self.position = ckpt.Position()
         self.total_steps = 0
@@ -525,7 +522,7 @@ def main(argv=None) -> int:
         family = strategy_class(label.family)
         if not family.supports_finetune:
             raise UserError(f"strategy: {label.label} cannot fine-tune yet (the {label.family} strategy has no "
-                            f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, HYBRID_<g>GPU")
+                            f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, HYBRID_<g>GPU, ZERO1, ZERO2, ZERO3, ZEROPP")
         world = detect_world(cfg.system.launcher, cfg.system.ranks_per_node)
         choose_device(world, cfg.system.device)
         family.check(cfg, label, world)

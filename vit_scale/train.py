@@ -8,14 +8,13 @@ run's status code (0 ok, 1 failed, 2 bad input, 3 oom, 4 diverged, 5 timeout, 6 
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
 import sys
 import time
 
-from .config import Config, load_config, to_yaml
+from .config import Config, load_config, parse_command_line, to_yaml
 from .distributed import parse_strategy, strategy_class
 from .errors import UserError
 from .launch import World, choose_device, detect_world, init_distributed, slurm_facts
@@ -25,11 +24,8 @@ from .signals import RunInterrupted, SignalWatcher
 
 
 def _parse_args(argv):
-    parser = argparse.ArgumentParser(prog="vit-scale train", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", help="YAML file of keys (see configs/); overrides come after it")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="e.g. model=vit_micro strategy=HYBRID_2GPU train.batch_size=8 train.steps=30")
-    return parser.parse_args(argv)
+    return parse_command_line(argv, "vit-scale train", __doc__.split("\n\n")[0], "configs/",
+                              "model=vit_micro strategy=HYBRID_2GPU train.batch_size=8 train.steps=30")
 
 
 def _launch_rank_guess() -> int:
