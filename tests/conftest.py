@@ -23,6 +23,19 @@ def require_tool(name: str) -> None:
         pytest.skip(f"{name} not installed (bash env/setup_venv.sh local --with-test-tools installs it)")
 
 
+def require_module(name: str, install: str):
+    """A Python package the test needs: skipped outside CI when missing, a failure in CI (the test
+    extra installs it)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        if IN_CI:
+            pytest.fail(f"{name} is not installed, and CI must run this test ({install})")
+        pytest.skip(f"{name} not installed ({install})", allow_module_level=True)
+
+
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env=None) -> subprocess.CompletedProcess:
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,

@@ -23,6 +23,7 @@ if ROOT not in sys.path:
 from analysis import records, table  # noqa: E402
 from analysis.synthetic import write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
+from conftest import require_module  # noqa: E402
 
 KEYS = ["model=vit_micro", "train.steps=6", "train.warmup_steps=2", "train.batch_size=4", "output.study=contract"]
 
@@ -102,7 +103,7 @@ def test_a_trainer_run_cut_short_reads_as_incomplete(trained, tmp_path):
 
 def test_synthetic_records_pass_the_trainer_schema(tmp_path):
     """The other analysis tests and the benchmark use analysis/synthetic.py: keep it honest."""
-    pytest.importorskip("jsonschema")
+    require_module("jsonschema", "pip install 'vit-scale[test]'")
     from vit_scale.schema import validate_record_file
 
     paths = [write_run(str(tmp_path), strategy="FULL_SHARD", nodes=2, ips=100.0, run_id="ok"),

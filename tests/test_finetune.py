@@ -7,6 +7,7 @@ upscaled to vit_micro's 32 px. One launch per scenario:
 - DDP, from a pretrained file (another head), saves every 7 steps; a second run resumes from step 7;
 - FULL_SHARD is stopped by SIGUSR1 after step 9 (sharded checkpoint, exit 7), then resumes with
   checkpoint.resume=auto;
+- ZERO2 (DeepSpeed, engine checkpoint) runs 8 steps saving every 4; a second run resumes from step 4;
 and a resumed run's per-step losses equal the uninterrupted run's.
 """
 import csv
@@ -19,12 +20,14 @@ import shutil
 import subprocess
 import time
 
+import importlib.util
+
 import pytest
 
-from conftest import PYTHON, ROOT, torchrun
+from conftest import IN_CI, PYTHON, ROOT, require_module, torchrun
 
-pytest.importorskip("sklearn", reason="the digits come with scikit-learn (pip install scikit-learn)")
-jsonschema = pytest.importorskip("jsonschema")
+require_module("sklearn", "the digits come with scikit-learn: pip install 'vit-scale[test]'")
+jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
 
 MIN_ACCURACY = 0.90
 # from scratch, no augmentation, 16 epochs of 44 steps of 2 x 16 images: 96.1%, 96.1%, 98.3% with
@@ -183,6 +186,27 @@ def fsdp_requeued(digits, tmp_path_factory):
             "resumed": read_run(tmp / "runs", "resumed"), "stopped_proc": stopped, "checkpoints": str(tmp / "ck")}
 
 
+@pytest.fixture(scope="module")
+def zero2_resumed(digits, tmp_path_factory):
+    if importlib.util.find_spec("deepspeed") is None:
+        if IN_CI:
+            pytest.fail("deepspeed is not installed, and CI must run the DeepSpeed tests (.ci/run installs it)")
+        pytest.skip("deepspeed not installed (pip install 'vit-scale[deepspeed]')")
+    tmp = tmp_path_factory.mktemp("zero2-resume")
+    # SHORT's accumulation (the engine's own boundary counter) and clipping (the engine's), 8 steps
+    common = [f"data.path={digits[0]}", *SHORT, "data.workers=0", "finetune.steps=8", "strategy=ZERO2",
+              f"output.dir={tmp / 'runs'}"]
+    whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
+                               "checkpoint.every_steps=4", "checkpoint.keep=0"])
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
+                                   f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    print(f"\nZERO2 resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
+    return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
+            "checkpoints": str(tmp / "ck")}
+
+
 # ---------------------------------------------------------------- accuracy and evaluation
 
 def test_digits_reach_90_percent_validation_accuracy(accuracy_run, digits):
@@ -275,6 +299,21 @@ def test_requeued_fsdp_run_continues_the_same_loss_curve(fsdp_requeued):
     assert sorted(losses_by_step(resumed)) == list(range(10, SHORT_STEPS + 1))
     assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "FULL_SHARD resumed after SIGUSR1 at step 9")
     assert [(e["epoch"], e["top1"]) for e in evals(resumed)] == [(e["epoch"], e["top1"]) for e in evals(whole)]
+
+
+def test_deepspeed_zero2_resumes_from_its_engine_checkpoint_with_the_same_losses(zero2_resumed):
+    whole, resumed = zero2_resumed["whole"], zero2_resumed["resumed"]
+    assert whole[-1]["status"] == resumed[-1]["status"] == "ok" and whole[-1]["replicas_agree"] is True
+    assert sorted(losses_by_step(whole)) == list(range(1, 9))
+    assert sorted(losses_by_step(resumed)) == list(range(5, 9))
+    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "ZERO2 resumed from step 4")
+    assert [(e["step"], e["top1"]) for e in evals(resumed)] == [(e["step"], e["top1"]) for e in evals(whole)] == \
+        [(8, evals(whole)[0]["top1"])]
+    saved = os.path.join(zero2_resumed["checkpoints"], "step-00000004")
+    assert os.path.isdir(os.path.join(saved, "engine"))  # DeepSpeed's own save_checkpoint
+    assert json.load(open(os.path.join(saved, "meta.json")))["checkpoint_format"] == "engine"
+    ds_config = json.load(open(os.path.join(run_dir(whole), "deepspeed.json")))
+    assert ds_config["gradient_clipping"] == 1.0 and ds_config["gradient_accumulation_steps"] == 2
 
 
 # ---------------------------------------------------------------- bad input, through the command line

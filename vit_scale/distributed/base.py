@@ -106,6 +106,11 @@ class Strategy(ABC):
     # wrapper's own save_checkpoint/load_checkpoint, as DeepSpeed's engine has)
     checkpoint_format = "full"
 
+    def configure_finetune(self, ft) -> None:
+        """Called by vit_scale.finetune with the `finetune` config section, after construction and
+        before `artifacts`, `describe` and `setup`: a family whose wrapper takes clipping or
+        accumulation in its own config (DeepSpeed) sets them here. The default needs nothing."""
+
     def forward(self, images):
         """Logits for a batch, in this family's precision (autocast here; FSDP casts inside)."""
         with self.autocast():

@@ -8,6 +8,8 @@ The generated DeepSpeed config is built from the run config alone and written to
 directory as `deepspeed.json` (see `artifacts`). Choices that keep the comparison fair:
 - `gradient_clipping` is set explicitly (default 0.0, no clipping, like DDP and FSDP):
   DeepSpeed 0.19 clips at 1.0 when the key is absent, and the losses then differ from DDP's.
+  Fine-tuning (vit_scale.finetune, configure_finetune) takes it from finetune.clip_grad_norm
+  instead, and gradient_accumulation_steps from finetune.accumulation_steps.
 - Without offload the optimizer is the same `torch.optim.AdamW` the other strategies use,
   handed to DeepSpeed as a client optimizer. Offload needs DeepSpeed's own optimizer
   (DeepSpeedCPUAdam, from an `optimizer` section of the config), whose op DeepSpeed compiles
@@ -47,6 +49,10 @@ def _import_deepspeed():
 
 class DeepSpeedStrategy(Strategy):
     family = "deepspeed"
+    # fine-tuning (vit_scale.finetune): the engine owns the loss scale, clipping, accumulation
+    # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
+    supports_finetune = True
+    checkpoint_format = "engine"
 
     # ------------------------------------------------------------ checks before any process group
 
@@ -102,7 +108,18 @@ class DeepSpeedStrategy(Strategy):
         if self.stage == 3 and self._init_mode() == "meta":
             self.notes.append("built under deepspeed.zero.Init (train.init meta): parameters are initialised one "
                               "module at a time on rank 0 and broadcast")
+        self.finetune = None  # the `finetune` config section once configure_finetune has run
         self.ds_config = self._build_config()
+
+    def configure_finetune(self, ft) -> None:
+        """Fine-tuning: the engine clips at `finetune.clip_grad_norm` (0: off) inside step(), in
+        place of the benchmark's `deepspeed.gradient_clipping`, and accumulates over
+        `finetune.accumulation_steps` micro-batches (its own boundary counter; see backward)."""
+        self.finetune = ft
+        self.ds_config = self._build_config()
+
+    def _clipping(self) -> float:
+        return self.finetune.clip_grad_norm if self.finetune is not None else self.cfg.deepspeed.gradient_clipping
 
     def _init_mode(self) -> str:
         """What ModelFactory will do with train.init (auto: meta above its size threshold)."""
@@ -132,11 +149,12 @@ class DeepSpeedStrategy(Strategy):
         if self.label.label == "ZEROPP":
             zero.update(zero_hpz_partition_size=self.hpz, zero_quantized_weights=ds.quantized_weights,
                         zero_quantized_gradients=ds.quantized_gradients)
+        accum = self.finetune.accumulation_steps if self.finetune is not None else 1
         config = {
             "train_micro_batch_size_per_gpu": cfg.train.batch_size,
-            "gradient_accumulation_steps": 1,
-            "train_batch_size": cfg.train.batch_size * world.world_size,
-            "gradient_clipping": ds.gradient_clipping,
+            "gradient_accumulation_steps": accum,
+            "train_batch_size": cfg.train.batch_size * world.world_size * accum,
+            "gradient_clipping": self._clipping(),
             "zero_optimization": zero,
             "bf16": {"enabled": cfg.train.precision == "bf16"},
             "fp16": {"enabled": cfg.train.precision == "fp16"},
@@ -158,7 +176,7 @@ class DeepSpeedStrategy(Strategy):
         opts.update({"zero_stage": self.stage, "offload_optimizer": ds.offload_optimizer,
                      "offload_params": ds.offload_params, "overlap_comm": ds.overlap_comm,
                      "contiguous_gradients": ds.contiguous_gradients,
-                     "reduce_bucket_size": ds.reduce_bucket_size, "gradient_clipping": ds.gradient_clipping,
+                     "reduce_bucket_size": ds.reduce_bucket_size, "gradient_clipping": self._clipping(),
                      "optimizer": "DeepSpeedCPUAdam (AdamW mode)" if self.uses_ds_optimizer else "torch.optim.AdamW",
                      "skip_shm_comm": ds.skip_shm_comm and self.world.device_type == "cpu"})
         if self.stage < 3:
@@ -246,6 +264,38 @@ class DeepSpeedStrategy(Strategy):
         self.model.backward(loss)
         self.model.step()
         return loss.detach()
+
+    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # finetune drives each optimizer step as `accumulation_steps` x (forward, backward(loss /
+    # accumulation_steps)), the last outside no_sync, then clip_grad_norm and optimizer_step. The
+    # engine counts micro-steps itself (gradient_accumulation_steps in its config) and wants
+    # step() after every backward; it reduces gradients and updates only on the boundary.
+
+    def forward(self, images):
+        if self.input_dtype is not None:
+            images = images.to(self.input_dtype)  # as train_step: the engine holds bf16/fp16 weights
+        return self.model(images)
+
+    def backward(self, loss) -> None:
+        # finetune has already divided the loss by the accumulation steps
+        self.model.backward(loss, scale_wrt_gas=False)
+        if not self.model.is_gradient_accumulation_boundary():
+            self.model.step()  # not a boundary: only advances the engine's micro-step counter
+
+    def clip_grad_norm(self, max_norm: float):
+        return None  # the engine clips inside step() at finetune.clip_grad_norm (configure_finetune)
+
+    def optimizer_step(self) -> None:
+        if not self.model.is_gradient_accumulation_boundary():
+            raise RuntimeError("DeepSpeed engine is not at a gradient accumulation boundary at the optimizer step: "
+                               "its micro-step counter and finetune.accumulation_steps disagree")
+        self.model.step()  # reduce, unscale, clip, update, zero the gradients
+
+    def set_lr(self, lr: float) -> None:
+        # the engine's optimizer (ZeRO's wrapper) hands param_groups through to the client AdamW
+        # (or DeepSpeedCPUAdam with offload), so the schedule reaches the optimizer that steps
+        for group in self.model.optimizer.param_groups:
+            group["lr"] = lr
 
     # ------------------------------------------------------------ replica check
 
