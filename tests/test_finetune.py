@@ -8,6 +8,7 @@ upscaled to vit_micro's 32 px. One launch per scenario:
 - FULL_SHARD is stopped by SIGUSR1 after step 9 (sharded checkpoint, exit 7), then resumes with
   checkpoint.resume=auto;
 - ZERO2 (DeepSpeed, engine checkpoint) runs 8 steps saving every 4; a second run resumes from step 4;
+- CAI_DDP (ColossalAI TorchDDPPlugin, whole state dicts) does the same;
 and a resumed run's per-step losses equal the uninterrupted run's.
 """
 import csv
@@ -207,6 +208,27 @@ def zero2_resumed(digits, tmp_path_factory):
             "checkpoints": str(tmp / "ck")}
 
 
+@pytest.fixture(scope="module")
+def cai_ddp_resumed(digits, tmp_path_factory):
+    if importlib.util.find_spec("colossalai") is None:
+        if IN_CI:
+            pytest.fail("colossalai is not installed, and CI must run the ColossalAI tests (.ci/run installs it)")
+        pytest.skip("colossalai not installed (see docs/strategies.md for the install that keeps your torch)")
+    tmp = tmp_path_factory.mktemp("cai-ddp-resume")
+    # SHORT's accumulation (booster.no_sync) and clipping, 8 steps, as ZERO2's
+    common = [f"data.path={digits[0]}", *SHORT, "data.workers=0", "finetune.steps=8", "strategy=CAI_DDP",
+              f"output.dir={tmp / 'runs'}"]
+    whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
+                               "checkpoint.every_steps=4", "checkpoint.keep=0"])
+    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
+    resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
+                                   f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}"])
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
+    print(f"\nCAI_DDP resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
+    return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
+            "checkpoints": str(tmp / "ck")}
+
+
 # ---------------------------------------------------------------- accuracy and evaluation
 
 def test_digits_reach_90_percent_validation_accuracy(accuracy_run, digits):
@@ -314,6 +336,20 @@ def test_deepspeed_zero2_resumes_from_its_engine_checkpoint_with_the_same_losses
     assert json.load(open(os.path.join(saved, "meta.json")))["checkpoint_format"] == "engine"
     ds_config = json.load(open(os.path.join(run_dir(whole), "deepspeed.json")))
     assert ds_config["gradient_clipping"] == 1.0 and ds_config["gradient_accumulation_steps"] == 2
+
+
+def test_colossalai_ddp_resumes_from_its_checkpoint_with_the_same_losses(cai_ddp_resumed):
+    whole, resumed = cai_ddp_resumed["whole"], cai_ddp_resumed["resumed"]
+    assert whole[-1]["status"] == resumed[-1]["status"] == "ok" and whole[-1]["replicas_agree"] is True
+    assert sorted(losses_by_step(whole)) == list(range(1, 9))
+    assert sorted(losses_by_step(resumed)) == list(range(5, 9))
+    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "CAI_DDP resumed from step 4")
+    assert all(r["grad_norm"] > 0 for r in whole if r["event"] == "step")  # torch's clip, its norm recorded
+    assert [(e["step"], e["top1"]) for e in evals(resumed)] == [(e["step"], e["top1"]) for e in evals(whole)] == \
+        [(8, evals(whole)[0]["top1"])]
+    saved = os.path.join(cai_ddp_resumed["checkpoints"], "step-00000004")
+    assert os.path.isfile(os.path.join(saved, "state.pt"))  # TorchDDPPlugin: whole state dicts, as DDP's
+    assert json.load(open(os.path.join(saved, "meta.json")))["checkpoint_format"] == "full"
 
 
 # ---------------------------------------------------------------- bad input, through the command line

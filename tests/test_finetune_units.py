@@ -452,14 +452,6 @@ def test_cli_knows_finetune(capsys, tmp_path):
     assert err.count("\n") == 1 and "no such directory" in err
 
 
-def test_strategies_without_fine_tuning_support_are_refused(capsys, tmp_path):
-    from vit_scale.finetune import main
-
-    assert main(["strategy=CAI_DDP", f"data.path={tmp_path}"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "CAI_DDP" in err and "FULL_SHARD" in err and "ZERO2" in err
-
-
 def test_metadata_is_json(ddp_strategy, tmp_path):
     path = ckpt.save(ddp_strategy, str(tmp_path / "ck"), ckpt.Position(1, 0, 1), {**FACTS, "reason": "test"}, 0)
     meta = json.load(open(os.path.join(path, "meta.json")))

@@ -7,6 +7,8 @@ One checkpoint is one directory, `<checkpoint.dir>/step-<8 digits>/`:
     state.pt           "full" format (DDP): model and optimizer state dicts, written by rank 0
     state/             "sharded" format (FSDP): torch.distributed.checkpoint, one shard per rank
     engine/            "engine" format (DeepSpeed): the engine's own save_checkpoint
+    booster/           "booster" format (ColossalAI): the Booster's save_model and save_optimizer
+                       (sharded: model/ and optimizer/, each an index file and its shards)
     rank-<k>.pt        per rank: RNG states (torch, CUDA, python, numpy) and the fp16 loss scale
 
 and `<checkpoint.dir>/latest` names the newest. Every rank writes into a hidden temporary
@@ -201,6 +203,8 @@ def save(strategy, directory: str, position: Position, facts: dict, keep: int) -
                 dcp.save(strategy.checkpoint_state(), checkpoint_id=os.path.join(tmp, "state"))
         elif fmt == "engine":
             strategy.model.save_checkpoint(tmp, tag="engine")
+        elif fmt == "booster":
+            strategy.save_booster_checkpoint(os.path.join(tmp, "booster"))
         else:
             raise ValueError(f"unknown checkpoint format {fmt!r}")
     except _failures() as exc:  # reported to every rank below
@@ -313,6 +317,10 @@ def load(strategy, path: str, meta: dict) -> Position:
             # a pre-2.4 checkpoint and fails. Left unflattened, that rank simply reads nothing.
             dcp.load(state, checkpoint_id=file, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
             strategy.load_checkpoint_state(state)
+    elif fmt == "booster":
+        file = os.path.join(path, "booster")
+        with _names_file(file):
+            strategy.load_booster_checkpoint(file)
     else:
         file = os.path.join(path, "engine")
         with _names_file(file):

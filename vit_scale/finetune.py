@@ -523,7 +523,8 @@ def main(argv=None) -> int:
         if not family.supports_finetune:
             raise UserError(f"strategy: {label.label} cannot fine-tune yet (the {label.family} strategy has no "
                             f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, "
-                            f"HYBRID_<g>GPU, ZERO1, ZERO2, ZERO3, ZEROPP")
+                            f"HYBRID_<g>GPU, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP, CAI_DDP_FP16, "
+                            f"CAI_LOW_LEVEL_ZERO, CAI_GEMINI, CAI_FSDP")
         world = detect_world(cfg.system.launcher, cfg.system.ranks_per_node)
         choose_device(world, cfg.system.device)
         family.check(cfg, label, world)

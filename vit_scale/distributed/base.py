@@ -103,7 +103,9 @@ class Strategy(ABC):
     supports_finetune = False
     # how `vit_scale.checkpoint` saves this family: "full" (rank 0 writes whole state dicts),
     # "sharded" (torch.distributed.checkpoint, every rank writes its shard), "engine" (the
-    # wrapper's own save_checkpoint/load_checkpoint, as DeepSpeed's engine has)
+    # wrapper's own save_checkpoint/load_checkpoint, as DeepSpeed's engine has), "booster"
+    # (ColossalAI's Booster save_model/save_optimizer, through save_booster_checkpoint and
+    # load_booster_checkpoint)
     checkpoint_format = "full"
 
     def configure_finetune(self, ft) -> None:

@@ -20,6 +20,17 @@ Labels and precision:
 - CAI_GEMINI: placement policy, offload fractions, pin memory; fp16 or bf16 only.
   `colossalai.preset=seed000` sets offload_optim_frac=1.0 and pin_memory=True (seed 000's run).
 - CAI_FSDP: TorchFSDPPlugin (torch FSDP1, FULL_SHARD, one unit per timm Block as FULL_SHARD does).
+
+Fine-tuning (vit_scale.finetune) goes through the Booster for every plugin: booster.backward,
+optimizer.step, booster.no_sync for the accumulated micro-batches where the plugin has it
+(TorchDDPPlugin, LowLevelZero stage 1; LowLevelZero stage 2 and Gemini accumulate in their own
+gradient buffers, FSDP synchronises every micro-batch). Checkpoints: TorchDDPPlugin saves whole
+state dicts as DDP does (the "full" format; the Booster's load_model fails on a CPU), the other
+plugins the Booster's sharded save_model/save_optimizer (the "booster" format). Clipping: torch's
+clip_grad_norm_ under TorchDDPPlugin (fp16 gradients unscaled first), FSDP1's own clip_grad_norm_
+under CAI_FSDP, and the plugin's `max_norm` (set from finetune.clip_grad_norm in
+configure_finetune) under LowLevelZero and Gemini, which clip inside step(). Only CAI_DDP (fp32)
+is tested, on CPU ranks; the GPU plugins' fine-tuning path has not been run.
 """
 from __future__ import annotations
 
@@ -43,18 +54,19 @@ def _import_colossalai():
 
     ensure_torchvision_importable()  # colossalai imports transformers, which imports torchvision
     try:
-        import colossalai  # noqa: F401
-        from colossalai.booster import Booster  # noqa: F401
+        import colossalai
+        import colossalai.booster  # noqa: F401 - the part every plugin needs; fails early if broken
     except ImportError as exc:
         raise UserError(f"strategy: ColossalAI labels need the colossalai package, which is not importable "
                         f"({' '.join(str(exc).split())}); install it keeping your torch: {INSTALL_HINT}") from None
-    import colossalai
-
     return colossalai
 
 
 class ColossalAIStrategy(Strategy):
     family = "colossalai"
+    # fine-tuning (vit_scale.finetune): see the module docstring and the methods under "fine-tuning"
+    supports_finetune = True
+    checkpoint_format = "booster"
 
     # ------------------------------------------------------------ checks before any process group
 
@@ -85,6 +97,11 @@ class ColossalAIStrategy(Strategy):
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
         self.booster = None
+        self.finetune = None  # the `finetune` config section once configure_finetune has run
+        if label.label in ("CAI_DDP", "CAI_DDP_FP16"):
+            # whole state dicts of the unwrapped module and the optimizer, as DDP's: the Booster's
+            # load_model calls the accelerator's synchronize(), which ColossalAI's CPU accelerator refuses
+            self.checkpoint_format = "full"
         self.plugin_name = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin",
                             "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin", "CAI_GEMINI": "GeminiPlugin",
                             "CAI_FSDP": "TorchFSDPPlugin"}[label.label]
@@ -102,6 +119,15 @@ class ColossalAIStrategy(Strategy):
             self.notes.append("optimizer states are partitioned over all ranks; the replica check compares each "
                               "rank's full copy of the parameters"
                               + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""))
+
+    def configure_finetune(self, ft) -> None:
+        """Fine-tuning: LowLevelZero and Gemini clip inside step() at their plugin's `max_norm`
+        (finetune.clip_grad_norm here), and Gemini keeps gradients across backwards only with
+        `enable_gradient_accumulation` (set when finetune.accumulation_steps > 1)."""
+        self.finetune = ft
+
+    def _plugin_clips(self) -> bool:
+        return self.label.label in ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI")
 
     def _optimizer_name(self) -> str:
         c = self.cfg.colossalai
@@ -123,8 +149,12 @@ class ColossalAIStrategy(Strategy):
             opts.update(zero_stage=c.zero_stage, cpu_offload=c.cpu_offload, initial_scale=c.initial_scale)
         elif name == "CAI_GEMINI":
             opts.update(self.gemini, preset=c.preset, initial_scale=c.initial_scale)
+            if self.finetune is not None:
+                opts.update(enable_gradient_accumulation=self.finetune.accumulation_steps > 1)
         elif name == "CAI_FSDP":
             opts.update(sharding="FULL_SHARD", auto_wrap="timm Block")
+        if self.finetune is not None and self._plugin_clips():
+            opts.update(max_norm=self.finetune.clip_grad_norm)
         return opts
 
     # ------------------------------------------------------------ setup
@@ -136,11 +166,15 @@ class ColossalAIStrategy(Strategy):
         c, precision, name = self.cfg.colossalai, self.cfg.train.precision, self.label.label
         if name in ("CAI_DDP", "CAI_DDP_FP16"):
             return plugins.TorchDDPPlugin(bucket_cap_mb=c.bucket_cap_mb)
+        ft = self.finetune
+        max_norm = ft.clip_grad_norm if ft is not None else 0.0  # the benchmark trainer does not clip
         if name == "CAI_LOW_LEVEL_ZERO":
             return plugins.LowLevelZeroPlugin(stage=c.zero_stage, precision=precision, cpu_offload=c.cpu_offload,
-                                              initial_scale=c.initial_scale)
+                                              initial_scale=c.initial_scale, max_norm=max_norm)
         if name == "CAI_GEMINI":
-            return plugins.GeminiPlugin(precision=precision, initial_scale=c.initial_scale, **self.gemini)
+            accumulate = ft is not None and ft.accumulation_steps > 1
+            return plugins.GeminiPlugin(precision=precision, initial_scale=c.initial_scale, max_norm=max_norm,
+                                        enable_gradient_accumulation=accumulate, **self.gemini)
         from torch.distributed.fsdp import MixedPrecision
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -189,6 +223,83 @@ class ColossalAIStrategy(Strategy):
         self.optimizer.step()
         self.optimizer.zero_grad()
         return loss.detach()
+
+    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # finetune drives each optimizer step as `accumulation_steps` x (forward, backward(loss /
+    # accumulation_steps)), all but the last inside no_sync, then clip_grad_norm and optimizer_step.
+
+    def forward(self, images):
+        return self.model(images)  # as train_step: the Booster's wrappers cast (autocast, fp16/bf16 params)
+
+    def no_sync(self):
+        import contextlib
+
+        if self.booster.plugin.support_no_sync():
+            return self.booster.no_sync(self.model, self.optimizer)
+        return contextlib.nullcontext()  # accumulates anyway, synchronising every micro-batch
+
+    def backward(self, loss) -> None:
+        self.booster.backward(loss, self.optimizer)
+
+    def clip_grad_norm(self, max_norm: float):
+        if self._plugin_clips():
+            return None  # the plugin clips inside step() at its max_norm (configure_finetune)
+        if self.label.label == "CAI_FSDP":
+            return float(self.model.module.clip_grad_norm_(max_norm))  # FSDP1's own: gradients are sharded
+        import torch
+
+        # TorchDDPPlugin: torch's clip, as DDP's; under the Booster's fp16 unscale first, as the
+        # wrapper's clip_grad_by_norm does (which returns no norm), so the true gradients are clipped
+        if getattr(self.optimizer, "scaler", None) is not None:
+            self.optimizer.unscale_grad()
+        return float(torch.nn.utils.clip_grad_norm_(self.model.unwrap().parameters(), max_norm))
+
+    def optimizer_step(self) -> None:
+        self.optimizer.step()  # unscales (fp16), skips on overflow, clips (LowLevelZero, Gemini)
+        self.optimizer.zero_grad()
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:  # the wrapper hands through the inner optimizer's
+            group["lr"] = lr
+
+    def unwrapped_model(self):
+        return self.model.unwrap()
+
+    def save_booster_checkpoint(self, directory: str) -> None:
+        """Every rank: the Booster's sharded model and optimizer checkpoints (each plugin's own
+        layout: gathered on rank 0 for TorchDDP, LowLevelZero and Gemini's model, per-rank
+        shards where the plugin keeps them)."""
+        import os
+
+        self.booster.save_model(self.model, os.path.join(directory, "model"), shard=True)
+        self.booster.save_optimizer(self.optimizer, os.path.join(directory, "optimizer"), shard=True)
+
+    def load_booster_checkpoint(self, directory: str) -> None:
+        import os
+
+        for part in ("model", "optimizer"):
+            if not os.path.isdir(os.path.join(directory, part)):
+                raise FileNotFoundError(f"no {part}/ in the checkpoint")
+        self.booster.load_model(self.model, os.path.join(directory, "model"))
+        self.booster.load_optimizer(self.optimizer, os.path.join(directory, "optimizer"))
+
+    def _loss_scaler(self):
+        """The fp16 loss scaler: torch's GradScaler (TorchDDPPlugin + the Booster's fp16) or the
+        dynamic scaler of LowLevelZero's or Gemini's mixed-precision mixin; None otherwise."""
+        opt = self.optimizer
+        if getattr(opt, "scaler", None) is not None:
+            return opt.scaler
+        mixin = getattr(opt, "mixed_precision_mixin", None) or getattr(opt, "mix_precision_mixin", None)
+        return getattr(mixin, "grad_scaler", None)
+
+    def rank_state(self) -> dict:
+        scaler = self._loss_scaler()
+        return {"scaler": scaler.state_dict()} if scaler is not None else {}
+
+    def load_rank_state(self, state: dict) -> None:
+        scaler = self._loss_scaler()
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
 
     # ------------------------------------------------------------ replica check
 
