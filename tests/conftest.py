@@ -23,17 +23,23 @@ def require_tool(name: str) -> None:
         pytest.skip(f"{name} not installed (bash env/setup_venv.sh local --with-test-tools installs it)")
 
 
-def require_module(name: str, install: str):
-    """A Python package the test needs: skipped outside CI when missing, a failure in CI (the test
-    extra installs it)."""
-    import importlib
+def require_package(name: str, install: str) -> None:
+    """A Python package the test needs: skipped outside CI when missing, a failure in CI (.ci/run
+    installs every extra). Looked up, not imported: importing DeepSpeed or ColossalAI takes seconds."""
+    import importlib.util
 
-    try:
-        return importlib.import_module(name)
-    except ImportError:
+    if importlib.util.find_spec(name) is None:
         if IN_CI:
             pytest.fail(f"{name} is not installed, and CI must run this test ({install})")
         pytest.skip(f"{name} not installed ({install})", allow_module_level=True)
+
+
+def require_module(name: str, install: str):
+    """require_package, then the module itself."""
+    import importlib
+
+    require_package(name, install)
+    return importlib.import_module(name)
 
 
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env=None) -> subprocess.CompletedProcess:

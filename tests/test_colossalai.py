@@ -1,23 +1,16 @@
 """ColossalAI Booster plugins: CAI_DDP trains the same model as DDP on the same ranks (real
 torchrun launch over gloo, vit_micro, fp32); every plugin that needs a GPU says so in one line
 before any work on a CPU; a missing colossalai names the install command."""
-import importlib.util
 
 import pytest
 
-from conftest import FAST, IN_CI, assert_same_losses, env_without, load_runs, losses, run_many, start_train
-
-
-def _require_colossalai():
-    if importlib.util.find_spec("colossalai") is None:
-        if IN_CI:
-            pytest.fail("colossalai is not installed, and CI must run the ColossalAI tests (.ci/run installs it)")
-        pytest.skip("colossalai not installed (see docs/strategies.md for the install that keeps your torch)")
+from conftest import (FAST, assert_same_losses, env_without, load_runs, losses, require_package, run_many,
+                      start_train)
 
 
 @pytest.fixture(scope="module")
 def two_rank_runs(tmp_path_factory):
-    _require_colossalai()
+    require_package("colossalai", "see docs/strategies.md for the install that keeps your torch")
     tmp = tmp_path_factory.mktemp("cai2")
     out = f"output.dir={tmp / 'runs'}"
     runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],

@@ -8,20 +8,13 @@ engine would build, is skipped by the strategy (`deepspeed.skip_shm_comm`, defau
 serves inference all-reduce only); `cpu_adam` (~45 s) is needed by optimizer offload, and only
 the one offload run in `two_rank_runs` builds it.
 """
-import importlib.util
 import json
 import os
 
 import pytest
 
-from conftest import FAST, IN_CI, assert_same_losses, by_study, env_without, load_runs, losses, run_many, start_train
-
-
-def _require_deepspeed():
-    if importlib.util.find_spec("deepspeed") is None:
-        if IN_CI:
-            pytest.fail("deepspeed is not installed, and CI must run the DeepSpeed tests (.ci/run installs it)")
-        pytest.skip("deepspeed not installed (pip install 'vit-scale[deepspeed]')")
+from conftest import (FAST, assert_same_losses, by_study, env_without, load_runs, losses, require_package, run_many,
+                      start_train)
 
 
 def _run_dir(records, out_dir):
@@ -37,7 +30,7 @@ NO_QUANT = ["deepspeed.quantized_weights=false", "deepspeed.quantized_gradients=
 
 @pytest.fixture(scope="module")
 def two_rank_runs(tmp_path_factory):
-    _require_deepspeed()
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     tmp = tmp_path_factory.mktemp("ds2")
     out = f"output.dir={tmp / 'runs'}"
     runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],
@@ -139,7 +132,7 @@ def test_generated_config_is_in_the_run_directory(two_rank_runs):
 @pytest.fixture(scope="module")
 def four_rank_runs(tmp_path_factory):
     """Two emulated nodes of two ranks: hpZ's default partition (ranks per node) is 2 of 4 ranks."""
-    _require_deepspeed()
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     tmp = tmp_path_factory.mktemp("ds4")
     out = f"output.dir={tmp / 'runs'}"
     nodes = "system.ranks_per_node=2"
@@ -168,7 +161,7 @@ def test_hpz_partition_defaults_to_ranks_per_node(four_rank_runs):
 # ---------------------------------------------------------------- bad input: one line, exit 2, no work
 
 def test_bad_input_is_one_line_before_any_work(tmp_path):
-    _require_deepspeed()
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     cases = {
         "zeropp-quantisation-on-cpu": (["strategy=ZEROPP"], None, ["ZEROPP", "needs a GPU", "quantized_weights"]),
         "zeropp-qgz-only-on-cpu": (["strategy=ZEROPP", "deepspeed.quantized_weights=false"], None,

@@ -21,11 +21,10 @@ import shutil
 import subprocess
 import time
 
-import importlib.util
 
 import pytest
 
-from conftest import IN_CI, PYTHON, ROOT, require_module, torchrun
+from conftest import PYTHON, ROOT, require_module, require_package, torchrun
 
 require_module("sklearn", "the digits come with scikit-learn: pip install 'vit-scale[test]'")
 jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
@@ -187,15 +186,12 @@ def fsdp_requeued(digits, tmp_path_factory):
             "resumed": read_run(tmp / "runs", "resumed"), "stopped_proc": stopped, "checkpoints": str(tmp / "ck")}
 
 
-@pytest.fixture(scope="module")
-def zero2_resumed(digits, tmp_path_factory):
-    if importlib.util.find_spec("deepspeed") is None:
-        if IN_CI:
-            pytest.fail("deepspeed is not installed, and CI must run the DeepSpeed tests (.ci/run installs it)")
-        pytest.skip("deepspeed not installed (pip install 'vit-scale[deepspeed]')")
-    tmp = tmp_path_factory.mktemp("zero2-resume")
-    # SHORT's accumulation (the engine's own boundary counter) and clipping (the engine's), 8 steps
-    common = [f"data.path={digits[0]}", *SHORT, "data.workers=0", "finetune.steps=8", "strategy=ZERO2",
+def _resume_from_step_4(digits, tmp_path_factory, strategy: str) -> dict:
+    """8 steps with SHORT's accumulation and clipping, checkpointed every 4; then a second run
+    resumed from step 4: for strategies whose accumulation and clipping are their own
+    (DeepSpeed's engine boundary counter, ColossalAI's booster.no_sync)."""
+    tmp = tmp_path_factory.mktemp(f"{strategy.lower()}-resume")
+    common = [f"data.path={digits[0]}", *SHORT, "data.workers=0", "finetune.steps=8", f"strategy={strategy}",
               f"output.dir={tmp / 'runs'}"]
     whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
                                "checkpoint.every_steps=4", "checkpoint.keep=0"])
@@ -203,30 +199,21 @@ def zero2_resumed(digits, tmp_path_factory):
     resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
                                    f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}"])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    print(f"\nZERO2 resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
+    print(f"\n{strategy} resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
     return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
             "checkpoints": str(tmp / "ck")}
+
+
+@pytest.fixture(scope="module")
+def zero2_resumed(digits, tmp_path_factory):
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
+    return _resume_from_step_4(digits, tmp_path_factory, "ZERO2")
 
 
 @pytest.fixture(scope="module")
 def cai_ddp_resumed(digits, tmp_path_factory):
-    if importlib.util.find_spec("colossalai") is None:
-        if IN_CI:
-            pytest.fail("colossalai is not installed, and CI must run the ColossalAI tests (.ci/run installs it)")
-        pytest.skip("colossalai not installed (see docs/strategies.md for the install that keeps your torch)")
-    tmp = tmp_path_factory.mktemp("cai-ddp-resume")
-    # SHORT's accumulation (booster.no_sync) and clipping, 8 steps, as ZERO2's
-    common = [f"data.path={digits[0]}", *SHORT, "data.workers=0", "finetune.steps=8", "strategy=CAI_DDP",
-              f"output.dir={tmp / 'runs'}"]
-    whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
-                               "checkpoint.every_steps=4", "checkpoint.keep=0"])
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
-    resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
-                                   f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}"])
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    print(f"\nCAI_DDP resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
-    return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
-            "checkpoints": str(tmp / "ck")}
+    require_package("colossalai", "see docs/strategies.md for the install that keeps your torch")
+    return _resume_from_step_4(digits, tmp_path_factory, "CAI_DDP")
 
 
 # ---------------------------------------------------------------- accuracy and evaluation
