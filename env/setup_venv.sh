@@ -22,7 +22,9 @@ set -euo pipefail
 
 PROG=setup_venv.sh
 HOME_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TEST_TOOLS=(slurm-wlm munge lmod shellcheck openmpi-bin)
+# libpmix-dev: Slurm 22.05's mpi/pmix plugin dlopens the unversioned libpmix.so, which only the -dev
+# package ships (openmpi-bin brings libpmix2 alone, and srun --mpi=pmix then fails)
+TEST_TOOLS=(slurm-wlm munge lmod shellcheck openmpi-bin libpmix-dev)
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 
@@ -33,7 +35,7 @@ usage: bash env/setup_venv.sh SYSTEM [--venv DIR] [--extras a,b] [--with-test-to
   --venv DIR          where (default: .venv at the repository root, which env/*.sh use)
   --extras LIST       extras of vit-scale: test, deepspeed, mpi, colossalai
   --with-test-tools   also install the system packages the tests use (slurm-wlm munge lmod
-                      shellcheck openmpi-bin), with apt-get as root or through sudo
+                      shellcheck openmpi-bin libpmix-dev), with apt-get as root or through sudo
   --dry-run           print the commands, run nothing
 EOF
 }
@@ -92,7 +94,7 @@ as_root() {  # a command that needs root: directly, through sudo, or not at all
 }
 
 # ---- system packages for the tests (Debian/Ubuntu), before anything else: slurmd looks for the
-# PMIx library (from openmpi-bin) only when it starts
+# PMIx library (libpmix.so, from libpmix-dev) only when it starts
 if [ "$WITH_TOOLS" = 1 ]; then
   if command -v sbatch >/dev/null && command -v munged >/dev/null && command -v shellcheck >/dev/null &&
      command -v mpirun >/dev/null && [ -r /usr/share/lmod/lmod/init/bash ]; then

@@ -10,7 +10,9 @@ import sys
 
 from vit_scale import train
 from vit_scale.config import load_config
+from vit_scale.distributed import parse_strategy
 from vit_scale.distributed.fsdp import FSDPStrategy
+from vit_scale.errors import UserError
 from vit_scale.launch import choose_device, detect_world
 
 
@@ -34,7 +36,14 @@ def main() -> int:
             train.strategy_class = lambda family: FSDP1WithOneRankShardGroups
         cfg = load_config(None, overrides)
         world = choose_device(detect_world(cfg.system.launcher, cfg.system.ranks_per_node), cfg.system.device)
-        codes.append(train.execute(cfg, world, keep_process_group=True))
+        label = parse_strategy(cfg.strategy)
+        try:  # as vit_scale.train.main does before any run
+            train.strategy_class(label.family).check(cfg, label, world)
+        except UserError as exc:
+            print(f"REFUSED {cfg.strategy} {cfg.train.precision}: {exc}", flush=True)
+            codes.append(exc.exit_code)
+        else:
+            codes.append(train.execute(cfg, world, keep_process_group=True))
         train.strategy_class = real_strategy_class
     print("EXIT CODES", codes, flush=True)
     import torch.distributed as dist

@@ -53,7 +53,7 @@ def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
         "CAI_LOW_LEVEL_ZERO": (["strategy=CAI_LOW_LEVEL_ZERO"], None, ["CAI_LOW_LEVEL_ZERO", "needs a GPU"]),
         "CAI_GEMINI": (["strategy=CAI_GEMINI", "colossalai.preset=seed000"], None, ["CAI_GEMINI", "needs a GPU"]),
         "CAI_FSDP": (["strategy=CAI_FSDP"], None, ["CAI_FSDP", "needs a GPU"]),
-        "CAI_DDP-bf16": (["strategy=CAI_DDP", "train.precision=bf16"], None, ["train.precision", "needs a GPU"]),
+        "CAI_DDP-fp16": (["strategy=CAI_DDP", "train.precision=fp16"], None, ["train.precision", "needs a GPU"]),
         "bad-zero-stage": (["strategy=CAI_LOW_LEVEL_ZERO", "colossalai.zero_stage=3"], None,
                            ["colossalai.zero_stage", "allowed: 1, 2"]),
         "colossalai-missing": (["strategy=CAI_DDP"], env_without("colossalai", tmp_path),

@@ -6,7 +6,8 @@ DeepSpeed compiles two ops on a CPU the first time they are used (cached under
 ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR): `deepspeed_shm_comm` (~30 s), which every
 engine would build, is skipped by the strategy (`deepspeed.skip_shm_comm`, default on: the op
 serves inference all-reduce only); `cpu_adam` (~45 s) is needed by optimizer offload, and only
-the one offload run in `two_rank_runs` builds it.
+the one offload run in `two_rank_runs` uses it, and the `deepspeed_cpu_adam` fixture (conftest.py)
+compiles it beforehand in one process, so no multi-rank launch waits for a build.
 """
 import json
 import os
@@ -29,7 +30,7 @@ NO_QUANT = ["deepspeed.quantized_weights=false", "deepspeed.quantized_gradients=
 
 
 @pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory):
+def two_rank_runs(tmp_path_factory, deepspeed_cpu_adam):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     tmp = tmp_path_factory.mktemp("ds2")
     out = f"output.dir={tmp / 'runs'}"
@@ -52,7 +53,7 @@ def two_rank_runs(tmp_path_factory):
              "output.study=zero2-bf16-ac"],
             [*FAST, out, "strategy=ZERO3", "train.precision=bf16", "deepspeed.param_persistence_threshold=0",
              "output.study=zero3-bf16"],
-            # the one run that compiles an op (cpu_adam, for DeepSpeed's CPU Adam)
+            # the one run that needs a compiled op (cpu_adam, for DeepSpeed's CPU Adam; built by the fixture)
             [*FAST, out, "strategy=ZERO3", "deepspeed.offload_optimizer=true", "deepspeed.offload_params=true",
              "deepspeed.param_persistence_threshold=0", "output.study=zero3-offload"]]
     proc = run_many(2, runs, tmp, timeout=900)

@@ -153,7 +153,9 @@ def test_communication_accounting():
 
 
 def test_every_label_has_a_row():
-    rows, _ = build_rows(_parser().parse_args(["--model", "vit_1b", "--nodes", "1,2"]))
+    # CAI_DDP_FP16 is fp16 by name and CAI_FSDP refuses fp16: no one precision has every label
+    rows = [row for precision in ("bf16", "fp16") for row in build_rows(_parser().parse_args(
+        ["--model", "vit_1b", "--nodes", "1,2", "--device", "cuda", "--precision", precision]))[0]]
     labels = {r["strategy"] for r in rows}
     assert labels == {"DDP", "NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_1GPU", "HYBRID_2GPU", "HYBRID_8GPU",
                       "ZERO1", "ZERO2", "ZERO3", "ZEROPP", "CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO",
@@ -166,11 +168,26 @@ def test_every_label_has_a_row():
 # ---------------------------------------------------------------- output
 
 def test_json_output_follows_the_schema(capsys):
-    assert plan.main(["--model", "vit_3b,vit_5b", "--nodes", "1,8", "--activation-checkpointing", "--json"]) == 0
+    assert plan.main(["--model", "vit_3b,vit_5b", "--nodes", "1,8", "--activation-checkpointing", "--json",
+                      "--device", "cuda"]) == 0
     out = json.loads(capsys.readouterr().out)
     jsonschema.validate(out, plan.PLAN_SCHEMA)
-    assert len(out["rows"]) == 2 * 2 * 16
+    assert len(out["rows"]) == 2 * 2 * 15  # every label but CAI_DDP_FP16, which is fp16 by name
     assert out["assumptions"]["activation_checkpointing"] is True
+
+
+def test_pairs_the_device_cannot_run_are_left_out_with_the_capability_tables_reason(capsys):
+    from vit_scale.distributed.capabilities import refusal
+
+    rows, shared = build_rows(_parser().parse_args(["--model", "vit_base", "--precision", "fp32"]))  # rocm
+    labels = {r["strategy"] for r in rows}
+    assert {"CAI_GEMINI", "CAI_DDP_FP16"}.isdisjoint(labels) and {"DDP", "FULL_SHARD", "CAI_FSDP"} <= labels
+    assert shared["device"] == "rocm" and shared["refused"] == {
+        "CAI_DDP_FP16": refusal("CAI_DDP_FP16", "fp32", "rocm"), "CAI_GEMINI": refusal("CAI_GEMINI", "fp32", "rocm")}
+    assert plan.main(["--model", "vit_base", "--precision", "fp32"]) == 0
+    assert "left out: CAI_GEMINI (CAI_GEMINI runs in fp16 or bf16 only" in capsys.readouterr().out
+    assert plan.main(["--model", "vit_base", "--strategy", "CAI_GEMINI", "--device", "rocm"]) == 2
+    assert "CAI_GEMINI with --precision bf16 on rocm: strategy: CAI_GEMINI does not run on ROCm" in capsys.readouterr().err
 
 
 def test_table_output(capsys):

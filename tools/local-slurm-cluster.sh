@@ -18,8 +18,9 @@
 #
 # Needs root (slurmd starts job steps as their owner) and, on Debian/Ubuntu:
 #   apt-get install --no-install-recommends slurm-wlm munge
-# Install every other package the jobs need (openmpi-bin brings libpmix2) BEFORE "up": slurmd
-# looks for the PMIx library only when it starts.
+# For --launcher mpi (srun --mpi=pmix) also install openmpi-bin and libpmix-dev BEFORE "up": the
+# pmix plugin loads the unversioned libpmix.so, which only libpmix-dev ships (openmpi-bin brings
+# libpmix2 alone), and slurmd looks for it only when it starts.
 # Tested with Slurm 22.05 (Debian 12). Accounting (sacct) is left out; without slurmdbd, finished
 # jobs are listed one per line in DIR/log/jobcomp.txt instead.
 set -euo pipefail

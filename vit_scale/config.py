@@ -20,25 +20,25 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 @dataclass
 class TrainConfig:
     batch_size: int = 32          # per device; weak scaling keeps it fixed as ranks grow
-    steps: int = 30
+    steps: int = 30               # optimizer steps, warm-up included
     warmup_steps: int = 5         # excluded from every summary figure
-    lr: float = 1e-4
-    weight_decay: float = 0.05
-    seed: int = 0
-    num_classes: int = 1000
-    precision: str = "fp32"       # fp32 | bf16 | fp16 (autocast for DDP, MixedPrecision for FSDP)
-    activation_checkpointing: bool = False
+    lr: float = 1e-4              # AdamW learning rate
+    weight_decay: float = 0.05    # AdamW (decoupled) weight decay
+    seed: int = 0                 # model initialisation and synthetic data
+    num_classes: int = 1000       # classifier head size
+    precision: str = "fp32"       # autocast for DDP, MixedPrecision for FSDP (docs/strategies.md: what runs where)
+    activation_checkpointing: bool = False  # recompute each timm Block in the backward (non-reentrant)
     log_every: int = 1            # a step record every k steps
     print_every: int = 10         # a progress line on rank 0 every k steps
-    init: str = "auto"            # device | meta | auto (meta above 1.5B parameters)
-    optimizer: str = "auto"       # AdamW kernel: auto (fused on GPUs) | fused | foreach | single
+    init: str = "auto"            # auto = meta above 1.5B parameters, else on the device
+    optimizer: str = "auto"       # AdamW kernel; auto = fused on GPUs, torch's default on CPUs
     synthetic_batches: int = 4    # distinct synthetic batches cycled through
 
 
 @dataclass
 class FSDPConfig:
     version: int = 1                    # 1: FullyShardedDataParallel (the paper's); 2: fully_shard
-    backward_prefetch: str = "pre"      # none | pre | post (FSDP1)
+    backward_prefetch: str = "pre"      # FSDP1: BACKWARD_PRE / BACKWARD_POST / none
     limit_all_gathers: bool = True      # FSDP1
     forward_prefetch: bool = False      # FSDP1
     use_orig_params: bool = False       # FSDP1
@@ -66,11 +66,11 @@ class DeepSpeedConfig:
 class ColossalAIConfig:
     zero_stage: int = 2                 # CAI_LOW_LEVEL_ZERO: 1 or 2
     cpu_offload: bool = False           # CAI_LOW_LEVEL_ZERO
-    placement_policy: str = "static"    # CAI_GEMINI: static | auto
+    placement_policy: str = "static"    # CAI_GEMINI
     offload_optim_frac: float = 0.0     # CAI_GEMINI (static placement)
     offload_param_frac: float = 0.0     # CAI_GEMINI (static placement)
     pin_memory: bool = False            # CAI_GEMINI
-    preset: str = "none"                # none | seed000 (offload_optim_frac=1.0, pin_memory=True; overrides both)
+    preset: str = "none"                # seed000: offload_optim_frac=1.0, pin_memory=True (overrides both)
     initial_scale: float = 65536.0      # fp16 loss scale to start from (CAI_DDP_FP16 uses torch's GradScaler default)
     bucket_cap_mb: int = 25             # CAI_DDP, CAI_DDP_FP16: DDP gradient bucket size
 
@@ -84,8 +84,8 @@ class OutputConfig:
 
 @dataclass
 class SystemConfig:
-    launcher: str = "auto"              # auto | torchrun | srun | mpi | single
-    device: str = "auto"                # auto | cuda | cpu
+    launcher: str = "auto"              # where rank and world size come from; auto detects it
+    device: str = "auto"                # auto = the GPU when there is one (cuda also means ROCm)
     peak_tflops: Optional[float] = None  # per device, overrides the built-in table for MFU
     collective_timeout_s: int = 300     # a dead or stuck rank ends the job after this
     ranks_per_node: int = 0             # 0 = from the launcher (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE)
@@ -143,8 +143,8 @@ class CheckpointConfig:
 
 @dataclass
 class Config:
-    model: str = "vit_micro"
-    strategy: str = "DDP"
+    model: str = "vit_micro"          # a registered model (docs/models.md)
+    strategy: str = "DDP"             # a strategy label (docs/strategies.md: what runs where)
     train: TrainConfig = field(default_factory=TrainConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -358,11 +358,88 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
-def parse_command_line(argv, prog: str, description: str, configs: str, example: str):
-    """`[--config FILE] [key=value ...]`, the command line every run-type command takes."""
+# ---------------------------------------------------------------- help
+
+# sections `vit-scale train` reads; `vit-scale finetune` reads every section
+BENCHMARK_SECTIONS = ("train", "fsdp", "deepspeed", "colossalai", "output", "system", "plan")
+
+
+def _field_comments(cls) -> dict[str, str]:
+    """The comment beside each field in this file: the one description of a key, kept next to it."""
+    import inspect
+
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+):[^=#]*=[^#]*#\s*(.+)$", line)
+        if m:
+            comments[m.group(1)] = m.group(2).strip()
+    return comments
+
+
+def _allowed(key: str, typ: Any) -> str:
+    from .distributed import ALLOWED_TEXT
+    from .models import MODELS
+
+    if key == "model":
+        return ", ".join(MODELS)
+    if key == "strategy":
+        return ALLOWED_TEXT
+    if key in CHOICES:
+        return " | ".join(map(str, CHOICES[key]))
+    if typing.get_origin(typ) is typing.Union:
+        inner = [a for a in typing.get_args(typ) if a is not type(None)][0]
+        return _allowed(key, inner) + " or null"
+    if typ is bool:
+        return "true | false"
+    kind = {int: "integer", float: "number", str: "text"}.get(typ, "value")
+    if key in FRACTIONS:
+        return f"{kind} from 0 to 1"
+    if key in POSITIVE:
+        return f"{kind} >= 1"
+    if key in NON_NEGATIVE:
+        return f"{kind} >= 0"
+    return kind
+
+
+def _keys_help(sections) -> str:
+    import textwrap
+
+    out = ["keys (key=value here, or the same keys nested in the --config YAML); default, then what is allowed:"]
+
+    def entry(key, default, typ, comment):
+        shown = "(empty)" if default == "" else ("null" if default is None else str(default).lower()
+                                                 if isinstance(default, bool) else str(default))
+        out.append(f"  {key} = {shown}    [{_allowed(key, typ)}]")
+        if comment:
+            out.extend(textwrap.wrap(comment, width=96, initial_indent="      ", subsequent_indent="      "))
+
+    top = _field_comments(Config)
+    hints = _field_types(Config)
+    for f in dataclasses.fields(Config):
+        if not dataclasses.is_dataclass(hints[f.name]):
+            entry(f.name, f.default, hints[f.name], top.get(f.name, ""))
+    for f in dataclasses.fields(Config):
+        cls = hints[f.name]
+        if not dataclasses.is_dataclass(cls) or f.name not in sections:
+            continue
+        out.append(f"{f.name}:")
+        doc = (cls.__doc__ or "").strip()
+        if doc and not doc.startswith(f"{cls.__name__}("):  # dataclasses make up a docstring when there is none
+            out.extend(textwrap.wrap(" ".join(doc.split()), width=96, initial_indent="  ", subsequent_indent="  "))
+        comments, types = _field_comments(cls), _field_types(cls)
+        for sub in dataclasses.fields(cls):
+            entry(f"{f.name}.{sub.name}", getattr(cls(), sub.name), types[sub.name], comments.get(sub.name, ""))
+    return "\n".join(out)
+
+
+def parse_command_line(argv, prog: str, description: str, configs: str, example: str, sections=None):
+    """`[--config FILE] [key=value ...]`, the command line every run-type command takes; --help
+    lists every key of `sections` (default: all) with its default and allowed values."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    names = sections or [f.name for f in dataclasses.fields(Config)]
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=_keys_help(names),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help=f"YAML file of keys (see {configs}); overrides come after it")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     return parser.parse_args(argv)

@@ -27,6 +27,7 @@ from . import checkpoint as ckpt
 from .config import Config, load_config, parse_command_line
 from .distributed import parse_strategy, strategy_class
 from .errors import UserError
+from .text import plural
 from .launch import World, choose_device, detect_world
 from .record import EXIT_CODES, read_rank_errors, write_rank_error
 from .signals import SignalWatcher
@@ -76,7 +77,7 @@ def check_inputs(cfg: Config, world: World) -> Inputs:
     micro_batches = per_rank // cfg.train.batch_size
     if micro_batches // cfg.finetune.accumulation_steps < 1:
         raise UserError(f"train.batch_size: {splits.train.where} has {len(splits.train)} training images, "
-                        f"{per_rank} per rank on {world.world_size} ranks: too few for one step of "
+                        f"{per_rank} per rank on {plural(world.world_size, 'rank')}: too few for one step of "
                         f"{cfg.train.batch_size} x {cfg.finetune.accumulation_steps} (accumulation) per rank")
     spec = get_spec(cfg.model)
     state, head_replaced = None, False
@@ -425,7 +426,7 @@ class StopRequests(SignalWatcher):
 
 def _print_summary(run: FinetuneRun, end: dict) -> None:
     world = run.world
-    lines = [f"vit-scale finetune: {run.cfg.model} {run.cfg.strategy} on {world.world_size} ranks: "
+    lines = [f"vit-scale finetune: {run.cfg.model} {run.cfg.strategy} on {plural(world.world_size, 'rank')}: "
              f"{end['status'].upper()} at step {end.get('step')}/{end.get('total_steps')}"]
     if end.get("error"):
         lines.append(f"  error: {end['error']}")

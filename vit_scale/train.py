@@ -14,9 +14,10 @@ import statistics
 import sys
 import time
 
-from .config import Config, load_config, parse_command_line, to_yaml
+from .config import BENCHMARK_SECTIONS, Config, load_config, parse_command_line, to_yaml
 from .distributed import parse_strategy, strategy_class
 from .errors import UserError
+from .text import plural
 from .launch import World, choose_device, detect_world, init_distributed, slurm_facts
 from .record import (EXIT_CODES, RunRecorder, make_run_id, read_rank_errors, run_directory,
                      write_rank_error)
@@ -25,7 +26,8 @@ from .signals import RunInterrupted, SignalWatcher
 
 def _parse_args(argv):
     return parse_command_line(argv, "vit-scale train", __doc__.split("\n\n")[0], "configs/",
-                              "model=vit_micro strategy=HYBRID_2GPU train.batch_size=8 train.steps=30")
+                              "model=vit_micro strategy=HYBRID_2GPU train.batch_size=8 train.steps=30",
+                              sections=BENCHMARK_SECTIONS)
 
 
 def _launch_rank_guess() -> int:
@@ -119,7 +121,7 @@ class Run:
             "versions": software_versions(), "git_revision": git_revision(), "plan": self._plan(),
         })
         say(self.world, f"vit-scale: {self.cfg.model} ({self.model_info['params'] / 1e6:.1f}M params) "
-                        f"{self.cfg.strategy} on {self.world.world_size} ranks, {self.world.nodes} node(s), "
+                        f"{self.cfg.strategy} on {plural(self.world.world_size, 'rank')}, {plural(self.world.nodes, 'node')}, "
                         f"{self.world.device_type} [{self.world.launcher}] -> {self.run_dir}")
 
     def _device_name(self) -> str:
@@ -274,7 +276,7 @@ def _one_line(exc: BaseException) -> str:
 
 def _print_summary(run: Run, end: dict) -> None:
     world = run.world
-    lines = [f"vit-scale: {run.cfg.model} {run.cfg.strategy} on {world.world_size} ranks "
+    lines = [f"vit-scale: {run.cfg.model} {run.cfg.strategy} on {plural(world.world_size, 'rank')} "
              f"({world.nodes} node(s), {world.device_type}): {end['status'].upper()}"]
     if end.get("error"):
         lines.append(f"  error: {end['error']}")

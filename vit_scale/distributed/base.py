@@ -61,10 +61,13 @@ class Strategy(ABC):
 
     @classmethod
     def check(cls, cfg, label, world) -> None:
-        """Raise UserError for a combination that cannot run here. Runs before init_process_group."""
-        if cfg.train.precision == "fp16" and world.device_type == "cpu" and cls.family in ("fsdp",):
-            raise UserError("train.precision: fp16 with FSDP needs a GPU (sharded grad scaling is CUDA-only); "
-                            "use bf16 or fp32 on a CPU")
+        """Raise UserError for a combination that cannot run here. Runs before init_process_group.
+        Label x precision x device kind is the capability table's; a family adds its option rules."""
+        from .capabilities import refusal
+
+        error = refusal(label.label, cfg.train.precision, world.device_type)
+        if error:
+            raise UserError(error)
 
     # ------------------------------------------------------------ the interface
 

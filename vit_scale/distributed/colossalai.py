@@ -5,14 +5,15 @@ would call init_process_group again and reseed every rank with 1024); the Booste
 plugins need only an initialised torch.distributed and, on a GPU, the current device, both of
 which vit_scale.launch has set.
 
-What runs where (measured with ColossalAI 0.5.0 on torch 2.13): only CAI_DDP in fp32 trains on a
-CPU. The others need a GPU: mixed precision uses CUDA autocast and grad scaling, LowLevelZero and
-Gemini put their buffers on the accelerator and use ColossalAI's fused/CPU Adam kernels, and
-TorchFSDPPlugin passes `torch.cuda.current_device()` to FSDP. `check` says so before any work.
+What runs where is the capability table's (vit_scale.distributed.capabilities): on a CPU,
+CAI_DDP in fp32 or bf16; the other plugins need a GPU (LowLevelZero and Gemini put their buffers
+on the accelerator and use ColossalAI's fused/CPU Adam kernels, TorchFSDPPlugin passes
+`torch.cuda.current_device()` to FSDP). `check` refuses the rest before any work.
 
 Labels and precision:
-- CAI_DDP: TorchDDPPlugin; `train.precision` fp32 (bf16/fp16 go through the Booster's mixed
-  precision, GPU only).
+- CAI_DDP: TorchDDPPlugin; fp32, bf16 through torch autocast around the forward as DDP does
+  (ColossalAI 0.5.0's Booster has no bf16 for TorchDDPPlugin: its BF16MixedPrecision is an
+  abstract class, and `boost` fails on a GPU), fp16 through the Booster's fp16 (GPU only).
 - CAI_DDP_FP16: TorchDDPPlugin with the Booster's fp16 mixed precision (autocast + GradScaler),
   seed 000's `torch_ddp_fp16`; asks for `train.precision=fp16` so the record says what ran.
 - CAI_LOW_LEVEL_ZERO: stage `colossalai.zero_stage` (1 or 2), `colossalai.cpu_offload`;
@@ -40,12 +41,6 @@ from .base import Strategy
 INSTALL_HINT = ("pip install --no-deps colossalai==0.5.0 && pip install -c CONSTRAINTS transformers==4.51.3 "
                 "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
                 "see docs/strategies.md)")
-GPU_ONLY = {
-    "CAI_DDP_FP16": "fp16 mixed precision (CUDA autocast and grad scaling)",
-    "CAI_LOW_LEVEL_ZERO": "ColossalAI's LowLevelZero plugin (accelerator buffers and kernels)",
-    "CAI_GEMINI": "ColossalAI's Gemini plugin (chunk manager and HybridAdam kernels)",
-    "CAI_FSDP": "ColossalAI's TorchFSDPPlugin (wraps FSDP on torch.cuda.current_device())",
-}
 PRESETS = {"none": {}, "seed000": {"offload_optim_frac": 1.0, "pin_memory": True}}
 
 
@@ -73,20 +68,6 @@ class ColossalAIStrategy(Strategy):
     @classmethod
     def check(cls, cfg, label, world) -> None:
         super().check(cfg, label, world)
-        name, precision = label.label, cfg.train.precision
-        if world.device_type == "cpu":
-            if name in GPU_ONLY:
-                raise UserError(f"strategy: {name} needs a GPU ({GPU_ONLY[name]}); on a CPU only CAI_DDP "
-                                f"with train.precision=fp32 runs")
-            if precision != "fp32":
-                raise UserError(f"train.precision: CAI_DDP with {precision} needs a GPU (the Booster's mixed "
-                                f"precision is CUDA autocast); on a CPU use train.precision=fp32")
-        if name == "CAI_DDP_FP16" and precision != "fp16":
-            raise UserError(f"train.precision: CAI_DDP_FP16 is fp16 mixed precision by name; set "
-                            f"train.precision=fp16 (got {precision}), or use CAI_DDP for {precision}")
-        if name == "CAI_GEMINI" and precision == "fp32":
-            raise UserError("train.precision: CAI_GEMINI runs in fp16 or bf16 only (Gemini has no fp32 mode); "
-                            "set train.precision=fp16 or bf16")
         if cfg.train.init == "meta":
             raise UserError("train.init: meta is not supported with ColossalAI labels (the model is built on the "
                             "device); use train.init=device")
@@ -143,7 +124,8 @@ class ColossalAIStrategy(Strategy):
         opts.update({"plugin": self.plugin_name, "optimizer": self._optimizer_name()})
         name = self.label.label
         if name in ("CAI_DDP", "CAI_DDP_FP16"):
-            opts.update(booster_mixed_precision=None if self.cfg.train.precision == "fp32" else self.cfg.train.precision,
+            opts.update(booster_mixed_precision=self._booster_mixed_precision(),
+                        autocast="bf16" if name == "CAI_DDP" and self.cfg.train.precision == "bf16" else None,
                         bucket_cap_mb=c.bucket_cap_mb)
         elif name == "CAI_LOW_LEVEL_ZERO":
             opts.update(zero_stage=c.zero_stage, cpu_offload=c.cpu_offload, initial_scale=c.initial_scale)
@@ -206,18 +188,30 @@ class ColossalAIStrategy(Strategy):
             optimizer = torch.optim.Adam(model.parameters(), **defaults)
         else:
             optimizer = self.make_optimizer(model.parameters())
-        mixed = None
-        if self.label.label in ("CAI_DDP", "CAI_DDP_FP16") and self.cfg.train.precision != "fp32":
-            mixed = self.cfg.train.precision
+        mixed = self._booster_mixed_precision()
         self.booster = Booster(plugin=self._plugin(factory), mixed_precision=mixed)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
         if self.label.label == "CAI_FSDP":
             self.shard_group = torch.distributed.group.WORLD
 
+    def _booster_mixed_precision(self):
+        """TorchDDPPlugin: the Booster casts for fp16 only; bf16 is our own autocast (see the module doc)."""
+        if self.label.label in ("CAI_DDP", "CAI_DDP_FP16") and self.cfg.train.precision == "fp16":
+            return "fp16"
+        return None
+
+    def _own_autocast(self):
+        import contextlib
+
+        if self.label.label == "CAI_DDP" and self.cfg.train.precision == "bf16":
+            return self.autocast()
+        return contextlib.nullcontext()
+
     # ------------------------------------------------------------ step
 
     def train_step(self, images, labels):
-        logits = self.model(images)
+        with self._own_autocast():
+            logits = self.model(images)
         loss = self.loss(logits, labels)
         self.booster.backward(loss, self.optimizer)
         self.optimizer.step()
@@ -229,7 +223,8 @@ class ColossalAIStrategy(Strategy):
     # accumulation_steps)), all but the last inside no_sync, then clip_grad_norm and optimizer_step.
 
     def forward(self, images):
-        return self.model(images)  # as train_step: the Booster's wrappers cast (autocast, fp16/bf16 params)
+        with self._own_autocast():  # as train_step: otherwise the Booster's wrappers cast
+            return self.model(images)
 
     def no_sync(self):
         import contextlib

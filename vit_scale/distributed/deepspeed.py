@@ -61,9 +61,6 @@ class DeepSpeedStrategy(Strategy):
         super().check(cfg, label, world)
         ds = cfg.deepspeed
         stage = STAGES[label.label]
-        if cfg.train.precision == "fp16" and world.device_type == "cpu":
-            raise UserError("train.precision: fp16 with DeepSpeed needs a GPU (DeepSpeed's CPU accelerator has no "
-                            "fp16: 'Type fp16 is not supported on your device'); use bf16 or fp32 on a CPU")
         if ds.offload_params and stage != 3:
             raise UserError(f"deepspeed.offload_params: parameter offload is ZeRO-3 only (ZERO3, ZEROPP), "
                             f"not {label.label}; set deepspeed.offload_params=false or use ZERO3")

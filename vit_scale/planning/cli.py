@@ -12,6 +12,7 @@ import dataclasses
 import json
 import sys
 
+from ..distributed.capabilities import refusal
 from ..errors import UserError
 from . import SCHEMA_VERSION, assumptions, plan_row
 from .scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, Allowance, from_config
@@ -91,6 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="checkpoint every Block (default off, as the trainer)")
     p.add_argument("--attention", default="fused", choices=ATTENTION,
                    help="fused: scaled_dot_product_attention (timm's default); materialised: scores in memory")
+    p.add_argument("--device", default="rocm", choices=("cuda", "rocm"),
+                   help="device kind (default rocm, a Frontier GCD): pairs it cannot run are left out, with why")
     p.add_argument("--device-memory-gib", type=float, default=64.0, help="per device (default 64, an MI250X GCD)")
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--optimizer", default="auto", choices=OPTIMIZER_IMPLS,
@@ -165,6 +168,14 @@ def build_rows(args) -> tuple[list[dict], dict]:
     base = load_config(None, [f"model={models[0]}"] + overrides)
     allowance = Allowance(runtime_gib=args.runtime_gib, fragmentation=args.fragmentation,
                           stream_held=args.stream_held)
+    refused = {}
+    for strategy in list(strategies):
+        error = refusal(strategy, args.precision, args.device)
+        if error and explicit:
+            raise UserError(f"--strategy: {strategy} with --precision {args.precision} on {args.device}: {error}")
+        if error:
+            refused[strategy] = error
+            strategies.remove(strategy)
     rows, shared = [], None
     for model in models:
         for n in nodes:
@@ -177,6 +188,7 @@ def build_rows(args) -> tuple[list[dict], dict]:
                     continue  # a default HYBRID_<g>GPU or ZEROPP layout this world cannot have
                 rows.append(plan_row(sc))
                 shared = shared or assumptions(sc)
+    shared = {**shared, "device": args.device, "refused": refused}
     return rows, shared
 
 
@@ -206,11 +218,13 @@ def format_table(rows: list[dict], shared: dict) -> str:
     a = shared
     head = (f"batch {a['batch_size']}/device, {a['precision']}, activation checkpointing "
             f"{'on' if a['activation_checkpointing'] else 'off'}, {a['attention']} attention, "
-            f"{a['gpus_per_node']} GPUs/node, {a['device_memory_gib']:g} GiB/device, AdamW {a['optimizer']}; "
+            f"{a['gpus_per_node']} {a['device']} GPUs/node, {a['device_memory_gib']:g} GiB/device, AdamW {a['optimizer']}; "
             f"FSDP{a['fsdp']['version']} prefetch={a['fsdp']['backward_prefetch']} "
             f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}")
     out.append(head)
     al = a["allowance"]
+    for strategy, error in a.get("refused", {}).items():
+        out.append(f"left out: {strategy} ({error.split(': ', 1)[1]})")
     out.append(f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
                f"{' + memory held for communication streams' if al['stream_held'] else ''}")
     header = "  ".join(name.rjust(w) if i > 0 else name.ljust(w) for i, (name, w) in enumerate(COLUMNS))
