@@ -49,3 +49,33 @@ def test_yaml_then_overrides_and_the_resolved_config_round_trips(tmp_path):
     dumped.write_text(to_yaml(cfg))
     assert load_config(str(dumped)).to_dict() == cfg.to_dict()
     assert yaml.safe_load(to_yaml(cfg))["deepspeed"]["gradient_clipping"] == 0.0
+
+
+def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
+    import dataclasses
+
+    from vit_scale import finetune, train
+    from vit_scale.config import BENCHMARK_SECTIONS, Config
+
+    every_section = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(Config(), f.name))]
+    for module, sections in ((train, BENCHMARK_SECTIONS), (finetune, every_section)):
+        with pytest.raises(SystemExit) as exit_info:
+            module._parse_args(["--help"])
+        assert exit_info.value.code == 0
+        text = capsys.readouterr().out
+        cfg = Config()
+        for section in sections:
+            for f in dataclasses.fields(getattr(cfg, section)):
+                assert f"  {section}.{f.name} = " in text, (module.__name__, section, f.name)
+        assert "  train.precision = fp32    [fp32 | bf16 | fp16]" in text
+        assert "  train.batch_size = 32    [integer >= 1]" in text and "per device" in text
+        assert "  strategy = DDP    [DDP, NO_SHARD," in text
+    assert "data.path" not in train_help(capsys)  # the benchmark reads no dataset keys
+
+
+def train_help(capsys) -> str:
+    from vit_scale import train
+
+    with pytest.raises(SystemExit):
+        train._parse_args(["--help"])
+    return capsys.readouterr().out
