@@ -77,16 +77,36 @@ TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 TORCH_INDEX_URL=${TORCH_INDEX_URL-$default_index}
 PYTHON=${PYTHON:-python3}
 
-run() {  # print a command, then run it unless this is a dry run
-  echo "+ $*"
-  [ "$DRY_RUN" = 1 ] || "$@"
+LOG=$(mktemp "${TMPDIR:-/tmp}/vit-scale-setup.XXXXXX.log")
+STEP=0
+
+step() {  # step "what" command...: one line per step; the command's own output goes to the log
+  local what=$1 started=$SECONDS
+  shift
+  if [ "$DRY_RUN" = 1 ]; then
+    echo "+ $*"
+    return
+  fi
+  STEP=$((STEP + 1))
+  printf '%s: [%d] %s ... ' "$PROG" "$STEP" "$what"
+  echo "+ $*" >>"$LOG"
+  if "$@" >>"$LOG" 2>&1; then
+    echo "done ($((SECONDS - started)) s)"
+  else
+    echo "FAILED"
+    tail -n 25 "$LOG" | sed 's/^/    /' >&2
+    echo "$PROG: step '$what' failed; its whole output is in $LOG" >&2
+    exit 1
+  fi
 }
 
-as_root() {  # a command that needs root: directly, through sudo, or not at all
+as_root() {  # step "what" command...: a command that needs root, directly or through sudo
+  local what=$1
+  shift
   if [ "$(id -u)" = 0 ]; then
-    run "$@"
+    step "$what" "$@"
   elif command -v sudo >/dev/null 2>&1; then
-    run sudo "$@"
+    step "$what" sudo "$@"
   else
     echo "$PROG: installing system packages needs root; as root run: $*" >&2
     exit 1
@@ -96,31 +116,36 @@ as_root() {  # a command that needs root: directly, through sudo, or not at all
 # ---- system packages for the tests (Debian/Ubuntu), before anything else: slurmd looks for the
 # PMIx library (libpmix.so, from libpmix-dev) only when it starts
 if [ "$WITH_TOOLS" = 1 ]; then
-  if command -v sbatch >/dev/null && command -v munged >/dev/null && command -v shellcheck >/dev/null &&
-     command -v mpirun >/dev/null && [ -r /usr/share/lmod/lmod/init/bash ]; then
+  missing=()
+  for package in "${TEST_TOOLS[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
+  done
+  if [ ${#missing[@]} = 0 ]; then
     echo "test tools already installed: ${TEST_TOOLS[*]}"
   elif ! command -v apt-get >/dev/null 2>&1; then
-    echo "$PROG: --with-test-tools knows only apt-get; install the equivalents of: ${TEST_TOOLS[*]}" >&2
+    echo "$PROG: --with-test-tools knows only apt-get; install the equivalents of: ${missing[*]}" >&2
     exit 1
   else
-    as_root apt-get update
+    as_root "apt package lists" apt-get update
     # without --no-install-recommends apt pulls dozens of unneeded packages (ROCm plugins, hdf5...)
-    as_root apt-get install -y --no-install-recommends "${TEST_TOOLS[@]}"
+    as_root "system packages for the tests: ${missing[*]}" \
+      env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
   fi
 fi
 
 # ---- the venv
 if [ ! -x "$VENV/bin/python" ]; then
-  if ! run "$PYTHON" -m venv "$VENV"; then
+  if ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null && [ "$DRY_RUN" = 0 ]; then
     # Debian and Ubuntu ship venv support as a separate package
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      run apt-get install -y --no-install-recommends python3-venv
-      run "$PYTHON" -m venv "$VENV"
+      step "python3-venv (Debian ships venv apart)" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends python3-venv
     else
-      echo "$PROG: '$PYTHON -m venv' failed; on Debian/Ubuntu install python3-venv (as root: apt-get install python3-venv)" >&2
+      echo "$PROG: '$PYTHON -m venv' needs venv support; on Debian/Ubuntu install python3-venv (as root: apt-get install python3-venv)" >&2
       exit 1
     fi
   fi
+  step "venv at $VENV" "$PYTHON" -m venv "$VENV"
 else
   echo "using the existing venv $VENV"
 fi
@@ -132,7 +157,7 @@ if [ -n "$TORCH_INDEX_URL" ]; then
   # torchvision's compiled ops must match torch's build, so both come from the same index
   torch_cmd+=(torchvision --index-url "$TORCH_INDEX_URL")
 fi
-run "${torch_cmd[@]}"
+step "$TORCH_SPEC${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}" "${torch_cmd[@]}"
 
 # ---- everything else against that torch: a constraints file pins the build just installed,
 # so that no dependency (timm, torchvision, deepspeed, colossalai) replaces it
@@ -149,7 +174,7 @@ if [ "$DRY_RUN" = 1 ]; then
   echo "+ $VENV/bin/python -c '<print torch==X (and torchvision==Y) as installed>' > $constraints"
 else
   "$VENV/bin/python" -c "$pin_installed" > "$constraints"
-  echo "pinned: $(paste -sd' ' "$constraints") (in $constraints; use it with pip install -c for later installs)"
+  echo "$PROG: pinned $(paste -sd' ' "$constraints") in $constraints (use it with pip install -c for later installs)"
 fi
 
 target=$HOME_DIR
@@ -157,21 +182,40 @@ target=$HOME_DIR
 if [[ " ${extras[*]} " == *" deepspeed "* ]]; then
   # DeepSpeed then builds no C++/CUDA ops at install time; it compiles what a run needs on first use
   export DS_BUILD_OPS=0
-  echo "+ export DS_BUILD_OPS=0"
+  [ "$DRY_RUN" = 1 ] && echo "+ export DS_BUILD_OPS=0"
 fi
-run "${pip[@]}" install -c "$constraints" -e "$target"
+step "vit-scale${extras[*]:+ with ${extras[*]}}" "${pip[@]}" install -c "$constraints" -e "$target"
 
 if [ "$colossalai" = 1 ]; then
-  # ColossalAI 0.5.0 pins torch<=2.5.1 and many heavy packages: install it without its
-  # dependencies, then only what its imports need, under the same constraints
-  run "${pip[@]}" install -c "$constraints" --no-deps colossalai==0.5.0
-  run "${pip[@]}" install -c "$constraints" transformers==4.51.3 peft==0.13.2 galore-torch bitsandbytes
+  # ColossalAI 0.5.0 pins torch<=2.5.1 and many heavy packages. What its imports need comes first,
+  # under the constraints; colossalai itself last and without its dependencies, so that no pip call
+  # ever checks its pins against this torch (pip would print a red resolver ERROR on a working install)
+  step "what ColossalAI imports (transformers, peft, galore-torch, bitsandbytes)" \
+    "${pip[@]}" install -c "$constraints" transformers==4.51.3 peft==0.13.2 galore-torch bitsandbytes
+  step "colossalai 0.5.0 (--no-deps: keeps this torch)" "${pip[@]}" install -c "$constraints" --no-deps colossalai==0.5.0
 fi
 
 if [ "$DRY_RUN" = 1 ]; then
   echo "dry run: nothing was installed"
+  rm -f "$LOG"
 else
-  "$VENV/bin/python" -c 'import torch, vit_scale; print(f"venv ready: torch {torch.__version__}, vit-scale {vit_scale.__version__}")'
+  cp "$LOG" "$VENV/setup.log" && rm -f "$LOG"
+  summary='
+import importlib.metadata as md
+import torch
+build = (f"ROCm {torch.version.hip} build" if torch.version.hip else
+         f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU build")
+names = ["torch", "torchvision", "timm", "deepspeed", "colossalai", "mpi4py", "vit-scale"]
+found = []
+for name in names:
+    try:
+        found.append(f"{name} {md.version(name)}")
+    except md.PackageNotFoundError:
+        pass
+print("installed: " + ", ".join(found) + f" ({build})")
+'
+  echo "$PROG: $("$VENV/bin/python" -c "$summary")"
+  echo "$PROG: the commands and their output: $VENV/setup.log"
   if [ "$VENV" = "$HOME_DIR/.venv" ]; then
     echo "next: bash jobs/weak_scaling.sh    (env/$SYSTEM.sh activates this venv)"
   else

@@ -277,7 +277,7 @@ def _one_line(exc: BaseException) -> str:
 def _print_summary(run: Run, end: dict) -> None:
     world = run.world
     lines = [f"vit-scale: {run.cfg.model} {run.cfg.strategy} on {plural(world.world_size, 'rank')} "
-             f"({world.nodes} node(s), {world.device_type}): {end['status'].upper()}"]
+             f"({plural(world.nodes, 'node')}, {world.device_type}): {end['status'].upper()}"]
     if end.get("error"):
         lines.append(f"  error: {end['error']}")
     ips = end.get("images_per_s")
