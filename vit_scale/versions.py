@@ -1,4 +1,5 @@
-"""What software ran: recorded in every run so a figure can be traced to its stack."""
+"""What software ran, and on what host CPU: recorded in every run so a figure can be traced to its
+stack and a report can say what the machine was."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -25,17 +26,66 @@ def software_versions() -> dict:
             nccl = None
     return {"python": platform.python_version(), "torch": torch.__version__, "timm": _version("timm"),
             "deepspeed": _version("deepspeed"), "colossalai": _version("colossalai"),
-            "cuda": torch.version.cuda, "hip": torch.version.hip, "nccl": nccl}
+            "cuda": torch.version.cuda, "hip": torch.version.hip, "nccl": nccl,
+            # Not software, but rank 0's facts that a report needs and the world record lacks: on a
+            # CPU run world.device_name is only the architecture (x86_64).
+            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "launched_by": launched_by()}
+
+
+def cpu_model() -> str | None:
+    """The host CPU's marketing name, e.g. 'AMD EPYC 7A53 64-Core Processor'."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                # x86 says "model name"; some ARM kernels only "Hardware" or "CPU part"
+                if key.strip() in ("model name", "Hardware") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def launched_by() -> str:
+    """What started this process, read from the environment it was given.
+
+    The start record's `launcher` is how the trainer found its rank, which reads `torchrun` for
+    any process given RANK and WORLD_SIZE, including those jobs/weak_scaling.sh starts itself
+    without Slurm; a report needs to say which it really was.
+    """
+    env = os.environ
+    torchrun = "TORCHELASTIC_RUN_ID" in env
+    srun = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+    mpi = any(k in env for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
+    if torchrun:
+        return "torchrun under srun" if srun else "torchrun"
+    if mpi:
+        return "srun (MPI)" if srun else "mpirun"
+    if srun:
+        return "srun"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "env"  # processes started by a script with RANK, WORLD_SIZE, MASTER_ADDR set
+    return "single"
 
 
 def git_revision() -> str | None:
-    here = os.path.dirname(os.path.abspath(__file__))
+    """The toolkit's own commit (with -dirty when tracked files differ), or None.
+
+    Only a git checkout whose top level is the directory holding vit_scale/ is the toolkit's: a
+    copy unpacked inside another repository, or installed into a virtual environment that lives
+    in one, would otherwise report that repository's commit as the toolkit's.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
+                             timeout=10)
+        if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
+            return None
+        out = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True,
                              text=True, timeout=10)
         if out.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
