@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -42,9 +43,10 @@ LEADING_COLUMNS = [
     "memory_gib", "memory_measure", "mem_allocated_max_gib", "mem_allocated_mean_gib", "mem_reserved_max_gib",
     "mem_reserved_mean_gib", "mem_rss_max_gib", "mem_rss_mean_gib", "mem_window", "device_memory_gib",
     "tflops_per_device", "mfu", "peak_tflops_per_device", "steps_done", "steps_planned", "timed_steps",
-    "wall_time_s", "replicas_agree", "final_loss", "error", "failed_rank", "reruns_set_aside", "run_id",
-    "time_iso", "start_time", "job_id", "step_id", "job_name", "partition", "nodelist", "hosts", "launcher",
-    "device_type", "device_name", "backend", "shard_group_size", "replicate_group_size", "flops_per_image",
+    "warmup_steps", "wall_time_s", "replicas_agree", "final_loss", "error", "failed_rank", "reruns_set_aside",
+    "run_id", "time_iso", "start_time", "job_id", "step_id", "job_name", "partition", "nodelist", "hosts",
+    "launcher", "launched_by", "device_type", "device_name", "cpu_model", "cpu_count", "backend",
+    "shard_group_size", "replicate_group_size", "flops_per_image",
     "peak_tflops_source", "plan_memory_gib", "plan_peak_allocated_gib", "plan_fits", "git_revision", "notes", "path",
 ]
 
@@ -104,6 +106,7 @@ def run_row(run: RunRecord) -> dict:
         "tflops_per_device": _num(e.get("tflops_per_device")), "mfu": _num(e.get("mfu")),
         "steps_done": _num(e.get("steps_done")) if run.end else _num(run.last_step),
         "steps_planned": _num(cfg_train.get("steps")), "timed_steps": _num(e.get("timed_steps")),
+        "warmup_steps": _num(cfg_train.get("warmup_steps")),
         "wall_time_s": _num(e.get("wall_time_s")),
         "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
         "final_loss": _num(e.get("final_loss")), "error": e.get("error"), "failed_rank": _num(e.get("failed_rank")),
@@ -112,6 +115,11 @@ def run_row(run: RunRecord) -> dict:
         "job_id": slurm.get("job_id"), "step_id": slurm.get("step_id"), "job_name": slurm.get("job_name"),
         "partition": slurm.get("partition"), "nodelist": slurm.get("nodelist"),
         "hosts": ",".join(map(str, s.get("hosts") or [])), "launcher": s.get("launcher"),
+        # Written by vit_scale/versions.py since the CPU model and the process starter were added;
+        # older records lack them, and the report says "not recorded" instead of guessing.
+        "launched_by": versions.get("launched_by"),
+        "cpu_model": versions.get("cpu_model") if isinstance(versions.get("cpu_model"), str) else None,
+        "cpu_count": _num(versions.get("cpu_count")),
         "plan_memory_gib": _num(plan.get("memory_gib")),
         "plan_peak_allocated_gib": _num(plan.get("peak_allocated_gib")),
         "plan_fits": plan.get("fits") if isinstance(plan.get("fits"), bool) else None,
@@ -272,8 +280,22 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
     return df[ok & (df["replicas_agree"] != False)]  # noqa: E712 - None means not checked
 
 
+def within_noise(best_mean, best_std, next_mean, next_std) -> Optional[bool]:
+    """Whether a margin between two runs is smaller than their spread: their mean ± one standard
+    deviation of per-step images/s overlap. None when either spread is unknown.
+
+    The per-step spread, not the standard error of the mean, is the yardstick: a rerun of the same
+    point on a shared machine or network moves by about that much, which the error of one run's
+    mean does not show."""
+    values = [best_mean, best_std, next_mean, next_std]
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return None
+    return bool(best_mean - next_mean <= best_std + next_std)
+
+
 def best_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest usable run for each model and node count, with its margin over the next one.
+    """The fastest usable run for each model and node count, with its margin over the next one,
+    and whether that margin is within the two runs' spread (margin_within_noise).
 
     Grouped by rank count too: on one node, 1 rank and 2 ranks are different points (on a
     cluster with fixed ranks per node the two are the same grouping)."""
@@ -286,12 +308,14 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
             nxt = grp.iloc[1]
             best["runner_up"] = nxt["series"]
             best["margin"] = best["ips_mean"] / nxt["ips_mean"] - 1.0
+            best["margin_within_noise"] = within_noise(best["ips_mean"], best["ips_std"], nxt["ips_mean"],
+                                                       nxt["ips_std"])
         else:
-            best["runner_up"], best["margin"] = None, np.nan
+            best["runner_up"], best["margin"], best["margin_within_noise"] = None, np.nan, None
         best["candidates"] = len(grp)
         out.append(best)
     if not out:
-        return pd.DataFrame(columns=list(df.columns) + ["runner_up", "margin", "candidates"])
+        return pd.DataFrame(columns=list(df.columns) + ["runner_up", "margin", "margin_within_noise", "candidates"])
     res = pd.DataFrame(out)
     params = res["params"].fillna(0).tolist()
     keys = [(params[i], _rank(m, MODEL_ORDER), n, w)
