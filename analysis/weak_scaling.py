@@ -9,6 +9,7 @@ found; 2 bad command line (a missing directory, an --out that is a file or a run
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -49,6 +50,10 @@ def parse_args(argv):
     p.add_argument("--formats", default="png,pdf", type=_formats,
                    help=f"figure formats, comma-separated from {', '.join(FORMATS)} (default: png,pdf)")
     p.add_argument("--dpi", type=_dpi, default=300, help="PNG resolution (default: 300, print)")
+    p.add_argument("--width", type=_width, default="column", metavar="column|page|INCHES",
+                   help="the width the figures are drawn at, and so printed at without scaling their text: "
+                        f"column ({plots_mod.COLUMN_WIDTH} in, default), page ({plots_mod.PAGE_WIDTH} in) "
+                        f"or inches from {MIN_WIDTH:g} to {MAX_WIDTH:g}")
     p.add_argument("--no-plots", action="store_true", help="tables and report only")
     p.add_argument("--quiet", action="store_true", help="only warnings and errors")
     p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
@@ -69,6 +74,23 @@ def _dpi(text):
     value = _positive_int(text)
     if not 50 <= value <= 1200:
         raise argparse.ArgumentTypeError(f"expected 50 to 1200, got {value}")
+    return value
+
+
+MIN_WIDTH, MAX_WIDTH = 2.5, 20.0  # narrower cannot hold a panel's labels; wider is a poster
+
+
+def _width(text):
+    named = {"column": plots_mod.COLUMN_WIDTH, "page": plots_mod.PAGE_WIDTH}
+    if text in named:
+        return named[text]
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not MIN_WIDTH <= value <= MAX_WIDTH:  # also false for nan
+        raise argparse.ArgumentTypeError(f"{text!r} not allowed; allowed: column, page or inches from "
+                                         f"{MIN_WIDTH:g} to {MAX_WIDTH:g}")
     return value
 
 
@@ -214,10 +236,10 @@ def run(args) -> int:
     figures, missing = [], []
     if not args.no_plots:
         t_plot = time.perf_counter()
-        figures, missing = plots_mod.all_plots(results, args.grid_model, args.grid_nodes)
+        figures, missing = plots_mod.all_plots(results, args.grid_model, args.grid_nodes, args.width)
         for fig in figures:
             for fmt in args.formats:
-                fig.figure.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi, bbox_inches="tight")
+                fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
         _say(args, f"drew {len(figures)} figures in {time.perf_counter() - t_plot:.1f} s")
         for m in missing:
             _say(args, f"  not drawn: {m}")
