@@ -11,7 +11,9 @@ import datetime as _dt
 import html
 import math
 import os
+import re
 from dataclasses import dataclass, field
+from typing import Optional
 
 import pandas as pd
 
@@ -73,11 +75,19 @@ def _best_section(results: pd.DataFrame) -> list:
               "memory GiB", "MFU", "next best", "margin", "run"]
     rows = []
     for _, r in best.iterrows():
+        margin = _f(r["margin"], "{:+.1%}")
+        if margin and r.get("margin_within_noise") is True:
+            margin += " (within noise)"
         rows.append([r["model"], int(r["nodes"]), int(r["world_size"]), r["series"], int(r["batch_per_device"]),
                      _f(r["ips_mean"], "{:,.1f}"), _f(r["ips_per_device"], "{:,.1f}"), _pct(r["efficiency"]),
-                     _f(r["memory_gib"], "{:.1f}"), _pct(r["mfu"]), _s(r["runner_up"]),
-                     _f(r["margin"], "{:+.1%}"), r["run_id"]])
-    return blocks + [Block("table", header=header, rows=rows)]
+                     _f(r["memory_gib"], "{:.1f}"), _pct(r["mfu"]), _s(r["runner_up"]), margin, r["run_id"]])
+    blocks.append(Block("table", header=header, rows=rows))
+    noisy = int((best["margin_within_noise"] == True).sum())  # noqa: E712 - None means unknown
+    if noisy:
+        blocks.append(Block("p", f"{noisy} margin(s) are marked within noise: the two runs' images/s, mean ± one "
+                                 "standard deviation over their timed steps, overlap, so which of the two is faster "
+                                 "is not settled by these runs."))
+    return blocks
 
 
 def _figure_block(plot, images: set) -> list:
@@ -87,8 +97,8 @@ def _figure_block(plot, images: set) -> list:
     return [Block("img", f"{plot.name}.png", items=[plot.title]), Block("p", f"*{plot.caption}*")]
 
 
-def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
-    from .plots import scaling_runs
+def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, missing: list) -> list:
+    from .plots import scaling_runs, single_point_lines
 
     runs = scaling_runs(results)
     if runs.empty:
@@ -96,6 +106,17 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set) ->
     blocks = [Block("h2", "Weak scaling")]
     if "weak_scaling_ips" in plots_by_name:
         blocks += _figure_block(plots_by_name["weak_scaling_ips"], images)
+    else:
+        blocks += _not_drawn("weak scaling", missing)
+    # One-off runs of a study with a ladder for that model; a configuration grid or a single-device
+    # comparison is one-off by design and has its own figure.
+    laddered = set(zip(runs["study"], runs["model"]))
+    alone = [a for a in single_point_lines(results[[k in laddered for k in zip(results["study"], results["model"])]])]
+    if alone:
+        named = "; ".join(f"{m} {series} ({x}, {status})" for m, series, x, status in alone[:12])
+        more = f" and {len(alone) - 12} more" if len(alone) > 12 else ""
+        blocks.append(Block("p", f"Not drawn as lines, having run at one size only: {named}{more}. "
+                                 "They are in results.csv and the best-run table."))
     from .plots import _models
 
     for model in _models(runs):
@@ -104,10 +125,22 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set) ->
         blocks.append(Block("h3", f"{model}: images/s (scaling efficiency) by {xname}"))
         blocks.append(Block("table", header=["strategy"] + [str(c) for c in t.columns],
                             rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())]))
-    for name, heading in (("memory", "Peak memory per device"), ("efficiency", "Scaling efficiency")):
+    for name, heading, what in (("memory", "Peak memory per device", "memory"),
+                                ("efficiency", "Scaling efficiency", "efficiency")):
         if name in plots_by_name:
             blocks += [Block("h2", heading)] + _figure_block(plots_by_name[name], images)
+        elif _not_drawn(what, missing):
+            blocks += [Block("h2", heading)] + _not_drawn(what, missing)
     return blocks
+
+
+def _not_drawn(name: str, missing: list) -> list:
+    """The one sentence that stands where a figure the runs cannot support would be."""
+    for m in missing:
+        if m.startswith(name + ":"):
+            why = m.split(":", 1)[1].strip()
+            return [Block("p", f"The {name} figure is not drawn: {why}.")]
+    return []
 
 
 def _grid_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
@@ -195,16 +228,159 @@ def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.Dat
     return blocks
 
 
+EMULATED_HOST = re.compile(r"^local\d+$")  # the node names jobs/weak_scaling.sh gives its process groups
+
+
+def _host_names(df: pd.DataFrame) -> list:
+    return list(dict.fromkeys(h for hosts in df["hosts"].map(_s) for h in hosts.split(",") if h))
+
+
+def _cpu_text(df: pd.DataFrame) -> str:
+    """'AMD EPYC 7763 64-Core Processor, 128 logical CPUs', or what the records have of it."""
+    models = sorted({m for m in df["cpu_model"].map(_s) if m}) if "cpu_model" in df else []
+    counts = sorted({int(c) for c in df["cpu_count"].dropna()}) if "cpu_count" in df else []
+    text = " / ".join(models) or "CPU model not recorded"
+    if counts:
+        text += f", {' / '.join(map(str, counts))} logical CPUs"
+    return text
+
+
+def emulation_note(results: pd.DataFrame) -> Optional[str]:
+    """What the images/s of runs that did not have real nodes (or any GPU) can and cannot say.
+
+    Emulated nodes: several "nodes" in one run whose host names are the process groups
+    jobs/weak_scaling.sh starts without Slurm (local0, local1 ...), or CPU runs on more than one
+    node (tools/local-slurm-cluster.sh emulates a cluster on one host: a CPU study across real
+    nodes is not what this toolkit is for). Ranks sharing one machine's CPUs are also no scaling
+    measurement, with one node or several.
+    """
+    if results.empty:
+        return None
+    hosts = _host_names(results)
+    named_local = bool(hosts) and all(EMULATED_HOST.match(h) for h in hosts)
+    cpu = results[results["device_type"] == "cpu"]
+    several = (results["nodes"] > 1).any()
+    if named_local and several or (not cpu.empty and (cpu["nodes"] > 1).any()):
+        where = (f"the node names {', '.join(hosts[:4])}{' …' if len(hosts) > 4 else ''} are groups of processes "
+                 "that jobs/weak_scaling.sh started on one machine" if named_local
+                 else "several nodes of CPU ranks, which this toolkit only emulates on one machine "
+                      "(tools/local-slurm-cluster.sh)")
+        return (f"Note: these runs come from emulated nodes ({where}; {_cpu_text(cpu if not cpu.empty else results)})."
+                " Every rank shares that machine's cores and memory, so the images/s below show the toolkit at "
+                "work, not how a strategy scales; measuring that needs real nodes.")
+    if not cpu.empty and (cpu["world_size"] > 1).any():
+        return (f"Note: these runs are CPU ranks sharing one machine ({_cpu_text(cpu)}), so the images/s below show "
+                "the toolkit at work, not how a strategy scales; measuring that needs GPUs on real nodes.")
+    if not cpu.empty:
+        return (f"Note: these runs are on a CPU ({_cpu_text(cpu)}): their images/s show the toolkit at work and say "
+                "nothing of training on GPUs.")
+    return None
+
+
+LAUNCHED_BY = {
+    "torchrun": "torchrun", "torchrun under srun": "torchrun under srun", "srun": "srun",
+    "srun (MPI)": "srun with MPI (mpi4py)", "mpirun": "mpirun (mpi4py)", "single": "one process, no launcher",
+}
+
+
+def _launcher_text(df: pd.DataFrame) -> str:
+    """What really started the ranks. The record's `launcher` is how the trainer read its rank:
+    `torchrun` for any process given RANK and WORLD_SIZE, such as the processes jobs/weak_scaling.sh
+    starts itself without Slurm; `launched_by` (recorded since it was added) tells them apart."""
+    out = []
+    for _, r in df.drop_duplicates(["launcher", "launched_by", "job_id"]).iterrows():
+        recorded, started = _s(r["launcher"]), _s(r.get("launched_by"))
+        local = all(EMULATED_HOST.match(h) for h in _s(r["hosts"]).split(",") if h) and not _s(r["job_id"])
+        if started == "env":
+            text = ("processes started by jobs/weak_scaling.sh without Slurm (env://)" if local
+                    else "processes started with RANK and WORLD_SIZE set (env://)")
+        elif started:
+            text = LAUNCHED_BY.get(started, started)
+        elif recorded == "torchrun" and local:
+            text = "torchrun or jobs/weak_scaling.sh's own processes (env://; this record does not say which)"
+        else:
+            text = recorded or "not recorded"
+        if _s(r["job_id"]) and "srun" not in text:
+            text += " in a Slurm job"
+        out.append(text)
+    return "; ".join(dict.fromkeys(out))
+
+
+def _steps_text(df: pd.DataFrame) -> str:
+    """'30 (5 warm-up + 25 timed)' for each distinct plan; timed steps from the runs that finished."""
+    out = []
+    for (planned, warmup), sub in df.groupby(["steps_planned", "warmup_steps"], dropna=False, sort=True):
+        if pd.isna(planned):
+            continue
+        parts = [f"{int(warmup)} warm-up"] if not pd.isna(warmup) else []
+        timed = sorted({int(t) for t in sub.loc[sub["status"] == "ok", "timed_steps"].dropna()})
+        if timed:
+            parts.append(f"{'/'.join(map(str, timed))} timed")
+        out.append(f"{int(planned)}" + (f" ({' + '.join(parts)})" if parts else ""))
+    return "; ".join(out)
+
+
 def _environment_section(results: pd.DataFrame) -> list:
-    cols = ["device_name", "device_type", "backend", "launcher", "v_torch", "v_python", "v_cuda", "v_hip", "v_nccl",
-            "v_deepspeed", "v_colossalai", "git_revision"]
-    cols = [c for c in cols if c in results.columns]
-    env = results[cols].map(_s).drop_duplicates()
-    env = env.loc[:, (env != "").any(axis=0)]
-    if env.empty or env.shape[1] == 0:
+    """What ran, one fact a row; a fact that differs between runs lists each value."""
+    if results.empty:
         return []
-    names = [c[2:] if c.startswith("v_") else c.replace("_", " ") for c in env.columns]
-    return [Block("h2", "Environment"), Block("table", header=names, rows=env.values.tolist())]
+    df = results
+
+    def values(col, fmt=_s):
+        if col not in df:
+            return ""
+        return "; ".join(dict.fromkeys(v for v in (fmt(x) for x in df[col]) if v))
+
+    gpu = df[df["device_type"] != "cpu"]
+    rows = []
+    if not gpu.empty:
+        rows.append(["device", "; ".join(dict.fromkeys(f"{_s(r['device_name'])} ({_s(r['device_type'])})"
+                                                      for _, r in gpu.iterrows()))])
+    rows.append(["ranks per node", values("ranks_per_node", lambda v: _f(v, "{:.0f}"))])
+    rows.append(["host CPU" if not gpu.empty else "CPU", _cpu_text(df)])
+    rows.append(["backend", values("backend")])
+    rows.append(["launcher", _launcher_text(df)])
+    hosts = _host_names(df)
+    if hosts:
+        rows.append(["host names", ", ".join(hosts[:16]) + (f" and {len(hosts) - 16} more" if len(hosts) > 16 else "")])
+    jobs = values("job_id")
+    if jobs:
+        rows.append(["Slurm job(s)", jobs + (f" (partition {values('partition')})" if values("partition") else "")])
+    rows.append(["precision", values("opt_precision")])
+    rows.append(["batch per device", values("batch_per_device", lambda v: _f(v, "{:.0f}"))])
+    rows.append(["steps per run", _steps_text(df)])
+    for key in tbl.VERSION_KEYS:
+        rows.append([key, values(f"v_{key}")])
+    revisions = values("git_revision")
+    rows.append(["vit-scale revision", revisions or "unknown"])
+    rows = [r for r in rows if r[1]]
+    return [Block("h2", "Environment"), Block("table", header=["", "as recorded in the runs"], rows=rows)]
+
+
+def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
+    """The planner's predicted peak memory against the measured: the figure file and every residual."""
+    from .plots import prediction_rows, residual_summary
+
+    runs = prediction_rows(results)
+    if runs.empty:
+        return []
+    summary = residual_summary(runs)
+    stated = "; ".join(f"{g}: within {m * 100:.1f}% over {n} run{'s' if n > 1 else ''} "
+                       f"({', '.join(models)})" for g, n, m, models in summary)
+    blocks = [Block("h2", "Predicted against measured memory"),
+              Block("p", f"The peak allocated memory per GPU that vit-scale plan predicted for each run (in its start "
+                         f"record) against the measured peak (the maximum over ranks), for {len(runs)} ok GPU runs. "
+                         f"Largest |residual|, (predicted − measured) / measured: {stated}.")]
+    plot = plots_by_name.get("predicted_memory")
+    if plot is not None:
+        written = [f"{plot.name}.{ext}" for ext in ("png", "pdf", "svg") if f"{plot.name}.png" in images or ext != "png"]
+        blocks.append(Block("p", f"Figure: {plot.name}.png beside this report. {plot.caption}"
+                                 if f"{plot.name}.png" in images else f"Figure: {written[0]} beside this report."))
+    header = ["model", "strategy", "nodes", "GPUs", "predicted GiB", "measured GiB", "residual"]
+    rows = [[r["model"], r["series"], int(r["nodes"]), int(r["world_size"]), _f(r["plan_peak_allocated_gib"], "{:.2f}"),
+             _f(r["memory_gib"], "{:.2f}"), _f(r["residual"], "{:+.1%}")]
+            for _, r in runs.iterrows()]
+    return blocks + [Block("table", header=header, rows=rows)]
 
 
 def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plots: list, missing_plots: list,
@@ -216,8 +392,12 @@ def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plot
     summary = (f"{len(results)} runs from {', '.join(coll.inputs)} (studies: {studies}): {status_counts(results)}. "
                f"{len(set_aside)} rerun(s) set aside; {len(coll.skipped)} file(s) skipped. Generated {now}.")
     blocks = [Block("h1", "Weak-scaling report"), Block("p", summary)]
+    caveat = emulation_note(results)
+    if caveat:
+        blocks.append(Block("p", caveat))
     blocks += _best_section(results)
-    blocks += _scaling_section(results, by_name, images)
+    blocks += _scaling_section(results, by_name, images, missing_plots)
+    blocks += _prediction_section(results, by_name, images)
     blocks += _grid_section(results, by_name, images)
     blocks += _plugin_section(results, by_name, images)
     blocks += _failures_section(results)
