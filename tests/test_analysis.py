@@ -492,3 +492,257 @@ def test_cli_refuses_to_overwrite_an_input(tmp_path, capsys):
 def test_report_markdown_table_escapes_pipes():
     md = report.to_markdown([report.Block("table", header=["a"], rows=[["x|y"]])])
     assert md == "| a |\n|---|\n| x\\|y |\n"
+
+
+# ------------------------------------------------------------- figures and report for a paper
+
+def _patch_start(path, **changes):
+    """Rewrite a synthetic run's start record (hosts, versions, ...) as another machine would write it."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    start = json.loads(lines[0])
+    for key, value in changes.items():
+        if isinstance(value, dict):
+            start.setdefault(key, {}).update(value)
+        else:
+            start[key] = value
+    lines[0] = json.dumps(start)
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def _emulated_cpu_study(root):
+    """vit_micro on 1 and 2 emulated nodes of 2 CPU ranks, as jobs/weak_scaling.sh runs it without Slurm.
+
+    DDP 100 then 150 images/s and SHARD_GRAD_OP 95 then 140, each with a spread of 10: the margins
+    (5%, 7%) are inside the spread. FULL_SHARD 80 then 120 with a spread of 1.
+    """
+    cpu = {"cpu_model": "AMD EPYC 7763 64-Core Processor", "cpu_count": 128, "launched_by": "env"}
+    for strategy, ips1, ips2, spread in (("DDP", 100.0, 150.0, 10.0), ("SHARD_GRAD_OP", 95.0, 140.0, 10.0),
+                                         ("FULL_SHARD", 80.0, 120.0, 1.0)):
+        for nodes, ips in ((1, ips1), (2, ips2)):
+            path = write_run(str(root), study="local", model="vit_micro", strategy=strategy, nodes=nodes,
+                             ranks_per_node=2, batch=4, ips=ips, device="cpu", memory_gib=0.37, steps=8, warmup=2,
+                             job_id=None, run_id=f"{strategy}-{nodes}")
+            _patch_start(path, hosts=[f"local{i}" for i in range(nodes)], versions=cpu, git_revision=None,
+                         world=dict(device_name="x86_64"))
+            with open(path) as f:
+                lines = f.read().splitlines()
+            end = json.loads(lines[-1])
+            end["images_per_s"]["std"] = spread
+            lines[-1] = json.dumps(end)
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+    return str(root)
+
+
+def _black(color) -> bool:
+    from matplotlib.colors import to_rgb
+
+    return to_rgb(color) == (0.0, 0.0, 0.0)
+
+
+def test_colours_never_fall_back_to_black(tmp_path, results):
+    colors = plots.series_colors(results)
+    known = {colors[s] for s in ("DDP", "FULL_SHARD", "HYBRID_2GPU")}
+    # a strategy or series the map was not built from gets the next colour, also through .get
+    for name in ("ZERO3", "CAI_GEMINI", "FULL_SHARD [prefetch=post]"):
+        assert not _black(colors.get(name, "black")) and colors[name] not in known, name
+        known.add(colors[name])
+    assert colors.get("ZERO3", "black") == colors["ZERO3"]  # stable once given
+    # predicted memory groups by strategy; here the FULL_SHARD series carry their options
+    root = str(tmp_path)
+    for prefetch, mem in (("pre", 10.0), ("post", 11.0)):
+        opts = dict(default_options("FULL_SHARD"), backward_prefetch=prefetch)
+        write_run(root, strategy="FULL_SHARD", options=opts, ips=10.0, memory_gib=mem, predicted_gib=mem * 1.01,
+                  run_id=prefetch, device="cuda")
+    write_run(root, strategy="ZERO3", ips=10.0, memory_gib=8.0, predicted_gib=7.9, run_id="z", device="cuda")
+    df = table.build(records.collect([root])).results
+    plot = plots.predicted_memory(df)
+    faces = [tuple(c.get_facecolors()[0][:3]) for c in plot.figure.axes[0].collections[:2]]
+    assert all(face != (0.0, 0.0, 0.0) for face in faces) and faces[0] != faces[1]
+    for maker in (plots.weak_scaling, plots.memory):
+        plot = maker(results)
+        for ax in plot.figure.axes:
+            assert not any(_black(ln.get_color()) for ln in ax.get_lines())
+
+
+def test_weak_scaling_has_error_bars_labels_and_facts(results):
+    plot = plots.weak_scaling(results)
+    # one bar per ok run on a line: vit_base DDP x3, FULL_SHARD x2, HYBRID_2GPU x2; vit_3b FULL_SHARD x2
+    assert plot.extra["errorbars"] == {"vit_base": 7, "vit_3b": 2}
+    ax = next(a for a in plot.figure.axes if a.get_title().startswith("vit_base"))
+    colors = plots.series_colors(results)
+    from matplotlib.colors import to_hex
+
+    assert {to_hex(p.get_edgecolor()) for p in ax.patches} == {colors[s] for s in ("DDP", "FULL_SHARD",
+                                                                                     "HYBRID_2GPU")}
+    assert ax.get_yscale() == "log" and "log" in ax.get_ylabel() and "all ranks" in ax.get_ylabel()
+    ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
+    assert len(ticks) >= 3  # 100 to 400 images/s: more than the two decade labels
+    facts = " ".join(plot.figure.get_suptitle().split())
+    assert "8 × AMD Instinct MI250X per node" in facts and "batch 32 per device" in facts and "bf16" in facts
+    assert "6 timed steps after 2 warm-up" in facts
+    assert plot.figure.get_size_inches()[0] == pytest.approx(plots.COLUMN_WIDTH)
+    assert plots.weak_scaling(results, width=plots.PAGE_WIDTH).figure.get_size_inches()[0] == \
+        pytest.approx(plots.PAGE_WIDTH)
+    legend = plot.figure.legends[0] if plot.figure.legends else next(a.get_legend() for a in plot.figure.axes
+                                                                      if a.get_legend())
+    assert [t.get_text() for t in legend.get_texts()][:3] == ["DDP", "HYBRID_2GPU", "FULL_SHARD"]
+
+
+def test_memory_plot_has_headroom_and_shows_equal_series(results, tmp_path):
+    plot = plots.memory(results)
+    for ax in plot.figure.axes:
+        if not ax.get_visible() or not ax.get_lines():
+            continue
+        top = max(max(ln.get_ydata()) for ln in ax.get_lines())
+        assert ax.get_ylim()[1] >= 1.1 * top  # neither the data nor the capacity line on the frame
+        assert all(not ln.get_clip_on() for ln in _lines(ax, "-"))  # markers on the edge drawn whole
+    # the legend lists the other panels' series only: FULL_SHARD has its own panels, named in their titles
+    legend = plot.figure.legends[0]
+    assert "FULL_SHARD" not in [t.get_text() for t in legend.get_texts()]
+    assert "Dotted: the device's memory." in plot.caption
+    # DDP and NO_SHARD with equal memory are drawn side by side, and the caption says so
+    root = str(tmp_path)
+    for strategy in ("DDP", "NO_SHARD", "FULL_SHARD"):
+        for nodes in (1, 2):
+            write_run(root, strategy=strategy, nodes=nodes, ips=10.0 * nodes, memory_gib=12.0 / (nodes if
+                      strategy == "FULL_SHARD" else 1), run_id=f"{strategy}{nodes}", device_memory_gib=None)
+    df = table.build(records.collect([root])).results
+    plot = plots.memory(df)
+    other = next(a for a in plot.figure.axes if a.get_title().endswith("other strategies"))
+    xs = [tuple(ln.get_xdata()) for ln in _lines(other, "-")]
+    assert len(xs) == 2 and xs[0] != xs[1]
+    assert plot.extra["shifted"] == [("vit_base", ["DDP", "NO_SHARD"])] and "DDP = NO_SHARD" in plot.caption
+    assert "Dotted" not in plot.caption  # no capacity recorded, none promised
+
+
+def test_cpu_memory_plot_says_it_is_process_rss(tmp_path):
+    df = table.build(records.collect([_emulated_cpu_study(tmp_path)])).results
+    plot = plots.memory(df)
+    assert "not the sharded model state" in " ".join(plot.figure.get_suptitle().split())
+    assert "says nothing about what sharding saves" in plot.caption
+
+
+def test_efficiency_heat_map_states_its_definition(results):
+    plot = plots.efficiency(results)
+    definition = " ".join(plot.figure.get_suptitle().split())
+    # FULL_SHARD's baseline is its 2-node run (it ran out of memory on one), so the general form
+    assert definition.startswith("efficiency = ips(N) / (N/N₀ × ips(N₀))") and "N₀" in plot.caption
+    sizes = {t.get_fontsize() for t in plot.figure.axes[0].texts if "%" in t.get_text()}
+    assert min(sizes) >= 6.5
+
+
+def test_one_point_per_series_is_not_drawn_and_the_report_says_why(tmp_path):
+    """Every strategy ran at two node counts but only one of them finished: no line to draw."""
+    root = str(tmp_path / "runs")
+    for strategy in ("DDP", "FULL_SHARD"):
+        write_run(root, strategy=strategy, nodes=1, ips=100.0, run_id=f"{strategy}1")
+        write_run(root, strategy=strategy, nodes=2, ips=None, status="oom", error="out of memory", memory_gib=None,
+                  run_id=f"{strategy}2")
+    df = table.build(records.collect([root])).results
+    assert plots.weak_scaling(df) is None and plots.memory(df) is None and plots.efficiency(df) is None
+    _, missing = plots.all_plots(df)
+    assert any(m.startswith("weak scaling: every strategy has at most one run") for m in missing)
+    out = tmp_path / "o"
+    assert main([root, "--out", str(out), "--quiet", "--dpi", "50", "--formats", "png"]) == 0
+    md = (out / "report.md").read_text()
+    assert "The weak scaling figure is not drawn: every strategy has at most one run with a throughput" in md
+    assert not (out / "weak_scaling_ips.png").exists()
+
+
+def test_report_on_emulated_nodes_says_so_and_marks_noise(tmp_path):
+    out = tmp_path / "o"
+    assert main([_emulated_cpu_study(tmp_path / "runs"), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    md = (out / "report.md").read_text()
+    assert "these runs come from emulated nodes" in md and "local0, local1" in md
+    assert "show the toolkit at work, not how a strategy scales" in md
+    # DDP beats SHARD_GRAD_OP by 5.3% and 7.1%, inside their spread of ±10 images/s each
+    assert "| vit_micro | 1 | 2 | DDP | 4 | 100.0 | 50.0 | 100% | 0.4 |  | SHARD_GRAD_OP | +5.3% (within noise) |" in md
+    assert "+7.1% (within noise)" in md and "are marked within noise" in md
+    assert "| CPU | AMD EPYC 7763 64-Core Processor, 128 logical CPUs |" in md
+    assert "| launcher | processes started by jobs/weak_scaling.sh without Slurm (env://) |" in md
+    assert "| steps per run | 8 (2 warm-up + 6 timed) |" in md
+    assert "| vit-scale revision | unknown |" in md
+
+
+def test_report_of_real_nodes_has_no_emulation_note_and_a_clear_margin(study, tmp_path):
+    out = tmp_path / "o"
+    assert main([study, "--out", str(out), "--quiet", "--no-plots"]) == 0
+    md = (out / "report.md").read_text()
+    assert "emulated" not in md and "toolkit at work" not in md
+    assert "| FULL_SHARD | 32 | 200.0 | 12.5 | 100% | 12.0 | 0% | DDP | +11.1% |" in md  # 200 ± 4 against 180 ± 3.6
+    assert "within noise" not in md
+    assert "| device | AMD Instinct MI250X (rocm) |" in md and "| vit-scale revision | 0123abc |" in md
+    assert "| launcher | srun |" in md
+    assert "## Predicted against measured memory" in md and "within 0.0% over 9 runs" in md
+
+
+def test_within_noise_needs_both_spreads():
+    assert table.within_noise(110.0, 6.0, 100.0, 5.0) is True      # 10 apart, spreads sum to 11
+    assert table.within_noise(112.0, 6.0, 100.0, 5.0) is False
+    assert table.within_noise(110.0, float("nan"), 100.0, 5.0) is None
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", *args],
+                   cwd=cwd, check=True, capture_output=True)
+
+
+def _revision_of_copy(toolkit_root) -> str:
+    """vit_scale/versions.py copied under toolkit_root, asked for the toolkit's revision."""
+    os.makedirs(os.path.join(toolkit_root, "vit_scale"), exist_ok=True)
+    copy = os.path.join(toolkit_root, "vit_scale", "versions.py")
+    with open(os.path.join(ROOT, "vit_scale", "versions.py")) as src, open(copy, "w") as dst:
+        dst.write(src.read())
+    probe = f"import runpy; print(runpy.run_path({copy!r})['git_revision']())"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_git_revision_is_the_toolkits_own_or_none(tmp_path):
+    # unpacked inside another repository: that repository's commit is not the toolkit's
+    outer = tmp_path / "outer"
+    os.makedirs(outer)
+    _git(outer, "init", "-q")
+    (outer / "README").write_text("someone else's project\n")
+    _git(outer, "add", "README")
+    _git(outer, "commit", "-q", "-m", "x")
+    assert _revision_of_copy(str(outer / "third_party" / "vit-scale")) == "None"
+    # its own checkout: the commit
+    own = tmp_path / "own"
+    os.makedirs(own)
+    _git(own, "init", "-q")
+    _revision_of_copy(str(own))
+    _git(own, "add", "vit_scale/versions.py")
+    _git(own, "commit", "-q", "-m", "x")
+    rev = _revision_of_copy(str(own))
+    assert len(rev) == 12 and all(c in "0123456789abcdef" for c in rev)
+    # no git repository at all
+    assert _revision_of_copy(str(tmp_path / "loose")) == "None"
+
+
+def test_launched_by_tells_a_script_from_torchrun(monkeypatch):
+    import runpy
+
+    versions = runpy.run_path(os.path.join(ROOT, "vit_scale", "versions.py"))
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                "PMIX_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert versions["launched_by"]() == "single"
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert versions["launched_by"]() == "env"  # what the trainer records as launcher "torchrun"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert versions["launched_by"]() == "torchrun"
+    cpu = versions["cpu_model"]()
+    assert cpu is None or (isinstance(cpu, str) and cpu)
+
+
+def test_cli_width_option(study, tmp_path, capsys):
+    assert main([study, "--out", str(tmp_path / "o"), "--width", "wide"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--width" in err and "allowed: column, page or inches" in err
+    assert main([study, "--out", str(tmp_path / "o"), "--width", "40"]) == 2
+    assert "--width" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
