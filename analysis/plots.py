@@ -540,7 +540,7 @@ def run_facts(df: pd.DataFrame) -> str:
     parts = [_devices(df)]
     batch = _span(df["batch_per_device"], _int)
     if batch:
-        parts.append(f"batch {batch} per device")
+        parts.append(f"batch {batch} per {'rank' if (df['device_type'] == 'cpu').all() else 'device'}")
     if "opt_precision" in df:
         precision = _span(df["opt_precision"].dropna().astype(str))
         if precision:
@@ -1114,7 +1114,9 @@ def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: flo
     facts = run_facts(runs)
     strategies = sorted(runs["strategy"].unique(), key=lambda s: tbl._rank(s, tbl.STRATEGY_ORDER))
     legend_labels = list(strategies) + ["equal", "±15%"]
-    fig, axes = _figure(2, 1, width, 0.5 * width,
+    # A scatter needs no more height on a page-wide figure than in a column.
+    side = min(width, COLUMN_WIDTH + 0.1)
+    fig, axes = _figure(2, 1, width, 0.5 * side,
                         _legend_height(legend_labels, width) + _title_height(facts, width) + 0.1,
                         sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
     ax, res_ax = axes[0][0], axes[1][0]
@@ -1144,7 +1146,7 @@ def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: flo
         ax.fill_between(xs, xs * 0.85, xs * 1.15, color="grey", alpha=0.12, lw=0)
         ax.set_xlim(*edges)
         ax.set_ylim(*edges)
-        _label_points(ax, runs, log, (width - 0.75, 0.5 * width * 2 * 2.2 / 3.2 - 0.1))
+        _label_points(ax, runs, log, (width - 0.75, side * 2.2 / 3.2 - 0.1))
         if log:
             for axis in (ax.xaxis, ax.yaxis):
                 _log_axis_ticks(axis, edges)
