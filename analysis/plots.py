@@ -21,7 +21,6 @@ the devices, the batch per device, the precision and the steps.
 from __future__ import annotations
 
 import colorsys
-import contextlib
 import math
 import os
 import re

@@ -347,7 +347,8 @@ def _environment_section(results: pd.DataFrame) -> list:
     if jobs:
         rows.append(["Slurm job(s)", jobs + (f" (partition {values('partition')})" if values("partition") else "")])
     rows.append(["precision", values("opt_precision")])
-    rows.append(["batch per device", values("batch_per_device", lambda v: _f(v, "{:.0f}"))])
+    rows.append(["batch per device" if not gpu.empty else "batch per rank",
+                 values("batch_per_device", lambda v: _f(v, "{:.0f}"))])
     rows.append(["steps per run", _steps_text(df)])
     for key in tbl.VERSION_KEYS:
         rows.append([key, values(f"v_{key}")])
@@ -373,9 +374,8 @@ def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set)
                          f"Largest |residual|, (predicted − measured) / measured: {stated}.")]
     plot = plots_by_name.get("predicted_memory")
     if plot is not None:
-        written = [f"{plot.name}.{ext}" for ext in ("png", "pdf", "svg") if f"{plot.name}.png" in images or ext != "png"]
-        blocks.append(Block("p", f"Figure: {plot.name}.png beside this report. {plot.caption}"
-                                 if f"{plot.name}.png" in images else f"Figure: {written[0]} beside this report."))
+        # Named, not inlined: the report inlines the scaling figures; this one sits beside it.
+        blocks.append(Block("p", f"Figure: {plot.name} beside this report (in the formats written). {plot.caption}"))
     header = ["model", "strategy", "nodes", "GPUs", "predicted GiB", "measured GiB", "residual"]
     rows = [[r["model"], r["series"], int(r["nodes"]), int(r["world_size"]), _f(r["plan_peak_allocated_gib"], "{:.2f}"),
              _f(r["memory_gib"], "{:.2f}"), _f(r["residual"], "{:+.1%}")]
