@@ -21,7 +21,7 @@ from vit_scale.config import load_config
 from vit_scale.data import SyntheticBatches
 from vit_scale.distributed import parse_strategy, strategy_class
 from vit_scale.distributed.base import ModelFactory
-from vit_scale.launch import choose_device, detect_world, init_distributed
+from vit_scale.launch import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
 from vit_scale.planning import layout
 from vit_scale.planning import memory as plan_memory
@@ -163,4 +163,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())  # as vit_scale.train.main does: interpreter shutdown can abort in gloo's threads

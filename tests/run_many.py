@@ -5,7 +5,6 @@ RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1"
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it.
 """
 import json
-import os
 import sys
 
 from vit_scale import train
@@ -13,7 +12,7 @@ from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.distributed.fsdp import FSDPStrategy
 from vit_scale.errors import UserError
-from vit_scale.launch import choose_device, detect_world
+from vit_scale.launch import choose_device, detect_world, leave
 
 
 class FSDP1WithOneRankShardGroups(FSDPStrategy):
@@ -52,10 +51,7 @@ def main() -> int:
     # there ("terminate called without an active exception") once DeepSpeed has wrapped it
     if dist.is_initialized():
         dist.destroy_process_group()
-    # and, as vit_scale.train.main does, skip interpreter shutdown, where gloo's threads can still abort
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)  # as vit_scale.train.main does: interpreter shutdown can abort in gloo's threads
 
 
 if __name__ == "__main__":

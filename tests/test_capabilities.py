@@ -6,8 +6,6 @@ as separate `python -m vit_scale.train` processes."""
 import os
 import re
 
-import pytest
-
 from conftest import FAST, ROOT, load_runs, require_package, run_many, start_train
 from vit_scale.distributed import capabilities as caps
 

@@ -28,7 +28,7 @@ from .config import Config, load_config, parse_command_line
 from .distributed import parse_strategy, strategy_class
 from .errors import UserError
 from .text import plural
-from .launch import World, choose_device, detect_world
+from .launch import World, choose_device, detect_world, leave
 from .record import EXIT_CODES, read_rank_errors, write_rank_error
 from .signals import SignalWatcher
 from .train import Run, _classify, _launch_rank_guess, _memory_summary, _one_line, say
@@ -509,9 +509,7 @@ def execute(cfg: Config, world: World, inputs: Inputs) -> int:
         dist.barrier()
         dist.destroy_process_group()
         return code
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # a broken process group can hang in its destructor: leave without it
+    leave(code)  # a broken process group can hang in its destructor
 
 
 def main(argv=None) -> int:
@@ -536,13 +534,10 @@ def main(argv=None) -> int:
         return exc.exit_code
     code = execute(cfg, world, inputs)
     if world.launcher == "mpi":
-        from mpi4py import MPI  # see vit_scale.train.main: finalise MPI ourselves, then leave
+        from mpi4py import MPI  # finalise MPI ourselves, then leave
 
         MPI.Finalize()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    leave(code)
 
 
 if __name__ == "__main__":

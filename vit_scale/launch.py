@@ -59,6 +59,10 @@ def _int_env(name: str, default: int | None = None) -> int | None:
     return int(m.group(0)) if m else default
 
 
+# where an MPI launcher (Open MPI, MPICH/Hydra, PMIx, srun --mpi) puts the rank
+MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+
+
 def _node_name() -> str:
     # emulated nodes share one host name, so prefer what the launcher says the node is
     return (os.environ.get("VIT_SCALE_NODE_NAME") or os.environ.get("SLURMD_NODENAME")
@@ -73,8 +77,30 @@ def detect_launcher(requested: str = "auto") -> str:
         return "torchrun"
     if "SLURM_PROCID" in env and "SLURM_STEP_ID" in env and "SLURM_NTASKS" in env:
         return "srun"
-    if any(k in env for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")):
+    if any(k in env for k in MPI_RANK_VARS):
         return "mpi"
+    return "single"
+
+
+def launched_by() -> str:
+    """What started this process, read from the environment it was given.
+
+    `detect_launcher` says how the trainer finds its rank, and reads `torchrun` for any process
+    given RANK and WORLD_SIZE, including those jobs/weak_scaling.sh starts itself without Slurm;
+    a report needs to say which it really was (the start record's versions.launched_by).
+    """
+    env = os.environ
+    torchrun = "TORCHELASTIC_RUN_ID" in env
+    srun = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
+    mpi = any(k in env for k in MPI_RANK_VARS)
+    if torchrun:
+        return "torchrun under srun" if srun else "torchrun"
+    if mpi:
+        return "srun (MPI)" if srun else "mpirun"
+    if srun:
+        return "srun"
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return "env"  # processes started by a script with RANK, WORLD_SIZE, MASTER_ADDR set
     return "single"
 
 
@@ -215,3 +241,16 @@ def slurm_facts() -> dict | None:
         "partition": env.get("SLURM_JOB_PARTITION"),
         "account": env.get("SLURM_JOB_ACCOUNT"),
     }
+
+
+def leave(code: int) -> None:
+    """End this rank's process now, output flushed, without the interpreter's shutdown.
+
+    Shutdown can catch gloo's worker threads mid-call (std::terminate, SIGABRT after everything
+    was written, seen under torchrun and mpirun alike), and a broken process group can hang in its
+    destructor; a run whose record is written has nothing left to do."""
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

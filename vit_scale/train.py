@@ -18,7 +18,7 @@ from .config import BENCHMARK_SECTIONS, Config, load_config, parse_command_line,
 from .distributed import parse_strategy, strategy_class
 from .errors import UserError
 from .text import plural
-from .launch import World, choose_device, detect_world, init_distributed, slurm_facts
+from .launch import MPI_RANK_VARS, World, choose_device, detect_world, init_distributed, leave, slurm_facts
 from .record import (EXIT_CODES, RunRecorder, make_run_id, read_rank_errors, run_directory,
                      write_rank_error)
 from .signals import RunInterrupted, SignalWatcher
@@ -32,7 +32,7 @@ def _parse_args(argv):
 
 def _launch_rank_guess() -> int:
     """Before the launcher is decoded: which rank we probably are, so only one prints an error."""
-    for key in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+    for key in ("RANK", "SLURM_PROCID", *MPI_RANK_VARS):
         if os.environ.get(key, "").isdigit():
             return int(os.environ[key])
     return 0
@@ -128,7 +128,9 @@ class Run:
         if self.world.device_type == "cpu":
             import platform
 
-            return platform.processor() or platform.machine() or "cpu"
+            from .versions import cpu_model
+
+            return cpu_model() or platform.machine() or "cpu"
         import torch
 
         return torch.cuda.get_device_name(self.world.device_index)
@@ -381,10 +383,7 @@ def execute(cfg: Config, world: World, keep_process_group: bool = False) -> int:
         if not keep_process_group:
             dist.destroy_process_group()
         return code
-    # a broken process group can hang in its destructor: leave without it
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(code)  # a broken process group can hang in its destructor
 
 
 def main(argv=None) -> int:
@@ -401,16 +400,11 @@ def main(argv=None) -> int:
             print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     code = execute(cfg, world)
-    # Interpreter shutdown can catch gloo's worker threads mid-call (std::terminate, SIGABRT after
-    # a correct end record, seen under torchrun and mpirun alike); everything is written and
-    # flushed by now, so leave without the shutdown sequence.
     if world.launcher == "mpi":
         from mpi4py import MPI
 
         MPI.Finalize()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    leave(code)
 
 
 if __name__ == "__main__":

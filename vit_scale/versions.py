@@ -16,6 +16,8 @@ def _version(dist: str) -> str | None:
 
 
 def software_versions() -> dict:
+    from .launch import launched_by
+
     import torch
 
     nccl = None
@@ -27,8 +29,8 @@ def software_versions() -> dict:
     return {"python": platform.python_version(), "torch": torch.__version__, "timm": _version("timm"),
             "deepspeed": _version("deepspeed"), "colossalai": _version("colossalai"),
             "cuda": torch.version.cuda, "hip": torch.version.hip, "nccl": nccl,
-            # Not software, but rank 0's facts that a report needs and the world record lacks: on a
-            # CPU run world.device_name is only the architecture (x86_64).
+            # not software, but rank 0's host facts a report needs (a GPU run's world.device_name
+            # names the GPU, not the host), and what really started the ranks
             "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "launched_by": launched_by()}
 
 
@@ -44,28 +46,6 @@ def cpu_model() -> str | None:
     except OSError:
         pass
     return platform.processor() or None
-
-
-def launched_by() -> str:
-    """What started this process, read from the environment it was given.
-
-    The start record's `launcher` is how the trainer found its rank, which reads `torchrun` for
-    any process given RANK and WORLD_SIZE, including those jobs/weak_scaling.sh starts itself
-    without Slurm; a report needs to say which it really was.
-    """
-    env = os.environ
-    torchrun = "TORCHELASTIC_RUN_ID" in env
-    srun = "SLURM_STEP_ID" in env and "SLURM_PROCID" in env
-    mpi = any(k in env for k in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"))
-    if torchrun:
-        return "torchrun under srun" if srun else "torchrun"
-    if mpi:
-        return "srun (MPI)" if srun else "mpirun"
-    if srun:
-        return "srun"
-    if "RANK" in env and "WORLD_SIZE" in env:
-        return "env"  # processes started by a script with RANK, WORLD_SIZE, MASTER_ADDR set
-    return "single"
 
 
 def git_revision() -> str | None:
