@@ -7,7 +7,7 @@ HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica 
 import json
 import sys
 
-from vit_scale import train
+from vit_scale import session, train
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.distributed.fsdp import FSDPStrategy
@@ -27,23 +27,23 @@ def main() -> int:
     with open(sys.argv[1]) as f:
         runs = json.load(f)
     codes = []
-    real_strategy_class = train.strategy_class
+    real_strategy_class = session.strategy_class
     for overrides in runs:
         broken = overrides and overrides[0] == "@broken_hybrid1"
         if broken:
             overrides = overrides[1:]
-            train.strategy_class = lambda family: FSDP1WithOneRankShardGroups
+            session.strategy_class = lambda family: FSDP1WithOneRankShardGroups
         cfg = load_config(None, overrides)
         world = choose_device(detect_world(cfg.system.launcher, cfg.system.ranks_per_node), cfg.system.device)
         label = parse_strategy(cfg.strategy)
         try:  # as vit_scale.train.main does before any run
-            train.strategy_class(label.family).check(cfg, label, world)
+            real_strategy_class(label.family).check(cfg, label, world)
         except UserError as exc:
             print(f"REFUSED {cfg.strategy} {cfg.train.precision}: {exc}", flush=True)
             codes.append(exc.exit_code)
         else:
             codes.append(train.execute(cfg, world, keep_process_group=True))
-        train.strategy_class = real_strategy_class
+        session.strategy_class = real_strategy_class
     print("EXIT CODES", codes, flush=True)
     import torch.distributed as dist
 

@@ -388,3 +388,16 @@ def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert str(path) in proc.stderr and words in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_the_plan_says_cannot_fit_is_skipped_as_the_benchmark_does(digits, tmp_path):
+    """plan.skip_if_not_fits is the session's, so fine-tuning honours it like `vit-scale train`
+    (tests/test_plan_tensors.py shows the benchmark's): exit 6, a `skipped` end record, no step."""
+    proc, _ = finetune([f"data.path={digits[0]}", "model=vit_micro", "strategy=FULL_SHARD", "data.workers=0",
+                        "plan.skip_if_not_fits=true", "plan.device_memory_gib=0.01",
+                        f"output.dir={tmp_path}", "output.study=skip"])
+    assert set(rank_exit_codes(proc)) == {6}, proc.stdout[-2000:] + proc.stderr[-3000:]
+    records = read_run(tmp_path, "skip")
+    assert [r["event"] for r in records] == ["start", "end"]
+    assert records[-1]["status"] == "skipped" and records[-1]["error"].startswith("does not fit: predicted")
+    assert "SKIPPED" in proc.stdout

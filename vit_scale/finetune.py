@@ -24,14 +24,13 @@ import time
 from dataclasses import dataclass, replace
 
 from . import checkpoint as ckpt
-from .config import Config, load_config, parse_command_line
-from .distributed import parse_strategy, strategy_class
+from .config import Config, parse_command_line
 from .errors import UserError
-from .text import plural
-from .launch import World, choose_device, detect_world, leave
-from .record import EXIT_CODES, read_rank_errors, write_rank_error
+from .launch import World
+from .record import EXIT_CODES, read_rank_errors
+from .session import RunSession, images_per_s, main as session_main, memory_summary, say
 from .signals import SignalWatcher
-from .train import Run, _classify, _launch_rank_guess, _memory_summary, _one_line, say
+from .text import plural
 
 EXIT_REQUEUE = 7
 # tests stop a run at an exact step through the real signal path: rank 0 signals itself after
@@ -107,8 +106,11 @@ def _checkpoint_facts(cfg: Config, world: World) -> dict:
 
 # ---------------------------------------------------------------- the run
 
-class FinetuneRun(Run):
-    """train.Run's start (process group, run directory, start record) with its own loop and end."""
+class FinetuneRun(RunSession):
+    """The fine-tuning recipe: real data, a schedule, accumulation, evaluation, checkpoints; and
+    signals as requests to save and stop (StopRequests), agreed by the ranks every step."""
+
+    command = "vit-scale finetune"
 
     def __init__(self, cfg: Config, world: World, inputs: Inputs):
         super().__init__(cfg, world)
@@ -124,7 +126,7 @@ class FinetuneRun(Run):
         self.best_top1 = None
         self.saved: str | None = None
         self.stop_signal: int | None = None
-        self.stop_requests = None        # the signal watcher, set by execute
+        self.stop_requests = None        # the signal watcher, made by `watcher`
         self.checkpoint_dir = cfg.checkpoint.dir
 
     def prepare(self) -> None:
@@ -347,20 +349,15 @@ class FinetuneRun(Run):
         elif self.nonfinite_step is not None:
             status, error = "diverged", f"loss was not finite at step {self.nonfinite_step}"
         end = self._summary(status, error, None, window.item())
-        end.update(memory=_memory_summary(self.world.device_type, peaks, self.probe.window),
+        end.update(memory=memory_summary(self.world.device_type, peaks, self.probe.window),
                    replicas_agree=agree, replica_checksums=checksums)
         if self.world.is_main and self.final_eval is not None and self.cfg.finetune.confusion_matrix and not stopped:
             end["files"] = self._write_eval_files()
         return end
 
     def _summary(self, status: str, error, failed_rank, window_s) -> dict:
-        per_step = [self.images_per_step / t for t in self.step_times if t > 0]
         timed = len(self.step_times)
-        ips = None
-        if per_step and window_s:
-            mean = timed * self.images_per_step / window_s
-            ips = {"mean": mean, "std": statistics.pstdev(per_step), "min": min(per_step), "max": max(per_step),
-                   "median": statistics.median(per_step)}
+        ips = images_per_s(self.step_times, self.images_per_step, window_s) if window_s else None
         tflops = (self.model_info.get("flops_per_image", 0) * ips["mean"] / self.world.world_size / 1e12
                   if ips and self.model_info else None)
         data = None
@@ -388,16 +385,43 @@ class FinetuneRun(Run):
                             and status == "timeout"),
         }
 
-    def interrupted(self, status: str, error: str, failed_rank=None) -> dict:
-        """End record when a rank failed: nothing collective any more."""
-        for peer in read_rank_errors(self.run_dir):  # a peer that failed first says why
-            if status != "timeout" or peer.get("status") in ("oom", "failed"):
-                status, error, failed_rank = peer["status"], f"rank {peer['rank']}: {peer['error']}", peer["rank"]
-                break
-        end = self._summary(status, error, failed_rank, sum(self.step_times))
-        if getattr(self, "probe", None) is not None:
-            end["memory"] = _memory_summary(self.world.device_type, [self.probe.peak()], self.probe.window)
-        return end
+    def interrupted_summary(self, status: str, error: str, failed_rank) -> dict:
+        return self._summary(status, error, failed_rank, sum(self.step_times))
+
+    # ------------------------------------------------------------ what differs from the session's defaults
+
+    def watcher(self, on_stuck) -> SignalWatcher:
+        peer_failed = (lambda: bool(read_rank_errors(self.run_dir))) if self.world.is_main else None
+        self.stop_requests = StopRequests(on_stuck, grace_s=self.cfg.checkpoint.signal_grace_s,
+                                          peer_failure=peer_failed)
+        return self.stop_requests
+
+    def stuck_error(self, signum) -> str:
+        if not signum:
+            return "a peer rank failed"
+        return ("stopped by a signal and still blocked (in a collective or a save) after "
+                f"checkpoint.signal_grace_s={self.cfg.checkpoint.signal_grace_s}")
+
+    def exit_code(self, end: dict) -> int:
+        if end["status"] == "timeout" and end["requeue"]:
+            return EXIT_REQUEUE
+        return EXIT_CODES[end["status"]]
+
+    def summary_head(self, end: dict) -> str:
+        where = f" at step {end['step']}/{end['total_steps']}" if end.get("step") is not None else ""
+        return (f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(self.world.world_size, 'rank')}: "
+                f"{end['status'].upper()}{where}")
+
+    def summary_extra(self, end: dict) -> list[str]:
+        lines = []
+        if end.get("eval"):
+            e = end["eval"]
+            lines.append(f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  "
+                         f"loss {e['loss']:.4f}  ({e['images']} images; best top-1 {end['best_top1'] * 100:.2f}%)")
+        if end.get("data_time_s"):
+            lines.append(f"  waiting for data: {end['data_time_s']['fraction'] * 100:.1f}% of the step time"
+                         + ("  (input-bound: raise data.workers)" if end["data_time_s"]["fraction"] > 0.2 else ""))
+        return lines
 
     def _write_eval_files(self) -> dict:
         from .evaluate import plot_confusion, write_confusion_csv, write_per_class_csv
@@ -422,122 +446,17 @@ class StopRequests(SignalWatcher):
         self.received = signum
 
 
-# ---------------------------------------------------------------- running it
-
-def _print_summary(run: FinetuneRun, end: dict) -> None:
-    world = run.world
-    lines = [f"vit-scale finetune: {run.cfg.model} {run.cfg.strategy} on {plural(world.world_size, 'rank')}: "
-             f"{end['status'].upper()} at step {end.get('step')}/{end.get('total_steps')}"]
-    if end.get("error"):
-        lines.append(f"  error: {end['error']}")
-    if end.get("eval"):
-        e = end["eval"]
-        lines.append(f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  loss {e['loss']:.4f}"
-                     f"  ({e['images']} images; best top-1 {end['best_top1'] * 100:.2f}%)")
-    ips = end.get("images_per_s")
-    if ips:
-        lines.append(f"  images/s {ips['mean']:.1f} ({end['images_per_s_per_device']:.1f} per device) over "
-                     f"{end['timed_steps']} timed steps")
-    if end.get("data_time_s"):
-        lines.append(f"  waiting for data: {end['data_time_s']['fraction'] * 100:.1f}% of the step time"
-                     + ("  (input-bound: raise data.workers)" if end["data_time_s"]["fraction"] > 0.2 else ""))
-    mem = end.get("memory") or {}
-    for key, label in (("peak_allocated_gib", "peak allocated"), ("peak_rss_gib", "peak RSS")):
-        if key in mem:
-            lines.append(f"  {label} per rank: max {mem[key]['max']:.2f} GiB")
-    if end.get("checkpoint"):
-        lines.append(f"  checkpoint: {end['checkpoint']}")
-    lines.append(f"  record: {os.path.join(run.run_dir, 'metrics.jsonl')}")
-    print("\n".join(lines), flush=True)
-
-
-def execute(cfg: Config, world: World, inputs: Inputs) -> int:
-    run = FinetuneRun(cfg, world, inputs)
-    try:
-        run.prepare()
-    except Exception as exc:  # noqa: BLE001 - e.g. a rendezvous that never completes
-        if world.is_main:
-            print(f"vit-scale: could not start the run: {_one_line(exc)}", file=sys.stderr, flush=True)
-        return 1
-
-    def on_stuck(signum):
-        if run.recorder:
-            status = "timeout" if signum is not None else "failed"
-            error = ("stopped by a signal and still blocked (in a collective or a save) after "
-                     f"checkpoint.signal_grace_s={cfg.checkpoint.signal_grace_s}" if signum else "a peer rank failed")
-            end = run.interrupted(status, error)
-            if run.recorder.end(end):
-                _print_summary(run, end)
-
-    watcher = StopRequests(on_stuck, grace_s=cfg.checkpoint.signal_grace_s,
-                           peer_failure=(lambda: bool(read_rank_errors(run.run_dir))) if world.is_main else None)
-    run.stop_requests = watcher
-    end, code, together = None, 1, False
-    try:
-        run.train()
-        end = run.finish()
-        together = True  # every rank finished the loop and the end-of-run collectives
-        code = EXIT_CODES[end["status"]]
-        if end["status"] == "timeout" and end["requeue"]:
-            code = EXIT_REQUEUE
-    except UserError as exc:  # e.g. a checkpoint that fails to load: the same on every rank
-        if world.is_main:
-            print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
-            end = run.interrupted("failed", str(exc))
-        code = exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - any failure becomes a record, not a traceback wall
-        status = _classify(exc)
-        code = EXIT_CODES[status]
-        if not world.is_main:
-            write_rank_error(run.run_dir, world.rank, status, _one_line(exc))
-            print(f"vit-scale: rank {world.rank}: {status}: {_one_line(exc)}", file=sys.stderr, flush=True)
-        else:
-            time.sleep(1.0)  # let a peer that failed first leave its reason
-            end = run.interrupted(status, _one_line(exc), failed_rank=world.rank)
-        if status == "failed" and os.environ.get("VIT_SCALE_TRACEBACK"):
-            raise
-    if run.recorder and end is not None:
-        if run.recorder.end(end):
-            _print_summary(run, end)
-        run.recorder.close()
-    watcher.done()
-    if together:
-        import torch.distributed as dist
-
-        # no rank leaves before rank 0 has written the end record: torchrun ends the other ranks
-        # as soon as one exits with a non-zero code, such as 7
-        dist.barrier()
-        dist.destroy_process_group()
-        return code
-    leave(code)  # a broken process group can hang in its destructor
+def _check_inputs(cfg: Config, world: World, family) -> tuple:
+    if not family.supports_finetune:
+        raise UserError(f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
+                        f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, "
+                        f"HYBRID_<g>GPU, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP, CAI_DDP_FP16, "
+                        f"CAI_LOW_LEVEL_ZERO, CAI_GEMINI, CAI_FSDP")
+    return (check_inputs(cfg, world),)
 
 
 def main(argv=None) -> int:
-    args = _parse_args(argv)
-    world = None
-    try:
-        cfg = load_config(args.config, args.overrides)
-        label = parse_strategy(cfg.strategy)
-        family = strategy_class(label.family)
-        if not family.supports_finetune:
-            raise UserError(f"strategy: {label.label} cannot fine-tune yet (the {label.family} strategy has no "
-                            f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, "
-                            f"HYBRID_<g>GPU, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP, CAI_DDP_FP16, "
-                            f"CAI_LOW_LEVEL_ZERO, CAI_GEMINI, CAI_FSDP")
-        world = detect_world(cfg.system.launcher, cfg.system.ranks_per_node)
-        choose_device(world, cfg.system.device)
-        family.check(cfg, label, world)
-        inputs = check_inputs(cfg, world)
-    except UserError as exc:
-        if (world.rank if world else _launch_rank_guess()) == 0:
-            print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    code = execute(cfg, world, inputs)
-    if world.launcher == "mpi":
-        from mpi4py import MPI  # finalise MPI ourselves, then leave
-
-        MPI.Finalize()
-    leave(code)
+    return session_main(FinetuneRun, sys.argv[1:] if argv is None else argv, _parse_args, _check_inputs)
 
 
 if __name__ == "__main__":
