@@ -28,7 +28,7 @@ from .config import Config, parse_command_line
 from .errors import UserError
 from .launch import World
 from .record import EXIT_CODES, read_rank_errors
-from .session import RunSession, images_per_s, main as session_main, memory_summary, say
+from .session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary, say
 from .signals import SignalWatcher
 from .text import plural
 
@@ -118,9 +118,8 @@ class FinetuneRun(RunSession):
         self.inputs = inputs
         self.position = ckpt.Position()
         self.total_steps = 0
-        self.steps_this_run = 0
+        self.meter = None                # the StepMeter, once the loop starts
         self.data_times: list[float] = []
-        self.timed_window_s = 0.0
         self.images_per_step = cfg.train.batch_size * world.world_size * cfg.finetune.accumulation_steps
         self.final_eval = None
         self.best_top1 = None
@@ -142,12 +141,10 @@ class FinetuneRun(RunSession):
     # ------------------------------------------------------------ training
 
     def train(self) -> None:
-        import torch
         import torch.nn.functional as F
 
         from . import datasets
         from .distributed.base import ModelFactory
-        from .memory import MemoryProbe
         from .models import count_params, get_spec
 
         cfg, world, ft = self.cfg, self.world, self.cfg.finetune
@@ -189,12 +186,9 @@ class FinetuneRun(RunSession):
                        f"{self.position.epoch + 1}, {self.position.step_in_epoch}/{self.steps_per_epoch} steps into it")
         smoothing = ft.label_smoothing
         self.criterion = lambda logits, labels: F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
-        self.probe = MemoryProbe(world.device_type)
-        self.sync = torch.cuda.synchronize if world.device_type != "cpu" else (lambda: None)
-        self.untimed = min(cfg.train.warmup_steps, max(0, self.total_steps - self.position.step - 1))
-        if self.untimed == 0:
-            self.probe.reset()
-        self.first_step_at = time.perf_counter()
+        untimed = min(cfg.train.warmup_steps, max(0, self.total_steps - self.position.step - 1))
+        self.meter = StepMeter(self, self.images_per_step, self.total_steps, untimed, window="steps")
+        self.sync = self.meter.sync
 
         pos = self.position
         for epoch in range(pos.epoch, epochs):
@@ -222,6 +216,7 @@ class FinetuneRun(RunSession):
         step = pos.step + 1
         lr = learning_rate(step, self.total_steps, cfg.train.lr, ft.lr_warmup_steps, ft.min_lr)
         strategy.set_lr(lr)
+        self.meter.before_step()
         data_time = compute_time = 0.0
         loss_sum = torch.zeros((), dtype=torch.float32, device=world.device)
         for micro in range(accum):
@@ -246,15 +241,14 @@ class FinetuneRun(RunSession):
         compute_time += time.perf_counter() - t2
         loss_value = (loss_sum / accum).item()
         pos.step, pos.step_in_epoch = step, pos.step_in_epoch + 1
-        self.steps_done, self.last_loss = step, loss_value
-        self.steps_this_run += 1
-        warmup = self.steps_this_run <= self.untimed
+        warmup = self.meter.after_step(
+            step, loss_value, data_time + compute_time,
+            {"epoch": pos.epoch + 1, "lr": lr, "grad_norm": grad_norm, "step_time_s": compute_time,
+             "data_time_s": data_time, "images_per_s": self.images_per_step / compute_time},
+            f"epoch {pos.epoch + 1}  lr {lr:.2e}  data {data_time * 1e3:6.1f} ms  compute {compute_time * 1e3:7.1f} ms  "
+            f"{self.images_per_step / (data_time + compute_time):9.1f} img/s")
         if not warmup:
-            self.step_times.append(data_time + compute_time)
             self.data_times.append(data_time)
-            self.timed_window_s += data_time + compute_time
-        if self.steps_this_run == self.untimed:
-            self.probe.reset()  # peak memory over the timed steps, as the benchmark reports it
 
         if world.is_main and os.environ.get(TEST_SIGNAL_ENV) == str(step):
             self._signal_myself()
@@ -265,14 +259,6 @@ class FinetuneRun(RunSession):
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         signalled, diverged = bool(flags[0]), bool(flags[1])
 
-        if self.recorder and step % cfg.train.log_every == 0:
-            self.recorder.step({"step": step, "epoch": pos.epoch + 1, "loss": loss_value, "lr": lr,
-                                "grad_norm": grad_norm, "step_time_s": compute_time, "data_time_s": data_time,
-                                "images_per_s": self.images_per_step / compute_time, "warmup": warmup})
-        if world.is_main and (step % cfg.train.print_every == 0 or step == self.total_steps):
-            say(world, f"  step {step:>6}/{self.total_steps}  epoch {pos.epoch + 1}  loss {loss_value:.4f}  "
-                       f"lr {lr:.2e}  data {data_time * 1e3:6.1f} ms  compute {compute_time * 1e3:7.1f} ms  "
-                       f"{self.images_per_step / (data_time + compute_time):9.1f} img/s")
         if diverged:
             self.nonfinite_step = step
             say(world, f"  loss is not finite at step {step}: stopping")
@@ -324,7 +310,6 @@ class FinetuneRun(RunSession):
 
     def finish(self) -> dict:
         """End record after train() returned (every rank, all still in step): ok, diverged or stopped."""
-        import torch
         import torch.distributed as dist
 
         from .replicas import replica_checksums, replicas_agree
@@ -333,8 +318,7 @@ class FinetuneRun(RunSession):
         checksums = None if stopped else replica_checksums(self.strategy, self.world.device)
         peaks = [None] * self.world.world_size
         dist.all_gather_object(peaks, self.probe.peak())
-        window = torch.tensor([self.timed_window_s], dtype=torch.float64, device=self.world.device)
-        dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        window_s = self.meter.window_s()
         agree = None if stopped else replicas_agree(checksums)
         status, error = "ok", None
         if stopped:
@@ -348,7 +332,7 @@ class FinetuneRun(RunSession):
                                          f"{sorted({round(c[0], 6) for c in checksums})} across ranks")
         elif self.nonfinite_step is not None:
             status, error = "diverged", f"loss was not finite at step {self.nonfinite_step}"
-        end = self._summary(status, error, None, window.item())
+        end = self._summary(status, error, None, window_s)
         end.update(memory=memory_summary(self.world.device_type, peaks, self.probe.window),
                    replicas_agree=agree, replica_checksums=checksums)
         if self.world.is_main and self.final_eval is not None and self.cfg.finetune.confusion_matrix and not stopped:
@@ -367,7 +351,7 @@ class FinetuneRun(RunSession):
         result = self.final_eval
         return {
             "status": status, "error": error, "failed_rank": failed_rank,
-            "steps_done": self.steps_this_run, "timed_steps": timed,
+            "steps_done": self.meter.steps_this_run if self.meter else 0, "timed_steps": timed,
             "wall_time_s": time.perf_counter() - self.first_step_at if self.first_step_at else None,
             "images_per_s": ips, "images_per_s_per_device": ips["mean"] / self.world.world_size if ips else None,
             "memory": None, "tflops_per_device": tflops,

@@ -13,6 +13,7 @@ and for a recipe that saves on a signal, 7: stopped after saving a checkpoint (r
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -63,6 +64,73 @@ def images_per_s(step_times: list[float], images_per_step: int, window_s: float 
     mean = len(step_times) * images_per_step / window_s if window_s else statistics.fmean(per_step)
     return {"mean": mean, "std": statistics.pstdev(per_step), "min": min(per_step), "max": max(per_step),
             "median": statistics.median(per_step)}
+
+
+class StepMeter:
+    """The step bookkeeping every loop shares: warm-up, the timed window and its memory window,
+    step records, progress lines. A loop calls `before_step()`, runs its step, times it and calls
+    `after_step(...)`; `window_s()` (every rank, a collective) closes the window at the end.
+
+    The timed window opens before the first step after the warm-up, with the device synchronised
+    and every rank at a barrier, so all ranks enter it together; the memory probe's peak is reset
+    there. `window` says what its length is: "wall" (the benchmark: the wall time from its opening
+    to the end of the loop) or "steps" (fine-tuning: the sum of the timed steps' own times, since
+    evaluations and checkpoints happen in between); either way the slowest rank's."""
+
+    def __init__(self, session: "RunSession", images_per_step: int, total_steps: int, untimed_steps: int,
+                 window: str = "wall"):
+        import torch
+
+        from .memory import MemoryProbe
+
+        self.session, self.world = session, session.world
+        self.images_per_step, self.total_steps, self.untimed = images_per_step, total_steps, untimed_steps
+        self.window = window
+        self.probe = session.probe = MemoryProbe(self.world.device_type)
+        self.sync = torch.cuda.synchronize if self.world.device_type != "cpu" else (lambda: None)
+        self.steps_this_run = 0
+        self.opened_at = None
+        session.first_step_at = time.perf_counter()
+
+    def before_step(self) -> None:
+        if self.steps_this_run == self.untimed and self.opened_at is None:
+            import torch.distributed as dist
+
+            self.sync()
+            dist.barrier()  # all ranks enter the timed window together
+            self.probe.reset()
+            self.opened_at = time.perf_counter()
+
+    def after_step(self, step: int, loss: float, seconds: float, record: dict, progress: str) -> bool:
+        """Book one finished step (`seconds`: its timed duration); True while warming up."""
+        s, cfg = self.session, self.session.cfg
+        self.steps_this_run += 1
+        warmup = self.steps_this_run <= self.untimed
+        s.steps_done, s.last_loss = step, loss
+        if not math.isfinite(loss) and s.nonfinite_step is None:
+            s.nonfinite_step = step
+        if not warmup:
+            s.step_times.append(seconds)
+        if s.recorder and step % cfg.train.log_every == 0:
+            s.recorder.step({"step": step, "loss": loss, **record, "warmup": warmup})
+        if self.world.is_main and (step % cfg.train.print_every == 0 or step == self.total_steps):
+            say(self.world, f"  step {step:>6}/{self.total_steps}  loss {loss:.4f}  {progress}"
+                            f"{'  (warm-up)' if warmup else ''}")
+        return warmup
+
+    def window_s(self) -> float | None:
+        """The timed window's length on the slowest rank (every rank calls it: an all-reduce)."""
+        import torch
+        import torch.distributed as dist
+
+        self.sync()
+        if self.window == "wall":
+            mine = time.perf_counter() - self.opened_at if self.opened_at is not None else 0.0
+        else:
+            mine = sum(self.session.step_times)
+        window = torch.tensor([mine], dtype=torch.float64, device=self.world.device)
+        dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        return window.item() or None
 
 
 def launch_rank_guess() -> int:

@@ -10,13 +10,12 @@ this file holds the loop and its end-of-run figures.
 """
 from __future__ import annotations
 
-import math
 import sys
 import time
 
 from .config import BENCHMARK_SECTIONS, Config, parse_command_line
 from .launch import World
-from .session import RunSession, images_per_s, main as session_main, memory_summary, say
+from .session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary
 
 
 def _parse_args(argv):
@@ -33,11 +32,8 @@ class Run(RunSession):
         self.timed_window_s = None
 
     def train(self) -> None:
-        import torch
-
         from .data import SyntheticBatches
         from .distributed.base import ModelFactory
-        from .memory import MemoryProbe
         from .models import count_params, get_spec
 
         cfg, world = self.cfg, self.world
@@ -47,40 +43,20 @@ class Run(RunSession):
         self.strategy.setup(factory)
         data = SyntheticBatches(cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device,
                                 cfg.train.seed, world.rank, cfg.train.synthetic_batches)
-        self.probe = MemoryProbe(world.device_type)
-        sync = torch.cuda.synchronize if world.device_type != "cpu" else (lambda: None)
         global_batch = cfg.train.batch_size * world.world_size
-        window_start = None
-        self.first_step_at = time.perf_counter()
+        meter = StepMeter(self, global_batch, cfg.train.steps, cfg.train.warmup_steps, window="wall")
         for step in range(1, cfg.train.steps + 1):
-            warmup = step <= cfg.train.warmup_steps
-            if step == cfg.train.warmup_steps + 1:
-                sync()
-                torch.distributed.barrier()  # all ranks enter the timed window together
-                self.probe.reset()
-                window_start = time.perf_counter()
+            meter.before_step()
             images, labels = data[step - 1]
-            sync()
+            meter.sync()
             t0 = time.perf_counter()
             loss = self.strategy.train_step(images, labels)
-            sync()
+            meter.sync()
             step_time = time.perf_counter() - t0
-            loss_value = loss.item()
-            self.steps_done, self.last_loss = step, loss_value
-            if not math.isfinite(loss_value) and self.nonfinite_step is None:
-                self.nonfinite_step = step
-            if not warmup:
-                self.step_times.append(step_time)
-            if self.recorder and step % cfg.train.log_every == 0:
-                self.recorder.step({"step": step, "loss": loss_value, "step_time_s": step_time,
-                                    "images_per_s": global_batch / step_time, "warmup": warmup})
-            if world.is_main and (step % cfg.train.print_every == 0 or step == cfg.train.steps):
-                say(world, f"  step {step:>5}/{cfg.train.steps}  loss {loss_value:.4f}  "
-                           f"{global_batch / step_time:10.1f} img/s{'  (warm-up)' if warmup else ''}")
-        sync()
-        window = torch.tensor([time.perf_counter() - window_start], dtype=torch.float64, device=world.device)
-        torch.distributed.all_reduce(window, op=torch.distributed.ReduceOp.MAX)  # the slowest rank sets the pace
-        self.timed_window_s = window.item()
+            meter.after_step(step, loss.item(), step_time,
+                             {"step_time_s": step_time, "images_per_s": global_batch / step_time},
+                             f"{global_batch / step_time:10.1f} img/s")
+        self.timed_window_s = meter.window_s()
 
     def finish(self) -> dict:
         """End-of-run collectives (every rank): replica check and memory; rank 0 builds the summary."""

@@ -17,12 +17,21 @@ DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 META_INIT_ABOVE_PARAMS = 1.5e9
 
 
+def init_mode(init: str, params: int) -> str:
+    """train.init as it will run: `auto` builds on the meta device above META_INIT_ABOVE_PARAMS
+    parameters (a whole fp32 copy per rank would not fit beside the sharded one), else on the
+    device. The one place this is decided: the factory builds by it, DeepSpeed configures by it."""
+    if init != "auto":
+        return init
+    return "meta" if params > META_INIT_ABOVE_PARAMS else "device"
+
+
 class ModelFactory:
     """Builds the model the same way on every rank, so replicas start equal without a broadcast."""
 
     def __init__(self, spec: ModelSpec, num_classes: int, seed: int, init: str, params: int):
         self.spec, self.num_classes, self.seed, self.params = spec, num_classes, seed, params
-        self.init = init if init != "auto" else ("meta" if params > META_INIT_ABOVE_PARAMS else "device")
+        self.init = init_mode(init, params)
 
     def on_device(self, device):
         import torch

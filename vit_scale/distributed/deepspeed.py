@@ -119,14 +119,11 @@ class DeepSpeedStrategy(Strategy):
         return self.finetune.clip_grad_norm if self.finetune is not None else self.cfg.deepspeed.gradient_clipping
 
     def _init_mode(self) -> str:
-        """What ModelFactory will do with train.init (auto: meta above its size threshold)."""
-        if self.cfg.train.init != "auto":
-            return self.cfg.train.init
+        """What ModelFactory will do with train.init, before it exists (the config is written first)."""
         from ..models import count_params
-        from .base import META_INIT_ABOVE_PARAMS
+        from .base import init_mode
 
-        params = count_params(self.cfg.model, self.cfg.train.num_classes)
-        return "meta" if params > META_INIT_ABOVE_PARAMS else "device"
+        return init_mode(self.cfg.train.init, count_params(self.cfg.model, self.cfg.train.num_classes))
 
     def _build_config(self) -> dict:
         cfg, ds, world = self.cfg, self.cfg.deepspeed, self.world
