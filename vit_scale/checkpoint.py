@@ -4,11 +4,10 @@ One checkpoint is one directory, `<checkpoint.dir>/step-<8 digits>/`:
 
     meta.json          what wrote it: model, strategy, step, epoch, sampler position, world size,
                        batch, seed, and the size and sha256 of every other file
-    state.pt           "full" format (DDP): model and optimizer state dicts, written by rank 0
-    state/             "sharded" format (FSDP): torch.distributed.checkpoint, one shard per rank
-    engine/            "engine" format (DeepSpeed): the engine's own save_checkpoint
-    booster/           "booster" format (ColossalAI): the Booster's save_model and save_optimizer
-                       (sharded: model/ and optimizer/, each an index file and its shards)
+    model and optimizer state, as the strategy writes it (`Strategy.save_state`; this module names
+    no family): state.pt ("full": DDP, rank 0's whole state dicts), state/ ("sharded": FSDP,
+    torch.distributed.checkpoint), engine/ (DeepSpeed's own save_checkpoint), booster/
+    (ColossalAI's Booster save_model and save_optimizer)
     rank-<k>.pt        per rank: RNG states (torch, CUDA, python, numpy) and the fp16 loss scale
 
 and `<checkpoint.dir>/latest` names the newest. Every rank writes into a hidden temporary
@@ -18,7 +17,6 @@ checkpoint, and a directory without meta.json is never mistaken for one.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -45,19 +43,6 @@ def _failures() -> tuple:
     from torch.distributed.checkpoint.api import CheckpointException
 
     return (Exception, CheckpointException)
-
-
-@contextlib.contextmanager
-def _quiet_sharded_tensor_warnings():
-    """FSDP1's sharded state dicts are ShardedTensors, which torch 2.13 warns about on every use (a
-    screenful per save); the format is the one FSDP1 offers, so say nothing per tensor."""
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*ShardedTensor.*", category=FutureWarning)
-        warnings.filterwarnings("ignore", message=r".*_get_pg_default_device.*", category=UserWarning)
-        warnings.filterwarnings("ignore", message=r"Multiple backends are registered.*", category=UserWarning)
-        yield
 
 
 @dataclass
@@ -191,22 +176,7 @@ def save(strategy, directory: str, position: Position, facts: dict, keep: int) -
     try:
         torch.save({"rng": _rng_state(world), "strategy": strategy.rank_state()},
                    os.path.join(tmp, f"rank-{world.rank:05d}.pt"))
-        fmt = strategy.checkpoint_format
-        if fmt == "full":
-            state = strategy.checkpoint_state()
-            if world.is_main:
-                torch.save(state, os.path.join(tmp, "state.pt"))
-        elif fmt == "sharded":
-            import torch.distributed.checkpoint as dcp
-
-            with _quiet_sharded_tensor_warnings():
-                dcp.save(strategy.checkpoint_state(), checkpoint_id=os.path.join(tmp, "state"))
-        elif fmt == "engine":
-            strategy.model.save_checkpoint(tmp, tag="engine")
-        elif fmt == "booster":
-            strategy.save_booster_checkpoint(os.path.join(tmp, "booster"))
-        else:
-            raise ValueError(f"unknown checkpoint format {fmt!r}")
+        strategy.save_state(tmp)
     except _failures() as exc:  # reported to every rank below
         error = exc
     ok = _all_ranks_ok(error is None, world)
@@ -300,33 +270,9 @@ def load(strategy, path: str, meta: dict) -> Position:
     if fmt != strategy.checkpoint_format:
         raise UserError(f"checkpoint: {os.path.join(path, META)} holds a {fmt} checkpoint; {strategy.label.label} "
                         f"reads {strategy.checkpoint_format} ones")
-    if fmt == "full":
-        file = os.path.join(path, "state.pt")
-        with _names_file(file):
-            state = torch.load(file, map_location="cpu", weights_only=True)
-            strategy.load_checkpoint_state(state)
-    elif fmt == "sharded":
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-
-        file = os.path.join(path, "state")
-        with _names_file(file), _quiet_sharded_tensor_warnings():
-            state = strategy.checkpoint_state()  # this run's layout; DCP fills it in place
-            # FSDP1 gives a rank whose shard holds none of a small parameter (cls_token, say) an
-            # empty ShardedTensor; flattening drops it, and DCP then takes the "missing" key for
-            # a pre-2.4 checkpoint and fails. Left unflattened, that rank simply reads nothing.
-            dcp.load(state, checkpoint_id=file, planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
-            strategy.load_checkpoint_state(state)
-    elif fmt == "booster":
-        file = os.path.join(path, "booster")
-        with _names_file(file):
-            strategy.load_booster_checkpoint(file)
-    else:
-        file = os.path.join(path, "engine")
-        with _names_file(file):
-            loaded, _ = strategy.model.load_checkpoint(path, tag="engine")
-            if loaded is None:
-                raise RuntimeError("the engine found nothing to load")
+    file = strategy.state_path(path)
+    with _names_file(file):
+        strategy.load_state(path)
     file = os.path.join(path, f"rank-{world.rank:05d}.pt")
     with _names_file(file):
         rank_state = torch.load(file, map_location="cpu", weights_only=True)

@@ -113,11 +113,9 @@ class Strategy(ABC):
     # whose optimizer is a plain torch optimizer (DDP).
 
     supports_finetune = False
-    # how `vit_scale.checkpoint` saves this family: "full" (rank 0 writes whole state dicts),
-    # "sharded" (torch.distributed.checkpoint, every rank writes its shard), "engine" (the
-    # wrapper's own save_checkpoint/load_checkpoint, as DeepSpeed's engine has), "booster"
-    # (ColossalAI's Booster save_model/save_optimizer, through save_booster_checkpoint and
-    # load_booster_checkpoint)
+    # the name of the layout `save_state` writes, kept in each checkpoint's meta.json so a
+    # strategy that reads another layout refuses it in one line: "full" (rank 0 writes whole
+    # state dicts, the default below), "sharded" (FSDP), "engine" (DeepSpeed), "booster" (ColossalAI)
     checkpoint_format = "full"
 
     def configure_finetune(self, ft) -> None:
@@ -187,6 +185,27 @@ class Strategy(ABC):
     def load_checkpoint_state(self, state: dict) -> None:
         self.unwrapped_model().load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+    def state_path(self, directory: str) -> str:
+        """Where `save_state` writes inside a checkpoint directory (a load error names it)."""
+        import os
+
+        return os.path.join(directory, "state.pt")
+
+    def save_state(self, directory: str) -> None:
+        """Model and optimizer state into a checkpoint directory; every rank calls it, and what
+        each writes is the family's business. This default: rank 0 writes whole state dicts."""
+        import torch
+
+        state = self.checkpoint_state()
+        if self.world.is_main:
+            torch.save(state, self.state_path(directory))
+
+    def load_state(self, directory: str) -> None:
+        """The inverse of `save_state`, on every rank, into the already set-up model and optimizer."""
+        import torch
+
+        self.load_checkpoint_state(torch.load(self.state_path(directory), map_location="cpu", weights_only=True))
 
     def rank_state(self) -> dict:
         """Small per-rank state saved beside each rank's RNG states (the fp16 loss scale)."""

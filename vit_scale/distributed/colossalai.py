@@ -260,23 +260,34 @@ class ColossalAIStrategy(Strategy):
     def unwrapped_model(self):
         return self.model.unwrap()
 
-    def save_booster_checkpoint(self, directory: str) -> None:
-        """Every rank: the Booster's sharded model and optimizer checkpoints (each plugin's own
-        layout: gathered on rank 0 for TorchDDP, LowLevelZero and Gemini's model, per-rank
-        shards where the plugin keeps them)."""
+    def state_path(self, directory: str) -> str:
         import os
 
-        self.booster.save_model(self.model, os.path.join(directory, "model"), shard=True)
-        self.booster.save_optimizer(self.optimizer, os.path.join(directory, "optimizer"), shard=True)
+        return super().state_path(directory) if self.checkpoint_format == "full" else os.path.join(directory, "booster")
 
-    def load_booster_checkpoint(self, directory: str) -> None:
+    def save_state(self, directory: str) -> None:
+        """The Booster's sharded model and optimizer checkpoints, on every rank (each plugin's own
+        layout: gathered on rank 0 for LowLevelZero and Gemini's model, per-rank shards where the
+        plugin keeps them); TorchDDPPlugin's labels save whole state dicts as DDP does."""
         import os
 
+        if self.checkpoint_format == "full":
+            return super().save_state(directory)
+        path = self.state_path(directory)
+        self.booster.save_model(self.model, os.path.join(path, "model"), shard=True)
+        self.booster.save_optimizer(self.optimizer, os.path.join(path, "optimizer"), shard=True)
+
+    def load_state(self, directory: str) -> None:
+        import os
+
+        if self.checkpoint_format == "full":
+            return super().load_state(directory)
+        path = self.state_path(directory)
         for part in ("model", "optimizer"):
-            if not os.path.isdir(os.path.join(directory, part)):
+            if not os.path.isdir(os.path.join(path, part)):
                 raise FileNotFoundError(f"no {part}/ in the checkpoint")
-        self.booster.load_model(self.model, os.path.join(directory, "model"))
-        self.booster.load_optimizer(self.optimizer, os.path.join(directory, "optimizer"))
+        self.booster.load_model(self.model, os.path.join(path, "model"))
+        self.booster.load_optimizer(self.optimizer, os.path.join(path, "optimizer"))
 
     def _loss_scaler(self):
         """The fp16 loss scaler: torch's GradScaler (TorchDDPPlugin + the Booster's fp16) or the

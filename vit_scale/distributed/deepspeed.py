@@ -291,6 +291,18 @@ class DeepSpeedStrategy(Strategy):
         for group in self.model.optimizer.param_groups:
             group["lr"] = lr
 
+    def state_path(self, directory: str) -> str:
+        return os.path.join(directory, "engine")
+
+    def save_state(self, directory: str) -> None:
+        """The engine's own checkpoint (every rank writes its partitions), as tag "engine"."""
+        self.model.save_checkpoint(directory, tag="engine")
+
+    def load_state(self, directory: str) -> None:
+        loaded, _ = self.model.load_checkpoint(directory, tag="engine")
+        if loaded is None:
+            raise RuntimeError("the engine found nothing to load")
+
     # ------------------------------------------------------------ replica check
 
     def local_tensors(self):

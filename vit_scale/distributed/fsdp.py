@@ -237,3 +237,40 @@ class FSDPStrategy(Strategy):
 
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
+
+    def state_path(self, directory: str) -> str:
+        import os
+
+        return os.path.join(directory, "state")
+
+    def save_state(self, directory: str) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        with _quiet_sharded_tensor_warnings():
+            dcp.save(self.checkpoint_state(), checkpoint_id=self.state_path(directory))
+
+    def load_state(self, directory: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+        with _quiet_sharded_tensor_warnings():
+            state = self.checkpoint_state()  # this run's layout; DCP fills it in place
+            # FSDP1 gives a rank whose shard holds none of a small parameter (cls_token, say) an
+            # empty ShardedTensor; flattening drops it, and DCP then takes the "missing" key for
+            # a pre-2.4 checkpoint and fails. Left unflattened, that rank simply reads nothing.
+            dcp.load(state, checkpoint_id=self.state_path(directory),
+                     planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+            self.load_checkpoint_state(state)
+
+
+@contextlib.contextmanager
+def _quiet_sharded_tensor_warnings():
+    """FSDP1's sharded state dicts are ShardedTensors, which torch 2.13 warns about on every use (a
+    screenful per save); the format is the one FSDP1 offers, so say nothing per tensor."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*ShardedTensor.*", category=FutureWarning)
+        warnings.filterwarnings("ignore", message=r".*_get_pg_default_device.*", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"Multiple backends are registered.*", category=UserWarning)
+        yield
