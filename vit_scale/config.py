@@ -377,13 +377,13 @@ def _field_comments(cls) -> dict[str, str]:
 
 
 def _allowed(key: str, typ: Any) -> str:
-    from .distributed import ALLOWED_TEXT
+    from .distributed import allowed_text
     from .models import MODELS
 
     if key == "model":
         return ", ".join(MODELS)
     if key == "strategy":
-        return ALLOWED_TEXT
+        return allowed_text()
     if key in CHOICES:
         return " | ".join(map(str, CHOICES[key]))
     if typing.get_origin(typ) is typing.Union:

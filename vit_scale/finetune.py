@@ -432,10 +432,11 @@ class StopRequests(SignalWatcher):
 
 def _check_inputs(cfg: Config, world: World, family) -> tuple:
     if not family.supports_finetune:
+        from .distributed import FAMILIES, allowed_text, strategy_class
+
+        can = [label for name in FAMILIES if strategy_class(name).supports_finetune for label in strategy_class(name).labels]
         raise UserError(f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
-                        f"fine-tuning support); allowed: DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, "
-                        f"HYBRID_<g>GPU, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP, CAI_DDP_FP16, "
-                        f"CAI_LOW_LEVEL_ZERO, CAI_GEMINI, CAI_FSDP")
+                        f"fine-tuning support); allowed: {allowed_text(can)}")
     return (check_inputs(cfg, world),)
 
 

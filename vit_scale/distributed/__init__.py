@@ -1,13 +1,15 @@
-"""Strategy registry: label -> family. Adding a family is one file here and one line below.
+"""Strategy registry: family -> its file. Adding a family is one file here and one line below;
+its labels are the ones its Strategy class declares, and every list of labels is derived here.
 
-Families are imported lazily, so DeepSpeed and ColossalAI are loaded only when one of their
-labels is asked for.
+The family files import no torch, DeepSpeed or ColossalAI at import (the planner reads labels
+without them); those packages are loaded only when a run of one of their labels starts.
 """
 from __future__ import annotations
 
 import importlib
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..errors import UserError
 
@@ -19,15 +21,27 @@ FAMILIES = {
     "colossalai": "vit_scale.distributed.colossalai:ColossalAIStrategy",
 }
 
-# label pattern -> family
-LABELS = [
-    (r"DDP", "ddp"),
-    (r"NO_SHARD|FULL_SHARD|SHARD_GRAD_OP|HYBRID_[1-9]\d*GPU", "fsdp"),
-    (r"ZERO[123]|ZEROPP", "deepspeed"),
-    (r"CAI_DDP|CAI_DDP_FP16|CAI_LOW_LEVEL_ZERO|CAI_GEMINI|CAI_FSDP", "colossalai"),
-]
-ALLOWED_TEXT = ("DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, HYBRID_<g>GPU (g divides the world size), "
-                "ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP, CAI_DDP_FP16, CAI_LOW_LEVEL_ZERO, CAI_GEMINI, CAI_FSDP")
+GROUP_SIZE = "<g>"  # in a label: any positive group size (HYBRID_<g>GPU)
+
+
+@lru_cache(maxsize=None)
+def family_labels() -> dict[str, tuple]:
+    """{family: its labels}, as each family file declares them (those files import no torch)."""
+    return {family: strategy_class(family).labels for family in FAMILIES}
+
+
+def all_labels() -> list[str]:
+    """Every label in registry order, HYBRID_<g>GPU standing for all group sizes."""
+    return [label for labels in family_labels().values() for label in labels]
+
+
+def _pattern(label: str) -> str:
+    return re.escape(label).replace(re.escape(GROUP_SIZE), r"([1-9]\d*)")
+
+
+def allowed_text(labels=None) -> str:
+    return ", ".join(label + (" (g divides the world size)" if GROUP_SIZE in label else "")
+                     for label in (labels or all_labels()))
 
 
 @dataclass(frozen=True)
@@ -38,11 +52,12 @@ class StrategyLabel:
 
 
 def parse_strategy(label: str) -> StrategyLabel:
-    for pattern, family in LABELS:
-        if re.fullmatch(pattern, label):
-            m = re.fullmatch(r"HYBRID_(\d+)GPU", label)
-            return StrategyLabel(label, family, int(m.group(1)) if m else 0)
-    raise UserError(f"strategy: unknown strategy '{label}'; allowed: {ALLOWED_TEXT}")
+    for family, labels in family_labels().items():
+        for known in labels:
+            m = re.fullmatch(_pattern(known), label)
+            if m:
+                return StrategyLabel(label, family, int(m.group(1)) if m.groups() else 0)
+    raise UserError(f"strategy: unknown strategy '{label}'; allowed: {allowed_text()}")
 
 
 def strategy_class(family: str):

@@ -53,6 +53,7 @@ class ModelFactory:
 
 class Strategy(ABC):
     family = ""
+    labels: tuple = ()  # the strategy labels this family runs; every list of labels is derived from these
 
     def __init__(self, cfg, label, world):
         self.cfg, self.label, self.world = cfg, label, world

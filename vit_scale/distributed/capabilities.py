@@ -17,16 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from . import all_labels, family_labels
+
 DEVICE_KINDS = ("cpu", "cuda", "rocm")
 PRECISIONS = ("fp32", "bf16", "fp16")
 ANY = None  # a rule field that matches every value
 
-# the rows of the table; HYBRID_<g>GPU stands for every group size g
-FSDP_LABELS = ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_<g>GPU")
-DEEPSPEED_LABELS = ("ZERO1", "ZERO2", "ZERO3", "ZEROPP")
-COLOSSALAI_LABELS = ("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
-TABLE_LABELS = ("DDP",) + FSDP_LABELS + DEEPSPEED_LABELS + COLOSSALAI_LABELS
-CAI_GPU_PLUGINS = ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
+# the rows of the table, as the family files declare them; HYBRID_<g>GPU stands for every g
+FSDP_LABELS = family_labels()["fsdp"]
+DEEPSPEED_LABELS = family_labels()["deepspeed"]
+TABLE_LABELS = tuple(all_labels())
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,16 @@ class Capability:
 
 
 def table_label(label: str) -> str:
-    """The row a concrete label belongs to: HYBRID_2GPU -> HYBRID_<g>GPU."""
-    if label.startswith("HYBRID_") and label.endswith("GPU"):
-        return "HYBRID_<g>GPU"
-    return label
+    """The row a concrete label belongs to: HYBRID_2GPU -> HYBRID_<g>GPU; an unknown one is its own."""
+    from . import parse_strategy
+    from ..errors import UserError
+
+    try:
+        parsed = parse_strategy(label)
+    except UserError:
+        return label  # validation names it; the table has nothing to say about it
+    return next(row for row in family_labels()[parsed.family]
+                if row == label or (parsed.hybrid_group and row.replace("<g>", str(parsed.hybrid_group)) == label))
 
 
 def capability(label: str, precision: str, device: str) -> Capability:

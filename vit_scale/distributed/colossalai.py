@@ -59,6 +59,7 @@ def _import_colossalai():
 
 class ColossalAIStrategy(Strategy):
     family = "colossalai"
+    labels = ("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
     # fine-tuning (vit_scale.finetune): see the module docstring and the methods under "fine-tuning"
     supports_finetune = True
     checkpoint_format = "booster"

@@ -6,6 +6,7 @@ from .base import Strategy
 
 class DDPStrategy(Strategy):
     family = "ddp"
+    labels = ("DDP",)
     supports_finetune = True  # the Strategy defaults are DDP's; only no_sync is its own
 
     def no_sync(self):

@@ -49,6 +49,7 @@ def _import_deepspeed():
 
 class DeepSpeedStrategy(Strategy):
     family = "deepspeed"
+    labels = ("ZERO1", "ZERO2", "ZERO3", "ZEROPP")
     # fine-tuning (vit_scale.finetune): the engine owns the loss scale, clipping, accumulation
     # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
     supports_finetune = True

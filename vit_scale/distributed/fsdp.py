@@ -20,6 +20,7 @@ from .base import Strategy
 
 class FSDPStrategy(Strategy):
     family = "fsdp"
+    labels = ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_<g>GPU")  # g: shard group size
 
     @classmethod
     def check(cls, cfg, label, world) -> None:

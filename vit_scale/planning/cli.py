@@ -12,15 +12,13 @@ import dataclasses
 import json
 import sys
 
+from ..distributed import GROUP_SIZE, all_labels
 from ..distributed.capabilities import refusal
 from ..errors import UserError
 from . import SCHEMA_VERSION, assumptions, plan_row
 from .scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, Allowance, from_config
 
 GB = 1e9
-STRATEGY_ORDER = ["DDP", "NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_1GPU", "HYBRID_2GPU", "HYBRID_<G>GPU",
-                  "ZERO1", "ZERO2", "ZERO3", "ZEROPP", "CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI",
-                  "CAI_FSDP"]
 
 _NUM = {"type": "number"}
 _GIB_PARTS = ("params", "grads", "optimizer", "in_flight", "activations", "buckets", "workspace", "allocator")
@@ -134,11 +132,13 @@ def _positive_ints(text: str, what: str) -> list[int]:
 
 
 def _default_strategies(gpus_per_node: int) -> list[str]:
+    """Every label, a group-size label as groups of 1, 2 and a whole node."""
     out = []
-    for s in STRATEGY_ORDER:
-        s = s.replace("<G>", str(gpus_per_node))
-        if s not in out:
-            out.append(s)
+    for label in all_labels():
+        for size in ((1, 2, gpus_per_node) if GROUP_SIZE in label else (0,)):
+            concrete = label.replace(GROUP_SIZE, str(size))
+            if concrete not in out:
+                out.append(concrete)
     return out
 
 
