@@ -27,7 +27,7 @@ from . import checkpoint as ckpt
 from .config import Config, parse_command_line
 from .errors import UserError
 from .launch import World
-from .record import EXIT_CODES, read_rank_errors
+from .record import EXIT_CODES
 from .session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary, say
 from .signals import SignalWatcher
 from .text import plural
@@ -375,9 +375,8 @@ class FinetuneRun(RunSession):
     # ------------------------------------------------------------ what differs from the session's defaults
 
     def watcher(self, on_stuck) -> SignalWatcher:
-        peer_failed = (lambda: bool(read_rank_errors(self.run_dir))) if self.world.is_main else None
         self.stop_requests = StopRequests(on_stuck, grace_s=self.cfg.checkpoint.signal_grace_s,
-                                          peer_failure=peer_failed)
+                                          peer_failure=self.peer_failure_check())
         return self.stop_requests
 
     def stuck_error(self, signum) -> str:

@@ -187,8 +187,11 @@ class RunSession:
     def watcher(self, on_stuck) -> SignalWatcher:
         """The signal model: by default a signal interrupts the loop (RunInterrupted) and the run
         ends as `timeout`; a recipe that saves first notes the signal instead (finetune)."""
-        peer_failed = (lambda: bool(read_rank_errors(self.run_dir))) if self.world.is_main else None
-        return SignalWatcher(on_stuck, peer_failure=peer_failed)
+        return SignalWatcher(on_stuck, peer_failure=self.peer_failure_check())
+
+    def peer_failure_check(self):
+        """What rank 0's watcher polls to learn that another rank failed (other ranks poll nothing)."""
+        return (lambda: bool(read_rank_errors(self.run_dir))) if self.world.is_main else None
 
     def stuck_error(self, signum) -> str:
         return "stopped by a signal while blocked in a collective" if signum else "a peer rank failed"

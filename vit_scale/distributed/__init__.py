@@ -35,7 +35,8 @@ def all_labels() -> list[str]:
     return [label for labels in family_labels().values() for label in labels]
 
 
-def _pattern(label: str) -> str:
+def label_pattern(label: str) -> str:
+    """The regular expression a declared label stands for (its group size, if any, captured)."""
     return re.escape(label).replace(re.escape(GROUP_SIZE), r"([1-9]\d*)")
 
 
@@ -54,7 +55,7 @@ class StrategyLabel:
 def parse_strategy(label: str) -> StrategyLabel:
     for family, labels in family_labels().items():
         for known in labels:
-            m = re.fullmatch(_pattern(known), label)
+            m = re.fullmatch(label_pattern(known), label)
             if m:
                 return StrategyLabel(label, family, int(m.group(1)) if m.groups() else 0)
     raise UserError(f"strategy: unknown strategy '{label}'; allowed: {allowed_text()}")

@@ -14,13 +14,14 @@ family's `check`; this table is label x precision x device kind. No torch import
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
-from . import all_labels, family_labels
+from ..config import PRECISIONS
+from . import all_labels, family_labels, label_pattern
 
 DEVICE_KINDS = ("cpu", "cuda", "rocm")
-PRECISIONS = ("fp32", "bf16", "fp16")
 ANY = None  # a rule field that matches every value
 
 # the rows of the table, as the family files declare them; HYBRID_<g>GPU stands for every g
@@ -112,16 +113,9 @@ class Capability:
 
 
 def table_label(label: str) -> str:
-    """The row a concrete label belongs to: HYBRID_2GPU -> HYBRID_<g>GPU; an unknown one is its own."""
-    from . import parse_strategy
-    from ..errors import UserError
-
-    try:
-        parsed = parse_strategy(label)
-    except UserError:
-        return label  # validation names it; the table has nothing to say about it
-    return next(row for row in family_labels()[parsed.family]
-                if row == label or (parsed.hybrid_group and row.replace("<g>", str(parsed.hybrid_group)) == label))
+    """The row a concrete label belongs to: HYBRID_2GPU -> HYBRID_<g>GPU; an unknown one is its own
+    (validation names it; the table has nothing to say about it)."""
+    return next((row for row in TABLE_LABELS if re.fullmatch(label_pattern(row), label)), label)
 
 
 def capability(label: str, precision: str, device: str) -> Capability:
