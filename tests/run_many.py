@@ -5,6 +5,7 @@ RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1"
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it.
 """
 import json
+import os
 import sys
 
 from vit_scale import session, train
@@ -44,7 +45,10 @@ def main() -> int:
         else:
             codes.append(train.execute(cfg, world, keep_process_group=True))
         session.strategy_class = real_strategy_class
-    print("EXIT CODES", codes, flush=True)
+    sys.stdout.flush()
+    # one write() per rank: both ranks share the pipe, and print's separate pieces interleaved
+    # ("EXIT CODESEXIT CODES  [0, ...") in one CI run
+    os.write(sys.stdout.fileno(), f"EXIT CODES {codes}\n".encode())
     import torch.distributed as dist
 
     # leave the way a single run does: a process group left to interpreter shutdown can abort
