@@ -264,7 +264,7 @@ def _style_map(df: pd.DataFrame, palette: list) -> SeriesStyle:
         return SeriesStyle(palette)
     series = df.drop_duplicates("series")[["series", "strategy"]]
     ordered = sorted(series.itertuples(index=False),
-                     key=lambda r: (tbl._rank(r.strategy, tbl.STRATEGY_ORDER), r.series))
+                     key=lambda r: (tbl.strategy_rank(r.strategy), r.series))
     aliases = {}
     for r in ordered:
         aliases.setdefault(r.strategy, r.series)
@@ -352,7 +352,7 @@ LINE_COLUMNS = ["study", "series", "batch_per_device"]  # one line on a scaling 
 
 def _line_order(key) -> tuple:
     study, series, batch = key
-    return (str(study), tbl._rank(series.split(" ")[0], tbl.STRATEGY_ORDER), series, batch)
+    return (str(study), tbl.strategy_rank(series.split(" ")[0]), series, batch)
 
 
 def _lines(sub: pd.DataFrame):
@@ -1020,7 +1020,7 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
             counts = {"ips_lines": 0, "memory_lines": 0, "failed": 0}
             slots_ips: dict = {}
             slots_mem: dict = {}
-            order = sorted(sub["series"].unique(), key=lambda s: (tbl._rank(s.split(" ")[0], tbl.STRATEGY_ORDER), s))
+            order = sorted(sub["series"].unique(), key=lambda s: (tbl.strategy_rank(s.split(" ")[0]), s))
             for series in order:
                 line = sub[sub["series"] == series].sort_values("batch_per_device")
                 color, marker = colors[series], markers[series]
@@ -1111,7 +1111,7 @@ def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: flo
     markers = markers if markers is not None else series_markers(df)
     summary = residual_summary(runs)
     facts = run_facts(runs)
-    strategies = sorted(runs["strategy"].unique(), key=lambda s: tbl._rank(s, tbl.STRATEGY_ORDER))
+    strategies = sorted(runs["strategy"].unique(), key=tbl.strategy_rank)
     legend_labels = list(strategies) + ["equal", "±15%"]
     # A scatter needs no more height on a page-wide figure than in a column.
     side = min(width, COLUMN_WIDTH + 0.1)

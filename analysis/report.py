@@ -18,7 +18,7 @@ from typing import Optional
 import pandas as pd
 
 from . import table as tbl
-from .records import Collection
+from vit_scale.record.reader import Collection
 
 
 @dataclass

@@ -16,7 +16,9 @@ from typing import Optional
 
 import yaml
 
-FSDP_LABELS = ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP")
+from vit_scale.distributed import layout_of
+from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 
 # name: (params, flops per image, memory of the unsharded model state in GiB for the
 # DDP-like strategies, activations GiB at batch 32) - rough, for plausible pictures only
@@ -31,26 +33,17 @@ MODELS = {
 }
 
 
-def family_of(label: str) -> str:
-    if label == "DDP":
-        return "ddp"
-    if label.startswith("ZERO"):
-        return "deepspeed"
-    if label.startswith("CAI_"):
-        return "colossalai"
-    return "fsdp"
-
-
-def shard_group(label: str, world_size: int, ranks_per_node: int) -> int:
-    if label.startswith("HYBRID_"):
-        return int(label[len("HYBRID_"):-len("GPU")])
-    if label in ("FULL_SHARD", "SHARD_GRAD_OP", "ZERO3", "ZERO2", "ZERO1", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI"):
-        return world_size
-    return 1
+def layout(label: str, world_size: int, ranks_per_node: int) -> Layout:
+    """The trainer's own layout for the label; a label it does not know (the analysis tests write
+    some) as a replica on every rank."""
+    try:
+        return layout_of(label, world_size, ranks_per_node)
+    except UserError:
+        return Layout(label, "ddp", "ddp", label, 1, world_size, 1)
 
 
 def default_options(label: str) -> dict:
-    fam = family_of(label)
+    fam = layout(label, 8, 8).family
     if fam == "fsdp":
         return {"version": 1, "backward_prefetch": "pre", "limit_all_gathers": True, "forward_prefetch": False,
                 "use_orig_params": False, "cpu_offload": False, "precision": "bf16", "activation_checkpointing": False}
@@ -84,7 +77,7 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     params = m_params if params is None else params
     flops = m_flops if flops_per_image is None else flops_per_image
     opts = default_options(strategy) if options is None else dict(options)
-    sg = shard_group(strategy, world_size, ranks_per_node)
+    lay = layout(strategy, world_size, ranks_per_node)
     config = {"model": model, "strategy": strategy,
               "train": {"batch_size": batch, "steps": steps, "warmup_steps": warmup, "log_every": 1},
               "output": {"dir": root, "study": study, "run_id": run_id}}
@@ -95,10 +88,9 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
         "model": {"name": model, "params": int(params), "flops_per_image": int(flops), "img_size": 224,
                   "patch_size": 14, "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_dim": 3072,
                   "num_classes": 1000},
-        "strategy": {"label": strategy, "family": family_of(strategy),
-                     "implementation": {"fsdp": "fsdp1", "ddp": "ddp"}.get(family_of(strategy), family_of(strategy)),
-                     "shard_group_size": sg, "replicate_group_size": max(1, world_size // sg), "options": opts,
-                     "notes": []},
+        "strategy": {"label": strategy, "family": lay.family, "implementation": lay.implementation,
+                     "shard_group_size": lay.shard, "replicate_group_size": lay.replicate, "options": opts,
+                     "notes": list(lay.notes)},
         "world": {"world_size": world_size, "nodes": nodes, "ranks_per_node": ranks_per_node, "device_type": device,
                   "device_name": "AMD Instinct MI250X" if gpu else "cpu",
                   "device_memory_gib": device_memory_gib if gpu else None,

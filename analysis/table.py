@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from .records import Collection, RunRecord
+from vit_scale.distributed import all_labels, label_pattern
+from vit_scale.record.reader import Collection, RunRecord
 
-# The order strategies appear in legends and tables: the paper's, then the other families.
-STRATEGY_ORDER = ["DDP", "NO_SHARD", "HYBRID_1GPU", "HYBRID_2GPU", "HYBRID_4GPU", "HYBRID_8GPU", "SHARD_GRAD_OP",
-                  "FULL_SHARD", "ZERO1", "ZERO2", "ZERO3", "ZEROPP", "CAI_DDP", "CAI_DDP_FP16",
-                  "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP"]
+# Strategies appear in legends and tables in the registry's order (each family's labels as its
+# file declares them), HYBRID_<g>GPU by g; a label the registry does not know goes last.
+_LABELS = all_labels()
 MODEL_ORDER = ["vit_micro", "vit_tiny", "vit_small", "vit_base", "vit_huge", "vit_1b", "vit_3b", "vit_5b", "vit_15b"]
 
 # Short names for options in series labels; a legend entry has little room.
@@ -115,7 +116,7 @@ def run_row(run: RunRecord) -> dict:
         "job_id": slurm.get("job_id"), "step_id": slurm.get("step_id"), "job_name": slurm.get("job_name"),
         "partition": slurm.get("partition"), "nodelist": slurm.get("nodelist"),
         "hosts": ",".join(map(str, s.get("hosts") or [])), "launcher": s.get("launcher"),
-        # Written by vit_scale/versions.py since the CPU model and the process starter were added;
+        # Written by vit_scale/record/versions.py since the CPU model and the process starter were added;
         # older records lack them, and the report says "not recorded" instead of guessing.
         "launched_by": versions.get("launched_by"),
         "cpu_model": versions.get("cpu_model") if isinstance(versions.get("cpu_model"), str) else None,
@@ -226,12 +227,20 @@ def _rank(value, order) -> tuple:
     return (order.index(value) if value in order else len(order), str(value))
 
 
+def strategy_rank(label) -> tuple:
+    for i, known in enumerate(_LABELS):
+        found = re.fullmatch(label_pattern(known), str(label))
+        if found:
+            return (i, int(found.group(1)) if found.groups() else 0, "")
+    return (len(_LABELS), 0, str(label))
+
+
 def sort_table(df: pd.DataFrame) -> pd.DataFrame:
     """Study, then models by size, strategies in the paper's order, series, batch, ranks, time."""
     if df.empty:
         return df.reset_index(drop=True)
     keys = list(zip(df["study"].astype(str), df["params"].fillna(0), [_rank(m, MODEL_ORDER) for m in df["model"]],
-                    [_rank(s, STRATEGY_ORDER) for s in df["strategy"]], df["series"].astype(str),
+                    [strategy_rank(s) for s in df["strategy"]], df["series"].astype(str),
                     df["batch_per_device"], df["world_size"], df["start_time"].fillna(0)))
     order = sorted(range(len(df)), key=keys.__getitem__)
     return df.iloc[order].reset_index(drop=True)

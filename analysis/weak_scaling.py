@@ -20,7 +20,8 @@ if __package__ in (None, ""):
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from analysis import plots as plots_mod  # noqa: E402
-from analysis import records, report  # noqa: E402
+from analysis import report  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 from analysis import table as tbl  # noqa: E402
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_SCHEMA = 0, 1, 2, 3

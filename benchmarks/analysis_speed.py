@@ -26,7 +26,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from analysis import records, table  # noqa: E402
+from analysis import table  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import MODELS, write_run  # noqa: E402
 
 BAR_SECONDS = 10.0

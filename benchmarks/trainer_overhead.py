@@ -23,7 +23,7 @@ def bare_loop(model_name, batch_size, steps, warmup, seed=0):
     import torch
     import torch.nn.functional as F
 
-    from vit_scale.data import SyntheticBatches
+    from vit_scale.recipes.synthetic import SyntheticBatches
     from vit_scale.models import build_model, get_spec
 
     spec = get_spec(model_name)
@@ -45,8 +45,8 @@ def bare_loop(model_name, batch_size, steps, warmup, seed=0):
 
 def trainer(model_name, batch_size, steps, warmup, out_dir):
     from vit_scale.config import load_config
-    from vit_scale.launch import choose_device, detect_world
-    from vit_scale.train import execute
+    from vit_scale.launch.world import choose_device, detect_world
+    from vit_scale.recipes.train import execute
 
     cfg = load_config(None, [f"model={model_name}", "strategy=DDP", f"train.batch_size={batch_size}",
                              f"train.steps={steps}", f"train.warmup_steps={warmup}", f"output.dir={out_dir}",

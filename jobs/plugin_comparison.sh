@@ -1,6 +1,6 @@
 #!/bin/bash
 # Single-device plugin comparison (seeds 000 and 001): every strategy on one device, for each
-# per-device batch size, one `python -m vit_scale.train` run each; images/s and peak memory go
+# per-device batch size, one `python -m vit_scale train` run each; images/s and peak memory go
 # into the run records. A run that fails (OOM, a label this device cannot run) is recorded and
 # the comparison goes on. At the end: python analysis/weak_scaling.py (tables and plots).
 #
@@ -58,12 +58,12 @@ EOF
 # sbatch runs a copy of this script from Slurm's spool directory; Slurm remembers the real path
 find_home() {
   local script=${BASH_SOURCE[0]}
-  if [ ! -f "$(dirname "$script")/../vit_scale/train.py" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+  if [ ! -f "$(dirname "$script")/../vit_scale/recipes/train.py" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     script=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
   fi
-  if [ -n "$script" ] && [ -f "$(dirname "$script")/../vit_scale/train.py" ]; then
+  if [ -n "$script" ] && [ -f "$(dirname "$script")/../vit_scale/recipes/train.py" ]; then
     (cd "$(dirname "$script")/.." && pwd)
-  elif [ -n "${VIT_SCALE_HOME:-}" ] && [ -f "$VIT_SCALE_HOME/vit_scale/train.py" ]; then
+  elif [ -n "${VIT_SCALE_HOME:-}" ] && [ -f "$VIT_SCALE_HOME/vit_scale/recipes/train.py" ]; then
     echo "$VIT_SCALE_HOME"
   else
     die "cannot find the vit-scale repository; set VIT_SCALE_HOME to it"
@@ -240,7 +240,7 @@ for label in "${LABELS[@]}"; do
   read -r -a extra <<< "${SETTINGS_OF[$label]}"
   for batch in "${SIZES[@]}"; do
     n=$((n + 1))
-    cmd=("$PYTHON" -m vit_scale.train "model=$MODEL" "strategy=$label" "train.batch_size=$batch"
+    cmd=("$PYTHON" -m vit_scale train "model=$MODEL" "strategy=$label" "train.batch_size=$batch"
          "train.steps=$STEPS" "train.warmup_steps=$WARMUP" "train.precision=${PRECISION_OF[$label]}"
          "output.study=$STUDY" "output.dir=$OUT" system.launcher=single "${extra[@]}" "${SETS[@]}")
     if [ -n "$RUN_TIME_LIMIT" ]; then

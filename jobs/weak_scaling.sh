@@ -37,16 +37,20 @@ if [ "${BASH_VERSINFO[0]}" -lt 4 ] || { [ "${BASH_VERSINFO[0]}" -eq 4 ] && [ "${
 fi
 
 usage() {
-  cat <<'EOF'
+  # the names come from the trainer's registries (vit_scale/models.py, each strategy family's file)
+  local model_names strategy_names
+  HELPER_PY=${HELPER_PY:-python3}  # names need no PyYAML
+  model_names=$(study_py names models) || model_names="(see vit_scale/models.py)"
+  strategy_names=$(study_py names strategies) || strategy_names="(see docs/strategies.md)"
+  sed -e "s|@MODELS@|$model_names|" -e "s|@STRATEGIES@|$strategy_names|" <<'EOF'
 usage: sbatch [-N NODES] [sbatch options] jobs/weak_scaling.sh [options]
        bash jobs/weak_scaling.sh [options]            (no Slurm: emulated nodes on this machine)
 
 What to run (lists are comma-separated; defaults come from the study file):
   --config FILE            study file (default: the system's, e.g. configs/studies/local.yaml)
   --study NAME             name of the study: runs go to OUT/NAME, the report to report/NAME
-  --models LIST            vit_micro vit_tiny vit_small vit_base vit_huge vit_1b vit_3b vit_5b vit_15b
-  --strategies LIST        DDP NO_SHARD FULL_SHARD SHARD_GRAD_OP HYBRID_<g>GPU ZERO1 ZERO2 ZERO3 ZEROPP
-                           CAI_DDP CAI_DDP_FP16 CAI_LOW_LEVEL_ZERO CAI_GEMINI CAI_FSDP
+  --models LIST            @MODELS@
+  --strategies LIST        @STRATEGIES@
   --nodes LIST|ladder      node counts (default ladder: 1, 2, 4 ... the allocation's nodes)
   --batch-size N           images per GPU (rank) and step; fixed as nodes grow
   --steps N                steps per run
@@ -301,7 +305,7 @@ build_launch() {
       [ "$LAUNCHER" = mpi ] || mpi_flags=()
       CMD=(srun --nodes="$nodes" --ntasks="$ranks" ${nodelist:+--nodelist="$nodelist"} "${flags[@]}"
            "${mpi_flags[@]}" --kill-on-bad-exit=0 --wait="$GRACE_S" "${time_flags[@]}"
-           "$PYTHON" -m vit_scale.train system.launcher="$([ "$LAUNCHER" = mpi ] && echo mpi || echo srun)" "$@") ;;
+           "$PYTHON" -m vit_scale train system.launcher="$([ "$LAUNCHER" = mpi ] && echo mpi || echo srun)" "$@") ;;
     torchrun)
       local rdzv=(--nnodes="$nodes" --nproc_per_node="$RANKS_PER_NODE")
       if [ "$USE_SLURM" = 1 ]; then
@@ -310,12 +314,12 @@ build_launch() {
              --kill-on-bad-exit=0 --wait="$GRACE_S" "${time_flags[@]}"
              "$PYTHON" -m torch.distributed.run "${rdzv[@]}" --rdzv_backend=c10d
              --rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv_id="${SLURM_JOB_ID:-0}.$RUN_INDEX"
-             -m vit_scale.train system.launcher=torchrun "$@")
+             -m vit_scale train system.launcher=torchrun "$@")
       else
         for ((i = 0; i < nodes; i++)); do
           local node_cmd=(env VIT_SCALE_NODE_NAME="local$i" "$PYTHON" -m torch.distributed.run "${rdzv[@]}"
                           --node_rank="$i" --master_addr="$MASTER_ADDR" --master_port="$MASTER_PORT"
-                          -m vit_scale.train system.launcher=torchrun "$@")
+                          -m vit_scale train system.launcher=torchrun "$@")
           GROUP_CMDS+=("$(show_cmd "${node_cmd[@]}")")
         done
       fi ;;
@@ -326,7 +330,7 @@ build_launch() {
       for ((i = 0; i < nodes; i++)); do
         # MPMD: one app context per emulated node, each with its node name
         [ "$i" -gt 0 ] && CMD+=(:)
-        CMD+=(-np "$RANKS_PER_NODE" env VIT_SCALE_NODE_NAME="local$i" "$PYTHON" -m vit_scale.train system.launcher=mpi "$@")
+        CMD+=(-np "$RANKS_PER_NODE" env VIT_SCALE_NODE_NAME="local$i" "$PYTHON" -m vit_scale train system.launcher=mpi "$@")
       done ;;
     processes)
       # what torchrun would give each rank (env://), without torchrun's agent processes
@@ -334,7 +338,7 @@ build_launch() {
         local rank_cmd=(env RANK="$i" WORLD_SIZE="$ranks" LOCAL_RANK=$((i % RANKS_PER_NODE))
                         LOCAL_WORLD_SIZE="$RANKS_PER_NODE" GROUP_RANK=$((i / RANKS_PER_NODE)) GROUP_WORLD_SIZE="$nodes"
                         MASTER_ADDR="$MASTER_ADDR" MASTER_PORT="$MASTER_PORT" VIT_SCALE_NODE_NAME="local$((i / RANKS_PER_NODE))"
-                        "$PYTHON" -m vit_scale.train system.launcher=torchrun "$@")
+                        "$PYTHON" -m vit_scale train system.launcher=torchrun "$@")
         GROUP_CMDS+=("$(show_cmd "${rank_cmd[@]}")")
       done ;;
   esac

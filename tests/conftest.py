@@ -81,7 +81,7 @@ def run_many(nproc: int, runs: list[list[str]], tmp_path, timeout: int = 600) ->
 
 def load_runs(out_dir) -> dict:
     """{(study, strategy, run_id): records} for every run under out_dir, each record validated."""
-    from vit_scale.schema import validate_record_file
+    from vit_scale.record.schema import validate_record_file
 
     found = {}
     for path in sorted(glob.glob(os.path.join(str(out_dir), "**", "metrics.jsonl"), recursive=True)):
@@ -111,8 +111,8 @@ def by_study(runs: dict) -> dict:
 
 
 def start_train(args, tmp_path, env=None) -> subprocess.Popen:
-    """One `python -m vit_scale.train` with the fast settings, its output under tmp_path/runs."""
-    return subprocess.Popen([PYTHON, "-m", "vit_scale.train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
+    """One `python -m vit_scale train` with the fast settings, its output under tmp_path/runs."""
+    return subprocess.Popen([PYTHON, "-m", "vit_scale", "train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 

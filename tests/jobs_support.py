@@ -12,7 +12,7 @@ from conftest import load_runs
 INJECT_OOM = '''
 import sys
 
-from vit_scale import train
+from vit_scale.recipes import train
 
 real_train = train.Run.train
 
@@ -44,9 +44,9 @@ sys.exit(train.main(sys.argv[1:]))
 # VIT_SCALE_PYTHON for the job script: the real python, except for trainer runs of STRATEGY on
 # 2 nodes (srun: SLURM_STEP_NUM_NODES; processes/torchrun: GROUP_WORLD_SIZE)
 WRAPPER = '''#!/bin/bash
-if [ "${{1:-}} ${{2:-}}" = "-m vit_scale.train" ] && [[ " $* " == *" strategy={strategy} "* ]] &&
+if [ "${{1:-}} ${{2:-}} ${{3:-}}" = "-m vit_scale train" ] && [[ " $* " == *" strategy={strategy} "* ]] &&
    [ "${{SLURM_STEP_NUM_NODES:-${{GROUP_WORLD_SIZE:-1}}}}" = 2 ]; then
-  shift 2
+  shift 3
   exec {python} {inject} "$@"
 fi
 exec {python} "$@"

@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch.optim.optimizer import _foreach_supported_types
 
 from vit_scale.config import load_config
-from vit_scale.data import SyntheticBatches
+from vit_scale.recipes.synthetic import SyntheticBatches
 from vit_scale.distributed import parse_strategy, strategy_class
 from vit_scale.distributed.base import ModelFactory
-from vit_scale.launch import choose_device, detect_world, init_distributed, leave
+from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
 from vit_scale.planning import layout
 from vit_scale.planning import memory as plan_memory
@@ -138,7 +138,7 @@ def run_case(case: str, world) -> dict:
 
 
 def run_training(case: str, world) -> dict:
-    from vit_scale import train
+    from vit_scale.recipes import train
 
     cfg = load_config(None, [x for x in case.split(":", 1)[1].split(",") if x])
     code = train.execute(cfg, world, keep_process_group=True)
@@ -163,4 +163,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    leave(main())  # as vit_scale.train.main does: interpreter shutdown can abort in gloo's threads
+    leave(main())  # as vit_scale.recipes.train.main does: interpreter shutdown can abort in gloo's threads

@@ -8,12 +8,13 @@ import json
 import os
 import sys
 
-from vit_scale import session, train
+from vit_scale.recipes import train
+from vit_scale.run import session
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.distributed.fsdp import FSDPStrategy
 from vit_scale.errors import UserError
-from vit_scale.launch import choose_device, detect_world, leave
+from vit_scale.launch.world import choose_device, detect_world, leave
 
 
 class FSDP1WithOneRankShardGroups(FSDPStrategy):
@@ -37,7 +38,7 @@ def main() -> int:
         cfg = load_config(None, overrides)
         world = choose_device(detect_world(cfg.system.launcher, cfg.system.ranks_per_node), cfg.system.device)
         label = parse_strategy(cfg.strategy)
-        try:  # as vit_scale.train.main does before any run
+        try:  # as vit_scale.recipes.train.main does before any run
             real_strategy_class(label.family).check(cfg, label, world)
         except UserError as exc:
             print(f"REFUSED {cfg.strategy} {cfg.train.precision}: {exc}", flush=True)
@@ -55,7 +56,7 @@ def main() -> int:
     # there ("terminate called without an active exception") once DeepSpeed has wrapped it
     if dist.is_initialized():
         dist.destroy_process_group()
-    leave(0)  # as vit_scale.train.main does: interpreter shutdown can abort in gloo's threads
+    leave(0)  # as vit_scale.recipes.train.main does: interpreter shutdown can abort in gloo's threads
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from analysis import plots, records, report, table  # noqa: E402
+from analysis import plots, report, table  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import default_options, write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
 
@@ -379,13 +380,14 @@ def _digest(root):
 
 
 def test_cli_end_to_end_without_torch(study, tmp_path):
-    """The whole CLI in a fresh interpreter, as on a login node: files, numbers, no torch imported."""
+    """The whole CLI in a fresh interpreter, as on a login node: files, numbers, no torch imported
+    (the record reader and the label registry it uses from vit_scale are torch-free)."""
     out = str(tmp_path / "report")
     before = _digest(study)
     probe = ("import sys, runpy; sys.argv = ['analysis/weak_scaling.py', %r, '--out', %r, '--dpi', '60']; "
              "code = 0\ntry:\n    runpy.run_path('analysis/weak_scaling.py', run_name='__main__')\n"
              "except SystemExit as e:\n    code = e.code\n"
-             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'vit_scale'))\n"
+             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm', 'deepspeed', 'colossalai'))\n"
              "print('FORBIDDEN', bad); sys.exit(code)") % (study, out)
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -691,10 +693,10 @@ def _git(cwd, *args):
 
 
 def _revision_of_copy(toolkit_root) -> str:
-    """vit_scale/versions.py copied under toolkit_root, asked for the toolkit's revision."""
-    os.makedirs(os.path.join(toolkit_root, "vit_scale"), exist_ok=True)
-    copy = os.path.join(toolkit_root, "vit_scale", "versions.py")
-    with open(os.path.join(ROOT, "vit_scale", "versions.py")) as src, open(copy, "w") as dst:
+    """vit_scale/record/versions.py copied under toolkit_root, asked for the toolkit's revision."""
+    os.makedirs(os.path.join(toolkit_root, "vit_scale", "record"), exist_ok=True)
+    copy = os.path.join(toolkit_root, "vit_scale", "record", "versions.py")
+    with open(os.path.join(ROOT, "vit_scale", "record", "versions.py")) as src, open(copy, "w") as dst:
         dst.write(src.read())
     probe = f"import runpy; print(runpy.run_path({copy!r})['git_revision']())"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
@@ -714,7 +716,7 @@ def test_git_revision_is_the_toolkits_own_or_none(tmp_path):
     os.makedirs(own)
     _git(own, "init", "-q")
     _revision_of_copy(str(own))
-    _git(own, "add", "vit_scale/versions.py")
+    _git(own, "add", "vit_scale/record/versions.py")
     _git(own, "commit", "-q", "-m", "x")
     rev = _revision_of_copy(str(own))
     assert len(rev) == 12 and all(c in "0123456789abcdef" for c in rev)
@@ -723,7 +725,8 @@ def test_git_revision_is_the_toolkits_own_or_none(tmp_path):
 
 
 def test_launched_by_tells_a_script_from_torchrun(monkeypatch):
-    from vit_scale import launch, versions as host
+    from vit_scale.launch import world as launch
+    from vit_scale.record import versions as host
 
     versions = {"launched_by": launch.launched_by, "cpu_model": host.cpu_model}
     for key in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",

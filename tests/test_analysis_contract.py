@@ -1,6 +1,6 @@
 """The contract of docs/run_record.md: the real trainer writes run directories, the analysis reads them.
 
-Runs `python -m vit_scale.train` twice on CPU (one process with DDP; two ranks under torchrun
+Runs `python -m vit_scale train` twice on CPU (one process with DDP; two ranks under torchrun
 with FULL_SHARD), then the analysis CLI on what they wrote, and checks the rows against the
 records. Also checks that analysis/synthetic.py, which the other analysis tests and the
 benchmark rely on, writes records the trainer's own JSON schema accepts.
@@ -20,7 +20,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from analysis import records, table  # noqa: E402
+from analysis import table  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
 from conftest import require_module  # noqa: E402
@@ -43,8 +44,8 @@ def _train(cmd, timeout=300):
 def trained(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("trainer_runs"))
     py = sys.executable
-    _train([py, "-m", "vit_scale.train", "strategy=DDP", f"output.dir={out}"] + KEYS)
-    _train([py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_scale.train",
+    _train([py, "-m", "vit_scale", "train", "strategy=DDP", f"output.dir={out}"] + KEYS)
+    _train([py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_scale", "train",
             "strategy=FULL_SHARD", f"output.dir={out}"] + KEYS)
     return out
 
@@ -104,7 +105,7 @@ def test_a_trainer_run_cut_short_reads_as_incomplete(trained, tmp_path):
 def test_synthetic_records_pass_the_trainer_schema(tmp_path):
     """The other analysis tests and the benchmark use analysis/synthetic.py: keep it honest."""
     require_module("jsonschema", "pip install 'vit-scale[test]'")
-    from vit_scale.schema import validate_record_file
+    from vit_scale.record.schema import validate_record_file
 
     paths = [write_run(str(tmp_path), strategy="FULL_SHARD", nodes=2, ips=100.0, run_id="ok"),
              write_run(str(tmp_path), strategy="DDP", ips=None, status="oom", error="out of memory", memory_gib=None,

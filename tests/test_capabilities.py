@@ -2,7 +2,7 @@
 pair it allows trains to `ok`, every pair it refuses exits 2 with its one line before any work, and
 docs/strategies.md carries the same table. Real launches: the allowed pairs in one torchrun launch
 of 2 ranks (tests/run_many.py, which checks each pair as `vit-scale train` does), the refused ones
-as separate `python -m vit_scale.train` processes."""
+as separate `python -m vit_scale train` processes."""
 import os
 import re
 

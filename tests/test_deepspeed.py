@@ -195,7 +195,7 @@ def _strategy_on(device_type, overrides, world_size=16, ranks_per_node=8):
     from vit_scale.config import load_config
     from vit_scale.distributed import parse_strategy
     from vit_scale.distributed.deepspeed import DeepSpeedStrategy
-    from vit_scale.launch import World
+    from vit_scale.launch.world import World
 
     cfg = load_config(None, overrides)
     world = World("srun", 0, world_size, 0, ranks_per_node, world_size // ranks_per_node, "n0", "n0", 29500,

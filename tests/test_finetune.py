@@ -69,7 +69,7 @@ def write_digits(root) -> dict:
 
 def finetune(args, env=None, nproc=2):
     start = time.time()
-    proc = torchrun(nproc, ["-m", "vit_scale.finetune", *args], timeout=900, env=env)
+    proc = torchrun(nproc, ["-m", "vit_scale", "finetune", *args], timeout=900, env=env)
     return proc, time.time() - start
 
 
@@ -81,7 +81,7 @@ def rank_exit_codes(proc) -> list[int]:
 
 def read_run(out_dir, study) -> list[dict]:
     """The one run of `study` under out_dir, every record checked against the schema."""
-    from vit_scale.schema import BY_EVENT
+    from vit_scale.record.schema import BY_EVENT
 
     paths = glob.glob(os.path.join(str(out_dir), study, "**", "metrics.jsonl"), recursive=True)
     assert len(paths) == 1, paths
@@ -342,7 +342,7 @@ def test_colossalai_ddp_resumes_from_its_checkpoint_with_the_same_losses(cai_ddp
 # ---------------------------------------------------------------- bad input, through the command line
 
 def _main_error(args, capsys) -> str:
-    from vit_scale.finetune import main
+    from vit_scale.recipes.finetune import main
 
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -381,7 +381,7 @@ def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "one" / "cat" / "a.png")
     for path, words in ((tmp_path / "missing", "no such directory"), (tmp_path / "empty", "holds no images"),
                         (tmp_path / "one", "1 class (cat)")):
-        proc = subprocess.run([PYTHON, "-m", "vit_scale.finetune", f"data.path={path}",
+        proc = subprocess.run([PYTHON, "-m", "vit_scale", "finetune", f"data.path={path}",
                                f"output.dir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 2, proc.stderr

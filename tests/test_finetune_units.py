@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from vit_scale import checkpoint as ckpt
-from vit_scale import datasets
+from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.recipes import datasets
 from vit_scale.config import DataConfig, load_config
 from vit_scale.errors import UserError
-from vit_scale.finetune import learning_rate
+from vit_scale.recipes.finetune import learning_rate
 
 
 def _one_line(exc_info) -> str:
@@ -223,7 +223,7 @@ def _vit_micro(num_classes, seed=0, img_size=32):
 
 @pytest.mark.parametrize("fmt", ["pth", "safetensors"])
 def test_pretrained_file_loads_and_the_head_is_replaced(tmp_path, fmt):
-    from vit_scale import pretrained
+    from vit_scale.recipes import pretrained
     from vit_scale.distributed.base import ModelFactory
     from vit_scale.models import get_spec
 
@@ -253,7 +253,7 @@ def test_pretrained_file_loads_and_the_head_is_replaced(tmp_path, fmt):
 
 
 def test_pretrained_at_another_image_size_has_its_position_embedding_resampled(tmp_path):
-    from vit_scale import pretrained
+    from vit_scale.recipes import pretrained
 
     path = str(tmp_path / "w64.pth")
     torch.save(_vit_micro(10, img_size=64).state_dict(), path)  # 16x16 patches + class token
@@ -267,7 +267,7 @@ def test_pretrained_at_another_image_size_has_its_position_embedding_resampled(t
     ("other_model", ["finetune.pretrained", "does not fit", "of another shape"]),
 ])
 def test_unusable_pretrained_files_are_one_line_errors(tmp_path, case, words):
-    from vit_scale import pretrained
+    from vit_scale.recipes import pretrained
     from vit_scale.models import build_model, get_spec
 
     path = tmp_path / "w.pth"
@@ -291,7 +291,7 @@ def ddp_strategy(tmp_path):
 
     from vit_scale.distributed import parse_strategy, strategy_class
     from vit_scale.distributed.base import ModelFactory
-    from vit_scale.launch import choose_device, detect_world
+    from vit_scale.launch.world import choose_device, detect_world
     from vit_scale.models import get_spec
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -427,7 +427,7 @@ def test_resume_paths(tmp_path):
 # ---------------------------------------------------------------- evaluation files, CLI
 
 def test_confusion_matrix_files(tmp_path):
-    from vit_scale.evaluate import EvalResult, plot_confusion, write_confusion_csv, write_per_class_csv
+    from vit_scale.recipes.evaluate import EvalResult, plot_confusion, write_confusion_csv, write_per_class_csv
 
     result = EvalResult(loss=0.5, top1=0.75, top5=1.0, images=8, confusion=[[3, 1, 0], [0, 2, 0], [1, 0, 1]])
     classes = ["a", "b", "c"]

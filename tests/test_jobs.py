@@ -84,7 +84,7 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
     assert len(srun) == 8, out  # 2 node counts x 2 models x 2 strategies
     flags = "--ntasks-per-node=8 --gpus-per-task=1 --gpu-bind=closest -c 7"
     assert all(flags in line for line in srun)
-    assert all("python -m vit_scale.train system.launcher=srun " in line for line in srun)
+    assert all("python -m vit_scale train system.launcher=srun " in line for line in srun)
     assert sum("srun --nodes=2 --ntasks=16 " in line for line in srun) == 4
     # the paper's settings from configs/studies/frontier_fsdp.yaml, MFU peak from the profile
     for setting in ("train.batch_size=32", "train.precision=bf16", "fsdp.backward_prefetch=pre",

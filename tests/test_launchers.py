@@ -6,8 +6,8 @@ import subprocess
 import pytest
 
 from conftest import FAST, PYTHON, ROOT, losses, require_tool, torchrun
-from vit_scale.launch import detect_launcher, detect_world, slurm_master_port
-from vit_scale.schema import validate_record_file
+from vit_scale.launch.world import detect_launcher, detect_world, slurm_master_port
+from vit_scale.record.schema import validate_record_file
 
 SLURM_STEP_ENV = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "3",
                   "SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
@@ -70,11 +70,11 @@ def test_mpirun_launch_trains_like_torchrun(tmp_path):
     args = [*FAST, "strategy=FULL_SHARD"]
     mpi = subprocess.run(
         ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "OMPI_MCA_btl=self,tcp",
-         PYTHON, "-m", "vit_scale.train", *args, "system.launcher=mpi", f"output.dir={tmp_path / 'mpi'}"],
+         PYTHON, "-m", "vit_scale", "train", *args, "system.launcher=mpi", f"output.dir={tmp_path / 'mpi'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert mpi.returncode == 0, mpi.stdout[-2000:] + mpi.stderr[-3000:]
     assert "Aborted" not in mpi.stderr
-    ref = torchrun(2, ["-m", "vit_scale.train", *args, f"output.dir={tmp_path / 'torchrun'}"])
+    ref = torchrun(2, ["-m", "vit_scale", "train", *args, f"output.dir={tmp_path / 'torchrun'}"])
     assert ref.returncode == 0, ref.stderr[-3000:]
     (mpi_path,) = glob.glob(str(tmp_path / "mpi" / "**" / "metrics.jsonl"), recursive=True)
     (ref_path,) = glob.glob(str(tmp_path / "torchrun" / "**" / "metrics.jsonl"), recursive=True)

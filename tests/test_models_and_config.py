@@ -54,7 +54,7 @@ def test_yaml_then_overrides_and_the_resolved_config_round_trips(tmp_path):
 def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
     import dataclasses
 
-    from vit_scale import finetune, train
+    from vit_scale.recipes import finetune, train
     from vit_scale.config import BENCHMARK_SECTIONS, Config
 
     every_section = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(Config(), f.name))]
@@ -74,7 +74,7 @@ def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
 
 
 def train_help(capsys) -> str:
-    from vit_scale import train
+    from vit_scale.recipes import train
 
     with pytest.raises(SystemExit):
         train._parse_args(["--help"])

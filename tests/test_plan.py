@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
-from vit_scale import plan
+from vit_scale.planning import cli as plan
 from vit_scale.config import load_config
 from vit_scale.models import MODELS, count_params, get_spec
-from vit_scale.planning import Scenario, plan_row
+from vit_scale.planning import Scenario, plan_row, predict_for_run
 from vit_scale.planning.cli import _parser, build_rows
 from vit_scale.planning.shapes import Shape
 
@@ -202,13 +202,13 @@ def test_predict_for_run_is_the_record_plan():
                              "train.activation_checkpointing=true"])
     gpu = SimpleNamespace(world_size=16, local_world_size=8, nodes=2, device_type="cuda", device_index=0)
     cfg.plan.device_memory_gib = 64.0
-    record = plan.predict_for_run(cfg, gpu)
+    record = predict_for_run(cfg, gpu)
     jsonschema.validate(record, plan.ROW_SCHEMA)
     assert isinstance(record["memory_gib"], float) and record["fits"] is True and record["world_size"] == 16
     assert record["assumptions"]["precision"] == "bf16"
     cfg.plan.device_memory_gib = None
     cpu = SimpleNamespace(world_size=2, local_world_size=2, nodes=1, device_type="cpu", device_index=None)
-    assert plan.predict_for_run(cfg, cpu)["fits"] is None  # no device memory to judge against
+    assert predict_for_run(cfg, cpu)["fits"] is None  # no device memory to judge against
 
 
 BAD = [

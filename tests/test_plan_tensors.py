@@ -14,7 +14,7 @@ import os
 import pytest
 
 from conftest import ROOT, torchrun
-from vit_scale.schema import validate_record_file
+from vit_scale.record.schema import validate_record_file
 
 STATE_CASES = ["DDP", "NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "FULL_SHARD:fsdp.use_orig_params=true",
                "FULL_SHARD:fsdp.version=2", "ZERO1", "ZERO2", "ZERO3", "ZERO3:deepspeed.param_persistence_threshold=0"]

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from conftest import PYTHON, ROOT
-from vit_scale.train import main
+from vit_scale.recipes.train import main
 
 
 @pytest.mark.parametrize("overrides, words", [
@@ -60,7 +60,7 @@ def test_output_dir_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
 
 
 def test_subprocess_exit_code_and_no_traceback():
-    proc = subprocess.run([PYTHON, "-m", "vit_scale.train", "model=vit_micro", "strategy=FULL_SHARDED"], cwd=ROOT,
+    proc = subprocess.run([PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "strategy=FULL_SHARDED"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
@@ -76,7 +76,7 @@ def test_hybrid_group_not_dividing_world_size_fails_on_every_rank(tmp_path):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen(
-            [PYTHON, "-m", "vit_scale.train", "model=vit_micro", "strategy=HYBRID_4GPU",
+            [PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "strategy=HYBRID_4GPU",
              f"output.dir={tmp_path / 'runs'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]

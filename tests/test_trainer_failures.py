@@ -9,7 +9,7 @@ import subprocess
 import time
 
 from conftest import PYTHON, ROOT
-from vit_scale.schema import validate_record_file
+from vit_scale.record.schema import validate_record_file
 
 
 def _free_port():
@@ -25,7 +25,7 @@ def _start_ranks(n, out_dir, extra):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "OMP_NUM_THREADS": "1"}
-        cmd = [PYTHON, "-m", "vit_scale.train", "model=vit_micro", "train.batch_size=4", "train.steps=100000",
+        cmd = [PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "train.batch_size=4", "train.steps=100000",
                "train.warmup_steps=2", "train.print_every=100000", f"output.dir={out_dir}", *extra]
         procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))

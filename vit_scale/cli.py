@@ -4,9 +4,9 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {
-    "train": ("vit_scale.train", "one run: one model under one strategy on the launched ranks"),
-    "plan": ("vit_scale.plan", "what fits where: memory per device and communication per step"),
-    "finetune": ("vit_scale.finetune", "fine-tune on real images: evaluation, pretrained weights, checkpoints"),
+    "train": ("vit_scale.recipes.train", "one run: one model under one strategy on the launched ranks"),
+    "plan": ("vit_scale.planning.cli", "what fits where: memory per device and communication per step"),
+    "finetune": ("vit_scale.recipes.finetune", "fine-tune on real images: evaluation, pretrained weights, checkpoints"),
 }
 
 

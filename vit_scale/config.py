@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .errors import UserError
+from vit_scale.errors import UserError
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -312,8 +312,8 @@ def _get(cfg: Config, key: str) -> Any:
 
 
 def validate(cfg: Config) -> None:
-    from .distributed import parse_strategy
-    from .models import get_spec
+    from vit_scale.distributed import parse_strategy
+    from vit_scale.models import get_spec
 
     get_spec(cfg.model)
     parse_strategy(cfg.strategy)
@@ -377,8 +377,8 @@ def _field_comments(cls) -> dict[str, str]:
 
 
 def _allowed(key: str, typ: Any) -> str:
-    from .distributed import allowed_text
-    from .models import MODELS
+    from vit_scale.distributed import allowed_text
+    from vit_scale.models import MODELS
 
     if key == "model":
         return ", ".join(MODELS)

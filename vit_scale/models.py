@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .errors import UserError
+from vit_scale.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def get_spec(name: str) -> ModelSpec:
 
 def build_model(spec: ModelSpec, num_classes: int = 1000, device=None):
     """A timm VisionTransformer for `spec` on `device` ("meta" builds no storage at all)."""
-    from .compat import ensure_torchvision_importable
+    from vit_scale.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()
     from timm.models.vision_transformer import VisionTransformer
@@ -76,7 +76,7 @@ def build_model(spec: ModelSpec, num_classes: int = 1000, device=None):
 
 def block_class():
     """The module FSDP wraps as one unit and activation checkpointing recomputes."""
-    from .compat import ensure_torchvision_importable
+    from vit_scale.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()
     from timm.models.vision_transformer import Block

@@ -20,7 +20,6 @@ import argparse
 import csv
 import glob
 import itertools
-import json
 import os
 import re
 import shlex
@@ -324,22 +323,11 @@ def cmd_plan(args) -> None:
 # ---------------------------------------------------------------- run records
 
 def read_record(run_dir: str) -> tuple[dict | None, dict | None]:
-    """(start, end) of a run directory's metrics.jsonl; a missing or torn line reads as None."""
-    start = end = None
-    try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            for line in f:
-                try:
-                    item = json.loads(line)
-                except ValueError:
-                    continue
-                if item.get("event") == "start":
-                    start = item
-                elif item.get("event") == "end":
-                    end = item
-    except OSError:
-        pass
-    return start, end
+    """(start, end) of a run directory, through the toolkit's one record reader."""
+    sys.path.insert(0, HOME)
+    from vit_scale.record.reader import start_and_end
+
+    return start_and_end(run_dir)
 
 
 def flat(config: dict, prefix: str = "") -> dict:
@@ -388,6 +376,14 @@ def cmd_record(args) -> None:
     ips = (end.get("images_per_s") or {}).get("mean")
     error = " ".join(str(end.get("error") or "").split())
     print(f"{end.get('status', 'failed')} {f'{ips:.1f}' if ips is not None else '-'} {error}".rstrip())
+
+
+def cmd_names(args) -> None:
+    """The trainer's model or strategy names on one line, for the job scripts' --help."""
+    models, _, _ = trainer_tables()
+    from vit_scale.distributed import all_labels
+
+    print(" ".join(models if args.what == "models" else all_labels()))
 
 
 # ---------------------------------------------------------------- the summary table
@@ -457,6 +453,9 @@ def main() -> None:
     p = sub.add_parser("record")
     p.add_argument("run_dir")
     p.set_defaults(func=cmd_record)
+    p = sub.add_parser("names")
+    p.add_argument("what", choices=("models", "strategies"))
+    p.set_defaults(func=cmd_names)
     p = sub.add_parser("summary")
     p.add_argument("tsv")
     p.set_defaults(func=cmd_summary)

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import UserError
+from vit_scale.errors import UserError
 
 # family -> "module:class"
 FAMILIES = {
@@ -59,6 +59,17 @@ def parse_strategy(label: str) -> StrategyLabel:
             if m:
                 return StrategyLabel(label, family, int(m.group(1)) if m.groups() else 0)
     raise UserError(f"strategy: unknown strategy '{label}'; allowed: {allowed_text()}")
+
+
+def layout_of(strategy: str, world_size: int, ranks_per_node: int, cfg=None):
+    """The Layout a strategy label has on world_size ranks (cfg: its sections; None: the defaults).
+    Torch-free: the planner and the analysis call it without a process group."""
+    if cfg is None:
+        from vit_scale.config import Config
+
+        cfg = Config()
+    label = parse_strategy(strategy)
+    return strategy_class(label.family).layout(cfg, label, world_size, ranks_per_node)
 
 
 def strategy_class(family: str):

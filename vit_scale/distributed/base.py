@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 
-from ..errors import UserError
-from ..models import ModelSpec, block_class, build_model, init_module_
+from vit_scale.errors import UserError
+from vit_scale.distributed.layout import Layout
+from vit_scale.models import ModelSpec, block_class, build_model, init_module_
 
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 META_INIT_ABOVE_PARAMS = 1.5e9
@@ -59,13 +60,21 @@ class Strategy(ABC):
         self.cfg, self.label, self.world = cfg, label, world
         self.model = None
         self.optimizer = None
-        self.implementation = self.family
-        self.notes: list[str] = []
+        self.layout = type(self).layout(cfg, label, world.world_size, world.local_world_size)
+        self.implementation = self.layout.implementation
+        self.notes: list[str] = list(self.layout.notes)
         self.shard_group = None        # ranks that together hold one full copy (None: this rank alone)
-        self.shard_group_size = 1
-        self.replicate_group_size = world.world_size
+        self.shard_group_size = self.layout.shard
+        self.replicate_group_size = self.layout.replicate
         precision = cfg.train.precision
         self.dtype_name = DTYPES[precision]
+
+    @classmethod
+    def layout(cls, cfg, label, world_size: int, ranks_per_node: int) -> Layout:
+        """Who holds what for this label on world_size ranks; torch-free (the planner calls it).
+        The default is a full replica on every rank."""
+        W = world_size
+        return Layout(label.label, cls.family, cls.family, label.label, 1, W, 1)
 
     # ------------------------------------------------------------ checks before any process group
 
@@ -73,7 +82,7 @@ class Strategy(ABC):
     def check(cls, cfg, label, world) -> None:
         """Raise UserError for a combination that cannot run here. Runs before init_process_group.
         Label x precision x device kind is the capability table's; a family adds its option rules."""
-        from .capabilities import refusal
+        from vit_scale.distributed.capabilities import refusal
 
         error = refusal(label.label, cfg.train.precision, world.device_type)
         if error:
@@ -108,7 +117,7 @@ class Strategy(ABC):
         for p in self.model.parameters():
             yield p.to_local() if hasattr(p, "to_local") else p
 
-    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
     # The benchmark loop above uses none of these. A family opts in with `supports_finetune` once
     # the defaults below are right for it or it overrides them; the defaults fit a torch module
     # whose optimizer is a plain torch optimizer (DDP).
@@ -120,7 +129,7 @@ class Strategy(ABC):
     checkpoint_format = "full"
 
     def configure_finetune(self, ft) -> None:
-        """Called by vit_scale.finetune with the `finetune` config section, after construction and
+        """Called by vit_scale.recipes.finetune with the `finetune` config section, after construction and
         before `artifacts`, `describe` and `setup`: a family whose wrapper takes clipping or
         accumulation in its own config (DeepSpeed) sets them here. The default needs nothing."""
 

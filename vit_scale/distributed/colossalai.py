@@ -3,7 +3,7 @@
 The plugins run on the trainer's own process group: `colossalai.launch*` is not called (it
 would call init_process_group again and reseed every rank with 1024); the Booster and its
 plugins need only an initialised torch.distributed and, on a GPU, the current device, both of
-which vit_scale.launch has set.
+which vit_scale.launch.world has set.
 
 What runs where is the capability table's (vit_scale.distributed.capabilities): on a CPU,
 CAI_DDP in fp32 or bf16; the other plugins need a GPU (LowLevelZero and Gemini put their buffers
@@ -22,7 +22,7 @@ Labels and precision:
   `colossalai.preset=seed000` sets offload_optim_frac=1.0 and pin_memory=True (seed 000's run).
 - CAI_FSDP: TorchFSDPPlugin (torch FSDP1, FULL_SHARD, one unit per timm Block as FULL_SHARD does).
 
-Fine-tuning (vit_scale.finetune) goes through the Booster for every plugin: booster.backward,
+Fine-tuning (vit_scale.recipes.finetune) goes through the Booster for every plugin: booster.backward,
 optimizer.step, booster.no_sync for the accumulated micro-batches where the plugin has it
 (TorchDDPPlugin, LowLevelZero stage 1; LowLevelZero stage 2 and Gemini accumulate in their own
 gradient buffers, FSDP synchronises every micro-batch). Checkpoints: TorchDDPPlugin saves whole
@@ -35,8 +35,12 @@ is tested, on CPU ranks; the GPU plugins' fine-tuning path has not been run.
 """
 from __future__ import annotations
 
-from ..errors import UserError
-from .base import Strategy
+from vit_scale.errors import UserError
+from vit_scale.distributed.base import Strategy
+from vit_scale.distributed.layout import Layout
+
+PLUGINS = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin", "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin",
+           "CAI_GEMINI": "GeminiPlugin", "CAI_FSDP": "TorchFSDPPlugin"}
 
 INSTALL_HINT = ("pip install --no-deps colossalai==0.5.0 && pip install -c CONSTRAINTS transformers==4.51.3 "
                 "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
@@ -45,7 +49,7 @@ PRESETS = {"none": {}, "seed000": {"offload_optim_frac": 1.0, "pin_memory": True
 
 
 def _import_colossalai():
-    from ..compat import ensure_torchvision_importable
+    from vit_scale.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()  # colossalai imports transformers, which imports torchvision
     try:
@@ -60,7 +64,7 @@ def _import_colossalai():
 class ColossalAIStrategy(Strategy):
     family = "colossalai"
     labels = ("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
-    # fine-tuning (vit_scale.finetune): see the module docstring and the methods under "fine-tuning"
+    # fine-tuning (vit_scale.recipes.finetune): see the module docstring and the methods under "fine-tuning"
     supports_finetune = True
     checkpoint_format = "booster"
 
@@ -76,6 +80,18 @@ class ColossalAIStrategy(Strategy):
 
     # ------------------------------------------------------------ configuration
 
+    @classmethod
+    def layout(cls, cfg, label, world_size, ranks_per_node):
+        W, notes = world_size, ()
+        shard = W if label.label == "CAI_FSDP" else 1
+        state_shard = 1 if label.label in ("CAI_DDP", "CAI_DDP_FP16") else W
+        if label.label in ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI"):
+            notes = ("optimizer states are partitioned over all ranks; the replica check compares each "
+                     "rank's full copy of the parameters"
+                     + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""),)
+        return Layout(label.label, "colossalai", f"colossalai-{PLUGINS[label.label]}", label.label, shard, W // shard,
+                      state_shard, notes=notes)
+
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
         self.booster = None
@@ -84,10 +100,7 @@ class ColossalAIStrategy(Strategy):
             # whole state dicts of the unwrapped module and the optimizer, as DDP's: the Booster's
             # load_model calls the accelerator's synchronize(), which ColossalAI's CPU accelerator refuses
             self.checkpoint_format = "full"
-        self.plugin_name = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin",
-                            "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin", "CAI_GEMINI": "GeminiPlugin",
-                            "CAI_FSDP": "TorchFSDPPlugin"}[label.label]
-        self.implementation = f"colossalai-{self.plugin_name}"
+        self.plugin_name = PLUGINS[label.label]
         c = cfg.colossalai
         self.gemini = {"placement_policy": c.placement_policy, "offload_optim_frac": c.offload_optim_frac,
                        "offload_param_frac": c.offload_param_frac, "pin_memory": c.pin_memory}
@@ -95,12 +108,6 @@ class ColossalAIStrategy(Strategy):
             self.gemini.update(PRESETS[c.preset])
             self.notes.append(f"colossalai.preset={c.preset}: "
                               + ", ".join(f"{k}={v}" for k, v in PRESETS[c.preset].items()))
-        if label.label == "CAI_FSDP":
-            self.shard_group_size, self.replicate_group_size = world.world_size, 1
-        elif label.label in ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI"):
-            self.notes.append("optimizer states are partitioned over all ranks; the replica check compares each "
-                              "rank's full copy of the parameters"
-                              + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""))
 
     def configure_finetune(self, ft) -> None:
         """Fine-tuning: LowLevelZero and Gemini clip inside step() at their plugin's `max_norm`
@@ -219,7 +226,7 @@ class ColossalAIStrategy(Strategy):
         self.optimizer.zero_grad()
         return loss.detach()
 
-    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
     # finetune drives each optimizer step as `accumulation_steps` x (forward, backward(loss /
     # accumulation_steps)), all but the last inside no_sync, then clip_grad_norm and optimizer_step.
 

@@ -1,13 +1,18 @@
 """torch DistributedDataParallel: every rank holds the whole model; gradients are all-reduced."""
 from __future__ import annotations
 
-from .base import Strategy
+from vit_scale.distributed.base import Strategy
+from vit_scale.distributed.layout import Layout
 
 
 class DDPStrategy(Strategy):
     family = "ddp"
     labels = ("DDP",)
     supports_finetune = True  # the Strategy defaults are DDP's; only no_sync is its own
+
+    @classmethod
+    def layout(cls, cfg, label, world_size, ranks_per_node):
+        return Layout(label.label, "ddp", "ddp", "DDP", 1, world_size, 1)
 
     def no_sync(self):
         return self.model.no_sync()

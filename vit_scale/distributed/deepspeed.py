@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO: ZERO1, ZERO2, ZERO3 and ZEROPP (ZeRO-3 with hpZ, qwZ and qgZ).
 
-Runs inside the trainer's own process group (torchrun, srun or MPI as vit_scale.launch set it
+Runs inside the trainer's own process group (torchrun, srun or MPI as vit_scale.launch.world set it
 up); the `deepspeed` launcher is not needed. `deepspeed.initialize` finds torch.distributed
 already initialised and only wraps it.
 
@@ -8,7 +8,7 @@ The generated DeepSpeed config is built from the run config alone and written to
 directory as `deepspeed.json` (see `artifacts`). Choices that keep the comparison fair:
 - `gradient_clipping` is set explicitly (default 0.0, no clipping, like DDP and FSDP):
   DeepSpeed 0.19 clips at 1.0 when the key is absent, and the losses then differ from DDP's.
-  Fine-tuning (vit_scale.finetune, configure_finetune) takes it from finetune.clip_grad_norm
+  Fine-tuning (vit_scale.recipes.finetune, configure_finetune) takes it from finetune.clip_grad_norm
   instead, and gradient_accumulation_steps from finetune.accumulation_steps.
 - Without offload the optimizer is the same `torch.optim.AdamW` the other strategies use,
   handed to DeepSpeed as a client optimizer. Offload needs DeepSpeed's own optimizer
@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import os
 
-from ..errors import UserError
-from .base import Strategy
+from vit_scale.errors import UserError
+from vit_scale.distributed.base import Strategy
+from vit_scale.distributed.layout import Layout
 
 STAGES = {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}
 INSTALL_HINT = "pip install 'vit-scale[deepspeed]' (on a CPU-only machine: DS_BUILD_OPS=0 and a constraints file pinning your torch)"
@@ -50,7 +51,7 @@ def _import_deepspeed():
 class DeepSpeedStrategy(Strategy):
     family = "deepspeed"
     labels = ("ZERO1", "ZERO2", "ZERO3", "ZEROPP")
-    # fine-tuning (vit_scale.finetune): the engine owns the loss scale, clipping, accumulation
+    # fine-tuning (vit_scale.recipes.finetune): the engine owns the loss scale, clipping, accumulation
     # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
     supports_finetune = True
     checkpoint_format = "engine"
@@ -78,28 +79,30 @@ class DeepSpeedStrategy(Strategy):
 
     # ------------------------------------------------------------ configuration
 
+    @classmethod
+    def layout(cls, cfg, label, world_size, ranks_per_node):
+        W, stage, notes = world_size, STAGES[label.label], []
+        hpz = (cfg.deepspeed.hpz_partition_size or ranks_per_node) if label.label == "ZEROPP" else 0
+        if stage < 3:
+            notes.append(f"ZeRO-{stage} partitions optimizer states{' and gradients' if stage == 2 else ''} over "
+                         f"all {W} ranks; parameters stay whole on every rank, so each rank is a replica for the "
+                         "replica check")
+        if hpz == 1:
+            notes.append("hpZ partition size 1 (one rank per node): no secondary partition, so ZEROPP runs "
+                         "as ZeRO-3 with quantised collectives only")
+        elif hpz and hpz == W:
+            notes.append(f"hpZ partition size {hpz} equals the world size: the secondary partition "
+                         "spans every rank, like ZeRO-3's own")
+        shard = W if stage == 3 else 1
+        return Layout(label.label, "deepspeed", f"deepspeed-zero{stage}" + ("-pp" if label.label == "ZEROPP" else ""),
+                      f"ZERO{stage}", shard, W // shard, W, hpz=hpz, notes=tuple(notes))
+
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
         ds = cfg.deepspeed
         self.stage = STAGES[label.label]
-        self.hpz = 0
-        if label.label == "ZEROPP":
-            self.hpz = ds.hpz_partition_size or world.local_world_size
-        self.implementation = f"deepspeed-zero{self.stage}" + ("-pp" if label.label == "ZEROPP" else "")
+        self.hpz = self.layout.hpz
         self.uses_ds_optimizer = ds.offload_optimizer or ds.offload_params
-        if self.stage == 3:
-            self.shard_group_size, self.replicate_group_size = world.world_size, 1
-        else:
-            self.notes.append(f"ZeRO-{self.stage} partitions optimizer states"
-                              f"{' and gradients' if self.stage == 2 else ''} over all {world.world_size} ranks; "
-                              "parameters stay whole on every rank, so each rank is a replica for the replica check")
-        if label.label == "ZEROPP":
-            if self.hpz == 1:
-                self.notes.append("hpZ partition size 1 (one rank per node): no secondary partition, so ZEROPP runs "
-                                  "as ZeRO-3 with quantised collectives only")
-            elif self.hpz == world.world_size:
-                self.notes.append(f"hpZ partition size {self.hpz} equals the world size: the secondary partition "
-                                  "spans every rank, like ZeRO-3's own")
         if world.device_type == "cpu" and ds.skip_shm_comm:
             self.notes.append("DeepSpeed's shm_comm op (inference all-reduce only) was not built: "
                               "deepspeed.skip_shm_comm=true")
@@ -121,8 +124,8 @@ class DeepSpeedStrategy(Strategy):
 
     def _init_mode(self) -> str:
         """What ModelFactory will do with train.init, before it exists (the config is written first)."""
-        from ..models import count_params
-        from .base import init_mode
+        from vit_scale.models import count_params
+        from vit_scale.distributed.base import init_mode
 
         return init_mode(self.cfg.train.init, count_params(self.cfg.model, self.cfg.train.num_classes))
 
@@ -260,7 +263,7 @@ class DeepSpeedStrategy(Strategy):
         self.model.step()
         return loss.detach()
 
-    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
     # finetune drives each optimizer step as `accumulation_steps` x (forward, backward(loss /
     # accumulation_steps)), the last outside no_sync, then clip_grad_norm and optimizer_step. The
     # engine counts micro-steps itself (gradient_accumulation_steps in its config) and wants

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import contextlib
 
-from ..errors import UserError
-from .base import Strategy
+from vit_scale.errors import UserError
+from vit_scale.distributed.base import Strategy
+from vit_scale.distributed.layout import Layout
 
 
 class FSDPStrategy(Strategy):
     family = "fsdp"
-    labels = ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_<g>GPU")  # g: shard group size
+    # from replicated to fully sharded, the order legends and tables use; g: shard group size
+    labels = ("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD")
 
     @classmethod
     def check(cls, cfg, label, world) -> None:
@@ -44,17 +46,26 @@ class FSDPStrategy(Strategy):
                      "cpu_offload": self.cfg.fsdp.cpu_offload})
         return opts
 
+    @classmethod
+    def layout(cls, cfg, label, world_size, ranks_per_node):
+        W, notes = world_size, []
+        version = cfg.fsdp.version
+        if label.hybrid_group == 1 and version == 1:
+            version = 2
+            notes.append("HYBRID_1GPU runs on FSDP2 with a (world, 1) mesh: FSDP1 with 1-rank shard groups "
+                         "falls back to NO_SHARD over one rank and never synchronises the replicas")
+        shard = label.hybrid_group or (1 if label.label == "NO_SHARD" else W)
+        sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
+        if version == 1 and shard == 1 and sharding != "NO_SHARD":
+            notes.append(f"{label.label} over a 1-rank shard group: FSDP1 runs it as NO_SHARD")
+            sharding = "NO_SHARD"
+        return Layout(label.label, "fsdp", f"fsdp{version}", sharding, shard, max(1, W // shard), shard,
+                      notes=tuple(notes))
+
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
         self.sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
-        self.implementation_version = cfg.fsdp.version
-        if label.hybrid_group == 1 and cfg.fsdp.version == 1:
-            self.implementation_version = 2
-            self.notes.append("HYBRID_1GPU runs on FSDP2 with a (world, 1) mesh: FSDP1 with 1-rank shard groups "
-                              "falls back to NO_SHARD over one rank and never synchronises the replicas")
-        self.implementation = f"fsdp{self.implementation_version}"
-        replicate, shard = self._mesh_shape()
-        self.shard_group_size, self.replicate_group_size = shard, replicate
+        self.implementation_version = int(self.implementation[len("fsdp"):])
         if self.implementation_version == 2 and (cfg.fsdp.backward_prefetch != "pre" or not cfg.fsdp.limit_all_gathers):
             self.notes.append("backward_prefetch and limit_all_gathers are FSDP1 options; FSDP2 prefetches one "
                               "unit ahead in backward and bounds in-flight all-gathers itself")
@@ -63,12 +74,7 @@ class FSDPStrategy(Strategy):
 
     def _mesh_shape(self) -> tuple[int, int]:
         """(replicate, shard) sizes."""
-        n = self.world.world_size
-        if self.label.hybrid_group:
-            return n // self.label.hybrid_group, self.label.hybrid_group
-        if self.sharding == "NO_SHARD":
-            return n, 1
-        return 1, n
+        return self.replicate_group_size, self.shard_group_size
 
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
@@ -189,7 +195,7 @@ class FSDPStrategy(Strategy):
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    # ------------------------------------------------------------ fine-tuning (vit_scale.finetune)
+    # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
 
     supports_finetune = True
     checkpoint_format = "sharded"  # torch.distributed.checkpoint: each rank writes and reads its own shard

@@ -2,16 +2,16 @@
 
     row = plan_row(Scenario(model="vit_3b", strategy="NO_SHARD", nodes=1, gpus_per_node=8))
 
-`vit_scale.plan` is the entry point (`vit-scale plan ...` and the trainer's `predict_for_run`).
+`vit_scale.planning.cli` is `vit-scale plan ...`; the trainer's session calls `predict_for_run`.
 Nothing here imports torch. Formulas and assumptions: docs/plan.md.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from . import communication, memory
-from .scenario import Allowance, Layout, Scenario, from_config, layout
-from .shapes import Shape
+from vit_scale.planning import communication, memory
+from vit_scale.planning.scenario import Allowance, Layout, Scenario, from_config, layout
+from vit_scale.planning.shapes import Shape
 
 SCHEMA_VERSION = 1
 GIB = memory.GIB
@@ -72,7 +72,7 @@ def predict_for_run(cfg, world) -> dict | None:
     device_memory = cfg.plan.device_memory_gib
     if device_memory is None and getattr(world, "device_type", "cpu") != "cpu":
         try:
-            from ..memory import device_memory_gib
+            from vit_scale.run.memory import device_memory_gib
 
             device_memory = device_memory_gib(world.device_type, world.device_index)
         except Exception:  # noqa: BLE001 - a plan without a verdict beats a failed run

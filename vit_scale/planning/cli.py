@@ -12,11 +12,11 @@ import dataclasses
 import json
 import sys
 
-from ..distributed import GROUP_SIZE, all_labels
-from ..distributed.capabilities import refusal
-from ..errors import UserError
-from . import SCHEMA_VERSION, assumptions, plan_row
-from .scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, Allowance, from_config
+from vit_scale.distributed import GROUP_SIZE, all_labels
+from vit_scale.distributed.capabilities import refusal
+from vit_scale.errors import UserError
+from vit_scale.planning import SCHEMA_VERSION, assumptions, plan_row
+from vit_scale.planning.scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, Allowance, from_config
 
 GB = 1e9
 
@@ -143,7 +143,7 @@ def _default_strategies(gpus_per_node: int) -> list[str]:
 
 
 def build_rows(args) -> tuple[list[dict], dict]:
-    from ..config import load_config
+    from vit_scale.config import load_config
 
     for name in ("gpus_per_node", "batch_size", "num_classes"):
         if getattr(args, name) < 1:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .scenario import Layout, Scenario
-from .shapes import Shape
+from vit_scale.planning.scenario import Layout, Scenario
+from vit_scale.planning.shapes import Shape
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 FACTORS = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,

@@ -31,10 +31,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from math import ceil
 
-from ..config import FSDPConfig
-from .scenario import (CAI_REDUCE_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_SUB_GROUP_SIZE, Layout, Scenario,
+from vit_scale.config import FSDPConfig
+from vit_scale.planning.scenario import (CAI_REDUCE_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_SUB_GROUP_SIZE, Layout, Scenario,
                        layout)
-from .shapes import Shape, numel
+from vit_scale.planning.shapes import Shape, numel
 
 GIB = 1024 ** 3
 PHASES = ("forward_end", "backward_start", "backward_end", "optimizer_step")
@@ -257,7 +257,7 @@ def _zero12(sc: Scenario, shape: Shape, N: int, stage: int, precision: str, buck
 
 def _zero3(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemory:
     ds = sc.deepspeed
-    P, c, N = shape.params, _bytes(precision), lay.shard
+    P, c, N = shape.params, _bytes(precision), lay.state_shard
     partitioned = sum(ceil(numel(s) / N) for s in shape.tensors())
     small = shape.small_tensor_params(ds.param_persistence_threshold)
     part = ceil(P / N)
@@ -318,7 +318,8 @@ def state_memory(sc: Scenario, shape: Shape, lay: Layout) -> StateMemory:
     if label == "CAI_FSDP":
         # TorchFSDPPlugin: FSDP1 FULL_SHARD with torch's own defaults (prefetch pre, rate limiter on),
         # not the trainer's fsdp.* keys
-        cai_lay = Layout(label, "fsdp", "fsdp1", "FULL_SHARD" if lay.shard > 1 else "NO_SHARD", lay.shard, 1)
+        cai_lay = Layout(label, "fsdp", "fsdp1", "FULL_SHARD" if lay.shard > 1 else "NO_SHARD", lay.shard, 1,
+                         lay.shard)
         return _fsdp1(dataclasses.replace(sc, fsdp=FSDPConfig()), shape, cai_lay, sc.precision)
     if lay.family == "deepspeed":
         ds = sc.deepspeed
@@ -326,13 +327,13 @@ def state_memory(sc: Scenario, shape: Shape, lay: Layout) -> StateMemory:
         if stage == 3:
             return _zero3(sc, shape, lay, sc.precision)
         n_buckets = (2 if ds.overlap_comm else 1) if ds.contiguous_gradients else 0
-        return _zero12(sc, shape, lay.shard, stage, sc.precision, ds.reduce_bucket_size, n_buckets,
+        return _zero12(sc, shape, lay.state_shard, stage, sc.precision, ds.reduce_bucket_size, n_buckets,
                        ds.contiguous_gradients, ds.offload_optimizer)
     if label == "CAI_LOW_LEVEL_ZERO":
-        return _zero12(sc, shape, lay.shard, sc.colossalai.zero_stage, sc.precision, CAI_REDUCE_BUCKET, 1,
+        return _zero12(sc, shape, lay.state_shard, sc.colossalai.zero_stage, sc.precision, CAI_REDUCE_BUCKET, 1,
                        True, sc.colossalai.cpu_offload)
     if label == "CAI_GEMINI":
-        return _gemini(sc, shape, lay.shard, sc.precision)
+        return _gemini(sc, shape, lay.state_shard, sc.precision)
     raise ValueError(f"no memory model for {label}")
 
 
@@ -380,4 +381,4 @@ def predict(sc: Scenario, lay: Layout | None = None) -> MemoryPrediction:
     peak_allocated_phase = max(PHASES, key=lambda p: allocated[p])
     return MemoryPrediction(phases=phases, peak_phase=peak_phase, peak_allocated=allocated[peak_allocated_phase],
                             peak_allocated_phase=peak_allocated_phase, allocator=allowance[peak_phase],
-                            total=need[peak_phase], optimizer_impl=st.optimizer_impl, notes=lay.notes + st.notes)
+                            total=need[peak_phase], optimizer_impl=st.optimizer_impl, notes=list(lay.notes) + st.notes)

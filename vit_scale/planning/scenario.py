@@ -10,11 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..config import ColossalAIConfig, DeepSpeedConfig, FSDPConfig
-from ..distributed import parse_strategy
-from ..errors import UserError
-from ..models import get_spec
-from .shapes import Shape
+from vit_scale.config import ColossalAIConfig, DeepSpeedConfig, FSDPConfig
+from vit_scale.distributed import layout_of, parse_strategy
+from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
+from vit_scale.models import get_spec
+from vit_scale.planning.shapes import Shape
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTION = ("fused", "materialised")
@@ -106,48 +107,17 @@ def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: Optional
 
 # ---------------------------------------------------------------- who holds what
 
-@dataclass
-class Layout:
-    """How the strategy spreads the model over the ranks, as the trainer builds it."""
-    label: str
-    family: str
-    implementation: str      # what the trainer would run: ddp, fsdp1, fsdp2, deepspeed-zero3 ...
-    sharding: str            # DDP, NO_SHARD, FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, ZERO1..3, CAI_*
-    shard: int               # ranks one copy of the sharded state is spread over
-    replicate: int           # copies of that state
-    hpz: int = 0             # ZEROPP secondary partition size
-    notes: list[str] = field(default_factory=list)
+# what the planner adds to the strategy's own layout notes: how far its formula is checked
+_APPROXIMATE = {
+    "deepspeed": "DeepSpeed memory follows its 0.19 ZeRO optimizer; approximate beyond the states the tests check",
+    "colossalai": "ColossalAI memory is approximate: its plugins need a GPU, so nothing here is checked against "
+                  "real tensors",
+}
 
 
 def layout(sc: Scenario) -> Layout:
-    label = parse_strategy(sc.strategy)
-    W = sc.world
-    if label.family == "ddp":
-        return Layout(label.label, "ddp", "ddp", "DDP", 1, W)
-    if label.family == "fsdp":
-        notes = []
-        version = sc.fsdp.version
-        g = label.hybrid_group or (1 if label.label == "NO_SHARD" else W)
-        sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
-        if label.hybrid_group == 1 and version == 1:
-            version = 2
-            notes.append("HYBRID_1GPU runs on FSDP2 (the trainer's rule: FSDP1 would never synchronise replicas)")
-        if version == 1 and g == 1 and sharding != "NO_SHARD":
-            notes.append(f"{label.label} over a 1-rank shard group: FSDP1 runs it as NO_SHARD")
-            sharding = "NO_SHARD"
-        return Layout(label.label, "fsdp", f"fsdp{version}", sharding, g, W // g, notes=notes)
-    if label.family == "deepspeed":
-        stage = {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}[label.label]
-        hpz = (sc.deepspeed.hpz_partition_size or sc.gpus_per_node) if label.label == "ZEROPP" else 0
-        impl = f"deepspeed-zero{stage}" + ("-pp" if label.label == "ZEROPP" else "")
-        return Layout(label.label, "deepspeed", impl, f"ZERO{stage}", W, 1, hpz=hpz,
-                      notes=["DeepSpeed memory follows its 0.19 ZeRO optimizer; approximate beyond the "
-                             "states the tests check"])
-    # ColossalAI: the plugins wrap torch DDP / FSDP or their own ZeRO
-    notes = ["ColossalAI memory is approximate: its plugins need a GPU, so nothing here is checked "
-             "against real tensors"]
-    impl = {"CAI_DDP": "colossalai-torch_ddp", "CAI_DDP_FP16": "colossalai-torch_ddp-fp16",
-            "CAI_LOW_LEVEL_ZERO": f"colossalai-low_level_zero{sc.colossalai.zero_stage}",
-            "CAI_GEMINI": "colossalai-gemini", "CAI_FSDP": "colossalai-torch_fsdp"}[label.label]
-    shard = 1 if label.label in ("CAI_DDP", "CAI_DDP_FP16") else W
-    return Layout(label.label, "colossalai", impl, label.label, shard, W // shard, notes=notes)
+    """The strategy's own layout (vit_scale.distributed), as the trainer would build it."""
+    lay = layout_of(sc.strategy, sc.world, sc.gpus_per_node, sc)
+    if lay.family in _APPROXIMATE:
+        lay = dataclasses.replace(lay, notes=lay.notes + (_APPROXIMATE[lay.family],))
+    return lay

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torch.utils.data import DistributedSampler
 
-from .errors import UserError
+from vit_scale.errors import UserError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 VAL_SPLIT_NAMES = ("val", "validation", "test")
@@ -368,7 +368,7 @@ class _ToRGB:
 
 
 def build_transform(data, img_size: int, train: bool):
-    from .compat import ensure_torchvision_importable
+    from vit_scale.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()
     from torchvision import transforms as T
@@ -482,14 +482,14 @@ def make_loader(dataset: ImageDataset, sampler, batch_size: int, workers: int, p
     # Not persistent: workers start with each epoch's iterator and stop with it. Persistent ones
     # would outlive the loop, and at exit multiprocessing stops them with SIGTERM, which they
     # ignore (above). Workers come from a fork server, not a fork of this multi-threaded process
-    # (vit_scale/loader_worker.py says why); a worker's start costs a fraction of a second and
+    # (vit_scale/recipes/loader_worker.py says why); a worker's start costs a fraction of a second and
     # the pickled dataset, seen in the first step's data_time_s.
     context = None
     if workers > 0:
         import multiprocessing
 
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["vit_scale.loader_worker"])
+        context.set_forkserver_preload(["vit_scale.recipes.loader_worker"])
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                       pin_memory=pin_memory, drop_last=drop_last, persistent_workers=False,
                       worker_init_fn=_quiet_worker if workers > 0 else None, multiprocessing_context=context)

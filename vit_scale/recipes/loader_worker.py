@@ -7,10 +7,10 @@ DDP fine-tuning run stuck at an epoch's first batch until rank 0's collective ti
 server is a fresh single-threaded process; it imports this module once, and every worker is forked
 from it with torch, torchvision (through the CPU shim) and the dataset code already loaded.
 """
-from .compat import ensure_torchvision_importable
+from vit_scale.compat import ensure_torchvision_importable
 
 ensure_torchvision_importable()
 
 import torchvision.transforms  # noqa: E402,F401 - unpickling a worker's transforms needs it
 
-from . import datasets  # noqa: E402,F401
+from vit_scale.recipes import datasets  # noqa: E402,F401

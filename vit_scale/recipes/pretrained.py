@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import os
 
-from .distributed.base import ModelFactory
-from .errors import UserError
+from vit_scale.distributed.base import ModelFactory
+from vit_scale.errors import UserError
 
 HEAD_PREFIX = "head."  # timm VisionTransformer's classifier: head.weight, head.bias
 
 
 def _read(path: str) -> dict:
-    from .compat import ensure_torchvision_importable
+    from vit_scale.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()
     from timm.models import load_state_dict
@@ -44,7 +44,7 @@ def _read(path: str) -> dict:
 def prepare(path: str, model) -> tuple[dict, bool]:
     """The checkpoint's tensors, fitted to `model` (which may be on the meta device), and whether
     the classifier head was replaced."""
-    from .compat import ensure_torchvision_importable
+    from vit_scale.compat import ensure_torchvision_importable
 
     ensure_torchvision_importable()
     from timm.models.vision_transformer import checkpoint_filter_fn

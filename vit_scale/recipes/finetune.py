@@ -1,6 +1,6 @@
 """Fine-tune a ViT on real images under any fine-tuning strategy, with evaluation and resumable checkpoints.
 
-    python -m vit_scale.finetune [--config FILE] [key=value ...]
+    python -m vit_scale.recipes.finetune [--config FILE] [key=value ...]
     vit-scale finetune [--config FILE] [key=value ...]
 
 e.g. `data.path=~/data/pets model=vit_base strategy=FULL_SHARD finetune.pretrained=vit_base.safetensors`.
@@ -9,7 +9,7 @@ plus `eval` records); guide in docs/finetune.md. Exit codes: 0 ok, 1 failed, 2 b
 4 diverged, 5 stopped by a signal without a checkpoint, 7 stopped by a signal (Slurm's time
 limit) after saving a checkpoint: requeue the job with checkpoint.resume=auto and it continues.
 
-The benchmark loop (vit_scale.train) stays as it is; this loop adds a real input pipeline,
+The benchmark loop (vit_scale.recipes.train) stays as it is; this loop adds a real input pipeline,
 a learning-rate schedule, gradient accumulation and clipping, evaluation and checkpoints.
 """
 from __future__ import annotations
@@ -23,14 +23,14 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from . import checkpoint as ckpt
-from .config import Config, parse_command_line
-from .errors import UserError
-from .launch import World
-from .record import EXIT_CODES
-from .session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary, say
-from .signals import SignalWatcher
-from .text import plural
+from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.config import Config, parse_command_line
+from vit_scale.errors import UserError
+from vit_scale.launch.world import World
+from vit_scale.record.writer import EXIT_CODES
+from vit_scale.run.session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary, say
+from vit_scale.launch.signals import SignalWatcher
+from vit_scale.text import plural
 
 EXIT_REQUEUE = 7
 # tests stop a run at an exact step through the real signal path: rank 0 signals itself after
@@ -66,9 +66,9 @@ class Inputs:
 def check_inputs(cfg: Config, world: World) -> Inputs:
     """Everything a user can get wrong, found on every rank before any collective: a bad dataset,
     pretrained file or checkpoint is a one-line error and exit code 2 on every rank."""
-    from . import datasets
-    from .distributed.base import META_INIT_ABOVE_PARAMS
-    from .models import build_model, count_params, get_spec
+    from vit_scale.recipes import datasets
+    from vit_scale.distributed.base import META_INIT_ABOVE_PARAMS
+    from vit_scale.models import build_model, count_params, get_spec
 
     splits = datasets.load_splits(cfg.data, cfg.train.seed)
     cfg.train.num_classes = len(splits.classes)  # the dataset decides; the resolved config records it
@@ -85,7 +85,7 @@ def check_inputs(cfg: Config, world: World) -> Inputs:
         if cfg.train.init == "meta" or (cfg.train.init == "auto" and params > META_INIT_ABOVE_PARAMS):
             raise UserError(f"finetune.pretrained: {cfg.model} would be built on the meta device (train.init="
                             f"{cfg.train.init}), which cannot take pretrained weights yet; set train.init=device")
-        from . import pretrained
+        from vit_scale.recipes import pretrained
 
         state, head_replaced = pretrained.prepare(cfg.finetune.pretrained,
                                                   build_model(spec, cfg.train.num_classes, device="meta"))
@@ -143,16 +143,16 @@ class FinetuneRun(RunSession):
     def train(self) -> None:
         import torch.nn.functional as F
 
-        from . import datasets
-        from .distributed.base import ModelFactory
-        from .models import count_params, get_spec
+        from vit_scale.recipes import datasets
+        from vit_scale.distributed.base import ModelFactory
+        from vit_scale.models import count_params, get_spec
 
         cfg, world, ft = self.cfg, self.world, self.cfg.finetune
         spec = get_spec(cfg.model)
         nc = cfg.train.num_classes
         args = (spec, nc, cfg.train.seed, cfg.train.init, count_params(cfg.model, nc))
         if self.inputs.pretrained_state is not None:
-            from .pretrained import PretrainedFactory
+            from vit_scale.recipes.pretrained import PretrainedFactory
 
             factory = PretrainedFactory(*args, state=self.inputs.pretrained_state)
         else:
@@ -282,7 +282,7 @@ class FinetuneRun(RunSession):
             time.sleep(0.01)  # the handler runs in this thread between bytecodes; give it the chance
 
     def _evaluate(self, epoch: int) -> None:
-        from .evaluate import evaluate
+        from vit_scale.recipes.evaluate import evaluate
 
         t0 = time.perf_counter()
         result = evaluate(self.strategy, self.eval_loader, self.cfg.train.num_classes, self.world.device)
@@ -312,7 +312,7 @@ class FinetuneRun(RunSession):
         """End record after train() returned (every rank, all still in step): ok, diverged or stopped."""
         import torch.distributed as dist
 
-        from .replicas import replica_checksums, replicas_agree
+        from vit_scale.run.replicas import replica_checksums, replicas_agree
 
         stopped = self.stop_signal is not None
         checksums = None if stopped else replica_checksums(self.strategy, self.world.device)
@@ -407,7 +407,7 @@ class FinetuneRun(RunSession):
         return lines
 
     def _write_eval_files(self) -> dict:
-        from .evaluate import plot_confusion, write_confusion_csv, write_per_class_csv
+        from vit_scale.recipes.evaluate import plot_confusion, write_confusion_csv, write_per_class_csv
 
         classes = self.inputs.splits.classes
         files = {"confusion_matrix_csv": "confusion_matrix.csv", "confusion_matrix_png": "confusion_matrix.png",
@@ -431,7 +431,7 @@ class StopRequests(SignalWatcher):
 
 def _check_inputs(cfg: Config, world: World, family) -> tuple:
     if not family.supports_finetune:
-        from .distributed import FAMILIES, allowed_text, strategy_class
+        from vit_scale.distributed import FAMILIES, allowed_text, strategy_class
 
         can = [label for name in FAMILIES if strategy_class(name).supports_finetune for label in strategy_class(name).labels]
         raise UserError(f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "

@@ -26,7 +26,7 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from .errors import UserError
+from vit_scale.errors import UserError
 
 FORMAT_VERSION = 1
 META = "meta.json"

@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from .errors import UserError
+from vit_scale.errors import UserError
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Find run directories and read their metrics.jsonl (docs/run_record.md, schema 1).
+"""Find run directories and read their metrics.jsonl (docs/run_record.md): the one reader of the
+run record, torch-free, used by the analysis, the job tooling and the run session itself.
 
 For a finished run only the first line (`start`) and the last line (`end`) are parsed: the end
 record already holds every summary the analysis needs, and a study of 2,000 runs × 500 steps is a
@@ -17,9 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Optional
 
-SUPPORTED_SCHEMA = 1
-METRICS_FILE = "metrics.jsonl"
-STATUSES = ("ok", "oom", "timeout", "failed", "diverged", "skipped")
+from vit_scale.record.writer import METRICS_FILE, STATUSES
+from vit_scale.record.writer import SCHEMA_VERSION as SUPPORTED_SCHEMA
 INCOMPLETE = "incomplete"  # a start record but no end record: the process was killed outright
 
 # (dotted key in the start record, what the analysis needs it for); a start record without one
@@ -204,7 +204,7 @@ def _scan_steps(f, data_start: int, rec: RunRecord) -> Optional[dict]:
     return end
 
 
-def _rank_errors(run_dir: str) -> list:
+def rank_errors(run_dir: str) -> list:
     """rank<k>.error.json files: why a non-zero rank failed, when rank 0 could not say."""
     out = []
     try:
@@ -262,8 +262,17 @@ def read_run(path: str) -> RunRecord:
     else:
         if rec.last_step is None:
             rec.last_step = 0
-        rec.rank_errors = _rank_errors(rec.run_dir)
+        rec.rank_errors = rank_errors(rec.run_dir)
     return rec
+
+
+def start_and_end(run_dir: str) -> tuple[Optional[dict], Optional[dict]]:
+    """(start, end) of one run directory; None for a part it lacks or that cannot be read."""
+    try:
+        rec = read_run(os.path.join(run_dir, METRICS_FILE))
+    except (_Skip, _UnknownSchema):
+        return None, None
+    return rec.start, rec.end
 
 
 def collect(paths: Iterable[str], progress: Optional[Callable[[int, float], None]] = None) -> Collection:

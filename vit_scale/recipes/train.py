@@ -1,11 +1,11 @@
 """The benchmark recipe: one model under one strategy on the launched ranks, synthetic data.
 
-    python -m vit_scale.train [--config FILE] [key=value ...]
+    python -m vit_scale.recipes.train [--config FILE] [key=value ...]
     vit-scale train [--config FILE] [key=value ...]
 
 Rank 0 writes the run record (docs/run_record.md) and prints progress; every rank exits with the
 run's status code (0 ok, 1 failed, 2 bad input, 3 oom, 4 diverged, 5 timeout, 6 skipped). What
-every run does (process group, record, signals, exit) is the session's (vit_scale.session);
+every run does (process group, record, signals, exit) is the session's (vit_scale.run.session);
 this file holds the loop and its end-of-run figures.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 import time
 
-from .config import BENCHMARK_SECTIONS, Config, parse_command_line
-from .launch import World
-from .session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary
+from vit_scale.config import BENCHMARK_SECTIONS, Config, parse_command_line
+from vit_scale.launch.world import World
+from vit_scale.run.session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary
 
 
 def _parse_args(argv):
@@ -32,9 +32,9 @@ class Run(RunSession):
         self.timed_window_s = None
 
     def train(self) -> None:
-        from .data import SyntheticBatches
-        from .distributed.base import ModelFactory
-        from .models import count_params, get_spec
+        from vit_scale.recipes.synthetic import SyntheticBatches
+        from vit_scale.distributed.base import ModelFactory
+        from vit_scale.models import count_params, get_spec
 
         cfg, world = self.cfg, self.world
         spec = get_spec(cfg.model)
@@ -62,7 +62,7 @@ class Run(RunSession):
         """End-of-run collectives (every rank): replica check and memory; rank 0 builds the summary."""
         import torch.distributed as dist
 
-        from .replicas import replica_checksums, replicas_agree
+        from vit_scale.run.replicas import replica_checksums, replicas_agree
 
         checksums = replica_checksums(self.strategy, self.world.device)
         peaks = [None] * self.world.world_size

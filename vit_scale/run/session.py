@@ -1,6 +1,6 @@
 """What every run does, whatever it trains: the run session.
 
-A recipe (`vit_scale.train`, the benchmark on synthetic data; `vit_scale.finetune`, real data
+A recipe (`vit_scale.recipes.train`, the benchmark on synthetic data; `vit_scale.recipes.finetune`, real data
 with evaluation and checkpoints) subclasses RunSession and says only what differs: its loop
 (`train`), its end record after the loop (`finish`), its extra summary lines, its signal model
 and its exit code for a stopped run. The session owns the rest: the command line, the checks
@@ -19,13 +19,14 @@ import statistics
 import sys
 import time
 
-from .config import Config, load_config, to_yaml
-from .distributed import parse_strategy, strategy_class
-from .errors import UserError
-from .launch import MPI_RANK_VARS, World, choose_device, detect_world, init_distributed, leave, slurm_facts
-from .record import EXIT_CODES, RunRecorder, make_run_id, read_rank_errors, run_directory, write_rank_error
-from .signals import RunInterrupted, SignalWatcher
-from .text import plural
+from vit_scale.config import Config, load_config, to_yaml
+from vit_scale.distributed import parse_strategy, strategy_class
+from vit_scale.errors import UserError
+from vit_scale.launch.world import MPI_RANK_VARS, World, choose_device, detect_world, init_distributed, leave, slurm_facts
+from vit_scale.record.reader import rank_errors
+from vit_scale.record.writer import EXIT_CODES, RunRecorder, make_run_id, run_directory, write_rank_error
+from vit_scale.launch.signals import RunInterrupted, SignalWatcher
+from vit_scale.text import plural
 
 
 def say(world: World | None, message: str) -> None:
@@ -81,7 +82,7 @@ class StepMeter:
                  window: str = "wall"):
         import torch
 
-        from .memory import MemoryProbe
+        from vit_scale.run.memory import MemoryProbe
 
         self.session, self.world = session, session.world
         self.images_per_step, self.total_steps, self.untimed = images_per_step, total_steps, untimed_steps
@@ -191,7 +192,7 @@ class RunSession:
 
     def peer_failure_check(self):
         """What rank 0's watcher polls to learn that another rank failed (other ranks poll nothing)."""
-        return (lambda: bool(read_rank_errors(self.run_dir))) if self.world.is_main else None
+        return (lambda: bool(rank_errors(self.run_dir))) if self.world.is_main else None
 
     def stuck_error(self, signum) -> str:
         return "stopped by a signal while blocked in a collective" if signum else "a peer rank failed"
@@ -204,9 +205,9 @@ class RunSession:
     def prepare(self) -> None:
         import torch.distributed as dist
 
-        from . import models
-        from .memory import device_memory_gib
-        from .peaks import peak_tflops
+        from vit_scale import models
+        from vit_scale.run.memory import device_memory_gib
+        from vit_scale.run.peaks import peak_tflops
 
         if not dist.is_initialized():
             init_distributed(self.world, self.cfg.system.collective_timeout_s)
@@ -241,7 +242,7 @@ class RunSession:
         self.model_info = models.describe(self.cfg.model, self.cfg.train.num_classes)
         device_name = self._device_name()
         self.peak_tflops, peak_source = peak_tflops(device_name, self.cfg.train.precision, self.cfg.system.peak_tflops)
-        from .versions import git_revision, software_versions
+        from vit_scale.record.versions import git_revision, software_versions
 
         self.recorder.start({
             "run_id": run_id, "study": self.cfg.output.study,
@@ -268,7 +269,7 @@ class RunSession:
         if self.world.device_type == "cpu":
             import platform
 
-            from .versions import cpu_model
+            from vit_scale.record.versions import cpu_model
 
             return cpu_model() or platform.machine() or "cpu"
         import torch
@@ -277,7 +278,7 @@ class RunSession:
 
     def _plan(self):
         try:
-            from .plan import predict_for_run
+            from vit_scale.planning import predict_for_run
         except ImportError:
             return None
         try:
@@ -318,7 +319,7 @@ class RunSession:
     def interrupted(self, status: str, error: str, failed_rank=None) -> dict:
         """End record for a run that did not reach its end-of-run collectives."""
         # a peer that failed first says why: its reason beats our "connection closed"
-        for peer in read_rank_errors(self.run_dir):
+        for peer in rank_errors(self.run_dir):
             if status != "timeout" or peer.get("status") in ("oom", "failed"):
                 status, error, failed_rank = peer["status"], f"rank {peer['rank']}: {peer['error']}", peer["rank"]
                 break

@@ -1,4 +1,5 @@
-"""The run directory and its metrics.jsonl (schema: docs/run_record.md). Written by global rank 0.
+"""Writing the run directory and its metrics.jsonl (schema: docs/run_record.md; reading it:
+reader.py). Written by global rank 0.
 
 Every line is flushed as it is written, so a run killed mid-way still leaves its start and the
 steps it finished. Exactly one end record is written, whichever of the training loop, an error
@@ -13,6 +14,7 @@ import threading
 import time
 
 SCHEMA_VERSION = 1
+METRICS_FILE = "metrics.jsonl"
 STATUSES = ("ok", "oom", "timeout", "failed", "diverged", "skipped")
 EXIT_CODES = {"ok": 0, "failed": 1, "oom": 3, "diverged": 4, "timeout": 5, "skipped": 6}
 
@@ -44,7 +46,7 @@ class RunRecorder:
     def __init__(self, run_dir: str):
         self.run_dir = run_dir
         os.makedirs(run_dir, exist_ok=True)
-        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.path = os.path.join(run_dir, METRICS_FILE)
         # "x": a run directory is never reused, so an earlier record can never be overwritten
         self._file = open(self.path, "x", buffering=1)
         self._lock = threading.Lock()
@@ -99,19 +101,3 @@ def write_rank_error(run_dir: str, rank: int, status: str, error: str) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
-
-
-def read_rank_errors(run_dir: str) -> list[dict]:
-    found = []
-    try:
-        names = sorted(os.listdir(run_dir))
-    except OSError:
-        return found
-    for name in names:
-        if name.startswith("rank") and name.endswith(".error.json"):
-            try:
-                with open(os.path.join(run_dir, name)) as f:
-                    found.append(json.load(f))
-            except (OSError, ValueError):
-                continue
-    return found

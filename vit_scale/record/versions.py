@@ -16,7 +16,7 @@ def _version(dist: str) -> str | None:
 
 
 def software_versions() -> dict:
-    from .launch import launched_by
+    from vit_scale.launch.world import launched_by
 
     import torch
 
@@ -55,7 +55,7 @@ def git_revision() -> str | None:
     copy unpacked inside another repository, or installed into a virtual environment that lives
     in one, would otherwise report that repository's commit as the toolkit's.
     """
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # <root>/vit_scale/record/
     try:
         top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
                              timeout=10)
