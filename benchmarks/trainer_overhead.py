@@ -1,90 +1,168 @@
-"""What the trainer costs over a bare PyTorch loop: same model, batch, ranks, data, in one run.
+"""What the trainer costs over a bare PyTorch loop: same model, batch, ranks, data, precision, in one launch.
 
-    python benchmarks/trainer_overhead.py [--model vit_tiny] [--batch-size 8] [--steps 25] [--rounds 3]
+    python benchmarks/trainer_overhead.py [--device cpu|cuda] [--ranks N] [--pairs DDP,NO_SHARD,FULL_SHARD]
+                                          [--model vit_tiny] [--batch-size 8] [--steps 25] [--rounds 3]
 
-The bare loop is model, loss, backward, optimizer step and nothing else. The trainer runs the
-same work under DDP on one rank with its timing, device syncs, per-step records and progress
-lines. The two alternate round by round so that drift of the machine (other load, frequency)
-hits both alike; the figure is the median over rounds of each round's ratio. Bar: 0.97 or better.
+Each pair is a bare loop and the trainer running the same strategy on the same ranks:
+  DDP        torch DDP around the model                 against `strategy=DDP`
+  NO_SHARD   FSDP1, one unit per timm Block, NO_SHARD    against `strategy=NO_SHARD`
+  FULL_SHARD FSDP1, one unit per timm Block, FULL_SHARD  against `strategy=FULL_SHARD`
+The bare loop is forward, loss, backward, optimizer step and nothing else: no per-step host
+synchronisation, no records, no progress. On a GPU (--device cuda) it is the fast loop an expert
+writes: bf16 autocast (FSDP: MixedPrecision in bf16), fused AdamW. Both sides time the same window
+the same way: device synchronised and ranks at a barrier before the first step after the warm-up,
+synchronised at the end, the slowest rank's time. The bare loop and the trainer alternate round by
+round so that drift of the machine hits both alike; each pair's figure is the median over rounds
+of the per-round ratio trainer/bare. Bar (issue 12): 0.97 or better.
+
+It starts itself under torchrun with --ranks processes (default: 2 on a CPU, every GPU on a GPU).
 """
 import argparse
 import glob
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PAIRS = ("DDP", "NO_SHARD", "FULL_SHARD")
 
 
-def bare_loop(model_name, batch_size, steps, warmup, seed=0):
+def bare_loop(label, args, world):
+    """images/s of the plain loop for one strategy label."""
     import torch
+    import torch.distributed as dist
     import torch.nn.functional as F
 
+    from vit_scale.models import block_class, build_model, get_spec
     from vit_scale.recipes.synthetic import SyntheticBatches
-    from vit_scale.models import build_model, get_spec
 
-    spec = get_spec(model_name)
-    torch.manual_seed(seed)
-    model = build_model(spec, 1000, device="cpu")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
-    data = SyntheticBatches(batch_size, spec.img_size, 1000, "cpu", seed, 0)
-    for step in range(steps):
-        if step == warmup:
+    spec = get_spec(args.model)
+    gpu = world.device_type != "cpu"
+    bf16 = args.precision == "bf16"
+    torch.manual_seed(args.seed)
+    model = build_model(spec, 1000, device=world.device)
+    if label == "DDP":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model, device_ids=[world.device_index] if gpu else None)
+    else:
+        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        mp = MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16) if bf16 else None
+        model = FullyShardedDataParallel(model, sharding_strategy=getattr(ShardingStrategy, label),
+                                         auto_wrap_policy=ModuleWrapPolicy({block_class()}), mixed_precision=mp,
+                                         device_id=world.device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **({"fused": True} if gpu else {}))
+    autocast = label == "DDP" and bf16
+    data = SyntheticBatches(args.batch_size, spec.img_size, 1000, world.device, args.seed, world.rank)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    for step in range(args.steps):
+        if step == args.warmup:
+            sync()
+            dist.barrier()
             start = time.perf_counter()
         images, labels = data[step]
-        loss = F.cross_entropy(model(images), labels)
-        loss.backward()
+        with torch.autocast(world.torch_device_type, torch.bfloat16, enabled=autocast):
+            logits = model(images)
+        F.cross_entropy(logits.float(), labels).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss.item()
-    return (steps - warmup) * batch_size / (time.perf_counter() - start)
+    sync()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=world.device)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return (args.steps - args.warmup) * args.batch_size * world.world_size / elapsed.item()
 
 
-def trainer(model_name, batch_size, steps, warmup, out_dir):
+def trainer(label, args, world, out_dir):
+    """images/s of `vit-scale train` for the label, from its run record (rank 0; None elsewhere)."""
     from vit_scale.config import load_config
-    from vit_scale.launch.world import choose_device, detect_world
     from vit_scale.recipes.train import execute
 
-    cfg = load_config(None, [f"model={model_name}", "strategy=DDP", f"train.batch_size={batch_size}",
-                             f"train.steps={steps}", f"train.warmup_steps={warmup}", f"output.dir={out_dir}",
-                             "output.study=overhead", "train.print_every=1000000"])
-    world = choose_device(detect_world("single"), "cpu")
-    before = set(glob.glob(os.path.join(out_dir, "**", "metrics.jsonl"), recursive=True))
-    assert execute(cfg, world, keep_process_group=True) == 0
-    (path,) = set(glob.glob(os.path.join(out_dir, "**", "metrics.jsonl"), recursive=True)) - before
-    with open(path) as f:
-        end = [json.loads(line) for line in f][-1]
-    return end["images_per_s"]["mean"]
+    cfg = load_config(None, [f"model={args.model}", f"strategy={label}", f"train.batch_size={args.batch_size}",
+                             f"train.steps={args.steps}", f"train.warmup_steps={args.warmup}",
+                             f"train.precision={args.precision}", f"train.seed={args.seed}",
+                             f"system.device={args.device}", f"output.dir={out_dir}", f"output.study={label}",
+                             "train.print_every=1000000"])
+    assert execute(cfg, world, keep_process_group=True) == 0, f"the trainer's {label} run failed"
+    if not world.is_main:
+        return None
+    newest = max(glob.glob(os.path.join(out_dir, label, "**", "metrics.jsonl"), recursive=True), key=os.path.getmtime)
+    with open(newest) as f:
+        return json.loads(f.readlines()[-1])["images_per_s"]["mean"]
 
 
-def main():
+def worker(args) -> int:
+    import torch
+
+    from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
+
+    world = choose_device(detect_world("torchrun"), args.device)
+    init_distributed(world, 600)
+    pairs = args.pairs.split(",")
+    bare = {p: [] for p in pairs}
+    ours = {p: [] for p in pairs}
+    with tempfile.TemporaryDirectory() as out_dir:
+        for r in range(args.rounds):
+            for label in pairs:
+                bare[label].append(bare_loop(label, args, world))
+                ours[label].append(trainer(label, args, world, out_dir))
+                if world.is_main:
+                    print(f"round {r + 1}/{args.rounds} {label:10}: bare {bare[label][-1]:9.2f} img/s, "
+                          f"trainer {ours[label][-1]:9.2f} img/s", flush=True)
+    if world.is_main:
+        device = (torch.cuda.get_device_name(world.device_index) if world.device_type != "cpu"
+                  else f"CPU ({torch.get_num_threads()} threads per rank)")
+        print(f"\n{args.model}, batch {args.batch_size} per rank, {world.world_size} rank(s), {args.precision}, "
+              f"{device}, torch {torch.__version__}, {args.steps - args.warmup} timed steps x {args.rounds} rounds")
+        for label in pairs:
+            ratios = [o / b for o, b in zip(ours[label], bare[label])]
+            print(f"  {label:10} bare {statistics.median(bare[label]):9.2f} img/s, trainer "
+                  f"{statistics.median(ours[label]):9.2f} img/s (medians; per-round ratios "
+                  f"{', '.join(f'{x:.3f}' for x in ratios)})")
+        for label in pairs:
+            ratio = statistics.median(o / b for o, b in zip(ours[label], bare[label]))
+            print(f"ratio {label}: {ratio:.3f}")
+        print("bar: every ratio 0.97 or better", flush=True)
+    torch.distributed.destroy_process_group()
+    leave(0)
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="vit_tiny")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--ranks", type=int, default=0, help="processes (default: 2 on a CPU, every GPU on a GPU)")
+    parser.add_argument("--pairs", default=",".join(PAIRS), help=f"comma-separated, from {', '.join(PAIRS)}")
+    parser.add_argument("--model", default=None, help="default: vit_tiny on a CPU, vit_base on a GPU")
+    parser.add_argument("--batch-size", type=int, default=None, help="per rank; default: 8 on a CPU, 32 on a GPU")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default: fp32 CPU, bf16 GPU")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    bad = [p for p in args.pairs.split(",") if p not in PAIRS]
+    if bad:
+        parser.error(f"--pairs: unknown {', '.join(bad)}; allowed: {', '.join(PAIRS)}")
+    gpu = args.device == "cuda"
+    args.model = args.model or ("vit_base" if gpu else "vit_tiny")
+    args.batch_size = args.batch_size or (32 if gpu else 8)
+    args.precision = args.precision or ("bf16" if gpu else "fp32")
+    if "LOCAL_RANK" in os.environ:
+        return worker(args)
+    ranks = args.ranks
+    if not ranks:
+        import torch
 
-    import torch
-
-    bare, ours = [], []
-    with tempfile.TemporaryDirectory() as out_dir:
-        for r in range(args.rounds):
-            bare.append(bare_loop(args.model, args.batch_size, args.steps, args.warmup))
-            ours.append(trainer(args.model, args.batch_size, args.steps, args.warmup, out_dir))
-            print(f"round {r + 1}/{args.rounds}: bare {bare[-1]:.2f} img/s, trainer {ours[-1]:.2f} img/s", flush=True)
-    ratio = statistics.median(o / b for o, b in zip(ours, bare))
-    print(f"\n{args.model}, batch {args.batch_size}, 1 rank, CPU ({torch.get_num_threads()} threads), "
-          f"torch {torch.__version__}, {args.steps - args.warmup} timed steps x {args.rounds} rounds")
-    print(f"  bare PyTorch loop : {statistics.median(bare):8.2f} img/s (median)")
-    print(f"  vit-scale trainer : {statistics.median(ours):8.2f} img/s (median)")
-    print(f"  ratio trainer/bare: {ratio:.3f}   (median of the per-round ratios "
-          f"{', '.join(f'{o / b:.3f}' for o, b in zip(ours, bare))}; bar: >= 0.97)")
-    return 0
+        ranks = torch.cuda.device_count() if gpu else 2
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+           os.path.abspath(__file__), *sys.argv[1:]]
+    return subprocess.call(cmd)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ set -euo pipefail
 PROG=setup_venv.sh
 HOME_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # libpmix-dev: Slurm 22.05's mpi/pmix plugin dlopens the unversioned libpmix.so, which only the -dev
-# package ships (openmpi-bin brings libpmix2 alone, and srun --mpi=pmix then fails)
-TEST_TOOLS=(slurm-wlm munge lmod shellcheck openmpi-bin libpmix-dev)
+# package ships (openmpi-bin brings libpmix2 alone, and srun --mpi=pmix then fails); g++: the tests
+# build DeepSpeed's CPU Adam and torch.compile's CPU backend (inductor) compiles C++
+TEST_TOOLS=(slurm-wlm munge lmod shellcheck openmpi-bin libpmix-dev g++)
 
 die() { echo "$PROG: $*" >&2; exit 2; }
 

@@ -70,7 +70,7 @@ def test_with_test_tools_installs_the_test_packages_with_apt(tmp_path):
     proc = subprocess.run(["bash", SETUP, "local", "--with-test-tools", "--venv", str(tmp_path / "v"), "--dry-run"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    packages = "slurm-wlm munge lmod shellcheck openmpi-bin libpmix-dev"
+    packages = "slurm-wlm munge lmod shellcheck openmpi-bin libpmix-dev g++"
     assert f"test tools already installed: {packages}" in proc.stdout or \
         re.search(rf"apt-get install -y --no-install-recommends {packages}$", proc.stdout, re.M), proc.stdout
 

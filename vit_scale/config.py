@@ -33,6 +33,8 @@ class TrainConfig:
     init: str = "auto"            # auto = meta above 1.5B parameters, else on the device
     optimizer: str = "auto"       # AdamW kernel; auto = fused on GPUs, torch's default on CPUs
     synthetic_batches: int = 4    # distinct synthetic batches cycled through
+    tf32: bool = False            # fp32 runs: matmuls and convolutions in TF32 on GPUs that have it; MFU against the TF32 peak
+    compile: bool = False         # torch.compile: each transformer Block under FSDP, the whole model under DDP
 
 
 @dataclass
@@ -332,6 +334,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.warmup_steps >= cfg.train.steps:
         raise UserError(f"train.warmup_steps: must be less than train.steps ({cfg.train.steps}) so that some steps "
                         f"are timed, got {cfg.train.warmup_steps}")
+    if cfg.train.tf32 and cfg.train.precision != "fp32":
+        raise UserError(f"train.tf32: only for train.precision=fp32 (a {cfg.train.precision} run already does its "
+                        f"matmuls in {cfg.train.precision}); set train.tf32=false or train.precision=fp32")
     if cfg.system.peak_tflops is not None and cfg.system.peak_tflops <= 0:
         raise UserError(f"system.peak_tflops: must be positive, got {cfg.system.peak_tflops}")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.output.study):

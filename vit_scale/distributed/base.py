@@ -87,6 +87,13 @@ class Strategy(ABC):
         error = refusal(label.label, cfg.train.precision, world.device_type)
         if error:
             raise UserError(error)
+        if cfg.train.compile and not cls.supports_compile:
+            from . import family_labels
+
+            compiling = [lab for fam, labels in family_labels().items()
+                         if fam in ("ddp", "fsdp") for lab in labels]
+            raise UserError(f"train.compile: {label.label} does not compile (its engine owns the model); "
+                            f"compile runs with {', '.join(compiling)}; set train.compile=false")
 
     # ------------------------------------------------------------ the interface
 
@@ -99,8 +106,11 @@ class Strategy(ABC):
         """Forward, backward, optimizer step; returns the loss as a detached 0-d tensor."""
 
     def options(self) -> dict:
-        return {"precision": self.cfg.train.precision,
+        opts = {"precision": self.cfg.train.precision,
                 "activation_checkpointing": self.cfg.train.activation_checkpointing}
+        # only when on, so a study's series are named after them and earlier records read as before
+        opts.update({key: True for key in ("compile", "tf32") if getattr(self.cfg.train, key)})
+        return opts
 
     def describe(self) -> dict:
         return {"label": self.label.label, "family": self.family, "implementation": self.implementation,
@@ -123,6 +133,7 @@ class Strategy(ABC):
     # whose optimizer is a plain torch optimizer (DDP).
 
     supports_finetune = False
+    supports_compile = False  # train.compile: the family calls compile_blocks or compile_whole in setup
     # the name of the layout `save_state` writes, kept in each checkpoint's meta.json so a
     # strategy that reads another layout refuses it in one line: "full" (rank 0 writes whole
     # state dicts, the default below), "sharded" (FSDP), "engine" (DeepSpeed), "booster" (ColossalAI)
@@ -253,6 +264,21 @@ class Strategy(ABC):
         import torch.nn.functional as F
 
         return F.cross_entropy(logits.float(), labels)
+
+    def compile_blocks(self, model) -> None:
+        """train.compile under FSDP, as torchtitan does it: each transformer Block compiled in place
+        (the module keeps its type, so wrap policies and checkpoint wrappers still find it), the
+        FSDP hooks between blocks left to eager."""
+        if self.cfg.train.compile:
+            block = block_class()
+            for module in model.modules():
+                if isinstance(module, block):
+                    module.compile()
+
+    def compile_whole(self, model) -> None:
+        """train.compile under DDP: the wrapped model, whose graph DDP's optimizer splits at its buckets."""
+        if self.cfg.train.compile:
+            model.compile()
 
     def apply_activation_checkpointing(self, model) -> None:
         if not self.cfg.train.activation_checkpointing:

@@ -9,6 +9,7 @@ class DDPStrategy(Strategy):
     family = "ddp"
     labels = ("DDP",)
     supports_finetune = True  # the Strategy defaults are DDP's; only no_sync is its own
+    supports_compile = True
 
     @classmethod
     def layout(cls, cfg, label, world_size, ranks_per_node):
@@ -25,6 +26,7 @@ class DDPStrategy(Strategy):
         self.apply_activation_checkpointing(model)
         device_ids = None if self.world.device_type == "cpu" else [self.world.device_index]
         self.model = DistributedDataParallel(model, device_ids=device_ids)
+        self.compile_whole(self.model)
         self.optimizer = self.make_optimizer(self.model.parameters())
         self.scaler = (torch.amp.GradScaler(self.world.torch_device_type)
                        if self.cfg.train.precision == "fp16" else None)

@@ -23,6 +23,7 @@ class FSDPStrategy(Strategy):
     family = "fsdp"
     # from replicated to fully sharded, the order legends and tables use; g: shard group size
     labels = ("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD")
+    supports_compile = True
 
     @classmethod
     def check(cls, cfg, label, world) -> None:
@@ -31,6 +32,11 @@ class FSDPStrategy(Strategy):
         if g and world.world_size % g:
             raise UserError(f"strategy: {label.label} needs a world size divisible by {g}, but this run has "
                             f"{world.world_size} ranks; use HYBRID_<g>GPU with g dividing {world.world_size}")
+        if cfg.train.compile and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation \
+                == "fsdp1" and not cfg.fsdp.use_orig_params:
+            raise UserError("train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters "
+                            "torch.compile falls back to eager inside every unit); set fsdp.use_orig_params=true "
+                            "or fsdp.version=2")
         if cfg.fsdp.cpu_offload and world.device_type == "cpu" and cfg.fsdp.version == 1:
             raise UserError("fsdp.cpu_offload: FSDP1 parameter offload needs a GPU (it pins host memory); "
                             "set fsdp.cpu_offload=false on a CPU")
@@ -129,6 +135,7 @@ class FSDPStrategy(Strategy):
             kwargs["param_init_fn"] = materialise
         else:
             model = factory.on_device(self.world.device)
+        self.compile_blocks(model)
         self.model = FSDP(
             model,
             sharding_strategy=getattr(ShardingStrategy, self.sharding),
@@ -164,6 +171,7 @@ class FSDPStrategy(Strategy):
         meta = factory.init == "meta"
         model = factory.on_meta() if meta else factory.on_device(self.world.device)
         self.apply_activation_checkpointing(model)
+        self.compile_blocks(model)
         block = factory.block_class()
         units = [m for m in model.blocks]  # each Block, or the checkpoint wrapper around it
         assert all(isinstance(getattr(u, "_checkpoint_wrapped_module", u), block) for u in units)

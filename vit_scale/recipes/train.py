@@ -30,6 +30,7 @@ class Run(RunSession):
     def __init__(self, cfg: Config, world: World):
         super().__init__(cfg, world)
         self.timed_window_s = None
+        self.compile = None  # train.compile: what compiling cost (StepMeter.compile_facts)
 
     def train(self) -> None:
         from vit_scale.recipes.synthetic import SyntheticBatches
@@ -46,17 +47,11 @@ class Run(RunSession):
         global_batch = cfg.train.batch_size * world.world_size
         meter = StepMeter(self, global_batch, cfg.train.steps, cfg.train.warmup_steps, window="wall")
         for step in range(1, cfg.train.steps + 1):
-            meter.before_step()
             images, labels = data[step - 1]
-            meter.sync()
-            t0 = time.perf_counter()
-            loss = self.strategy.train_step(images, labels)
-            meter.sync()
-            step_time = time.perf_counter() - t0
-            meter.after_step(step, loss.item(), step_time,
-                             {"step_time_s": step_time, "images_per_s": global_batch / step_time},
-                             f"{global_batch / step_time:10.1f} img/s")
+            meter.start()
+            meter.stop(step, self.strategy.train_step(images, labels))
         self.timed_window_s = meter.window_s()
+        self.compile = meter.compile_facts()
 
     def finish(self) -> dict:
         """End-of-run collectives (every rank): replica check and memory; rank 0 builds the summary."""
@@ -87,7 +82,16 @@ class Run(RunSession):
             "tflops_per_device": tflops,
             "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
             "replicas_agree": agree, "replica_checksums": checksums, "final_loss": self.last_loss,
+            "compile": self.compile,
         }
+
+    def summary_extra(self, end: dict) -> list[str]:
+        c = end.get("compile")
+        if not c:
+            return []
+        return [f"compiled: first step {c['first_step_s']:.1f} s (compilation included), {c['graphs']} graph(s), "
+                + ("a recompile inside the timed window: lengthen train.warmup_steps" if c["recompiled_in_window"]
+                   else "none made inside the timed window")]
 
     def interrupted_summary(self, status: str, error: str, failed_rank) -> dict:
         ips = images_per_s(self.step_times, self.cfg.train.batch_size * self.world.world_size)

@@ -71,6 +71,8 @@ END = {
                                   "peak_rss_gib": OVER_RANKS}},
         "tflops_per_device": NUM, "mfu": NUM, "replicas_agree": {"type": ["boolean", "null"]},
         "replica_checksums": {"type": ["array", "null"]}, "final_loss": NUM,
+        "compile": {"type": ["object", "null"],
+                    "required": ["first_step_s", "graphs", "graphs_in_window", "recompiled_in_window"]},
     },
     # an ok run has every figure
     "if": {"properties": {"status": {"const": "ok"}}},

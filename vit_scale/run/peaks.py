@@ -5,19 +5,20 @@ torch, so its entry is half the MI250X package figure. Override with `system.pea
 """
 from __future__ import annotations
 
-# name substring -> {precision: TFLOP/s}; fp32 is the plain (non-TF32) vector/matrix figure
+# name substring -> {precision: TFLOP/s}; fp32 is the plain (non-TF32) vector/matrix figure, tf32
+# the dense TF32 matrix figure (train.tf32); a device without TF32 has none
 PEAK_TFLOPS = {
     "MI250X": {"bf16": 191.5, "fp16": 191.5, "fp32": 47.9},
     "MI250": {"bf16": 181.0, "fp16": 181.0, "fp32": 45.3},
-    "MI300X": {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4},
-    "MI300A": {"bf16": 980.6, "fp16": 980.6, "fp32": 122.6},
-    "GH200": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9},  # before H200: its name contains it
-    "H200": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.2},
-    "H100": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "MI300X": {"bf16": 1307.4, "fp16": 1307.4, "fp32": 163.4, "tf32": 653.7},
+    "MI300A": {"bf16": 980.6, "fp16": 980.6, "fp32": 122.6, "tf32": 490.3},
+    "GH200": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9, "tf32": 494.7},  # before H200: its name contains it
+    "H200": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9, "tf32": 494.7},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.2, "tf32": 378.0},
+    "H100": {"bf16": 989.4, "fp16": 989.4, "fp32": 66.9, "tf32": 494.7},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5, "tf32": 156.0},
     "V100": {"bf16": None, "fp16": 125.0, "fp32": 15.7},
-    "L40S": {"bf16": 362.1, "fp16": 362.1, "fp32": 91.6},
+    "L40S": {"bf16": 362.1, "fp16": 362.1, "fp32": 91.6, "tf32": 183.0},
 }
 
 

@@ -13,6 +13,7 @@ and for a recipe that saves on a signal, 7: stopped after saving a checkpoint (r
 """
 from __future__ import annotations
 
+import collections
 import math
 import os
 import statistics
@@ -69,14 +70,29 @@ def images_per_s(step_times: list[float], images_per_step: int, window_s: float 
 
 class StepMeter:
     """The step bookkeeping every loop shares: warm-up, the timed window and its memory window,
-    step records, progress lines. A loop calls `before_step()`, runs its step, times it and calls
-    `after_step(...)`; `window_s()` (every rank, a collective) closes the window at the end.
+    step records, progress lines.
 
     The timed window opens before the first step after the warm-up, with the device synchronised
     and every rank at a barrier, so all ranks enter it together; the memory probe's peak is reset
-    there. `window` says what its length is: "wall" (the benchmark: the wall time from its opening
-    to the end of the loop) or "steps" (fine-tuning: the sum of the timed steps' own times, since
-    evaluations and checkpoints happen in between); either way the slowest rank's."""
+    there. `window_s()` (every rank, a collective) synchronises and closes it. `window` says what
+    its length is: "wall" (the benchmark: the wall time from its opening to the end of the loop)
+    or "steps" (fine-tuning: the sum of the timed steps' own times, since evaluations and
+    checkpoints happen in between); either way the slowest rank's.
+
+    Two ways to time a step:
+    - `start()` ... `stop(step, loss)` (the benchmark): no host synchronisation inside the window.
+      On a GPU two device events recorded on the stream bracket the step and its loss is copied
+      to pinned host memory behind the step's kernels. Steps are booked lagged: after queueing
+      step k, every earlier step whose end event the device has passed is booked (a query, no
+      wait), and the host waits only for step k - LAG, so the device always has work queued and
+      the host's own time per step (Python, the wrapper's hooks, launches) hides behind it. The
+      progress line therefore shows the last completed step. On a CPU a step is done when it
+      returns: host clock, booked at once, as before.
+    - `before_step()` ... `after_step(step, loss, seconds, record, progress)` (fine-tuning): the
+      loop times the step itself; it needs each loss at once (the ranks agree on divergence and
+      stop requests every step), so it synchronises anyway."""
+
+    LAG = 2  # steps the host may run ahead of the device before it waits for the oldest
 
     def __init__(self, session: "RunSession", images_per_step: int, total_steps: int, untimed_steps: int,
                  window: str = "wall"):
@@ -88,25 +104,120 @@ class StepMeter:
         self.images_per_step, self.total_steps, self.untimed = images_per_step, total_steps, untimed_steps
         self.window = window
         self.probe = session.probe = MemoryProbe(self.world.device_type)
-        self.sync = torch.cuda.synchronize if self.world.device_type != "cpu" else (lambda: None)
-        self.steps_this_run = 0
+        self.device_events = self.world.device_type != "cpu"
+        self.sync = torch.cuda.synchronize if self.device_events else (lambda: None)
+        self.steps_started = 0
+        self.first_step_s = None    # train.compile: the first step holds the compilation
+        self.graphs_at_open = None  # graphs torch.compile had made when the timed window opened
+        self.graphs_before = compiled_graphs()  # the count is the process's: several runs may share one
+        self.steps_this_run = 0   # booked
         self.opened_at = None
+        self._pending = collections.deque()  # (step, start event, end event, pinned loss)
+        self._start = None
         session.first_step_at = time.perf_counter()
 
+    # ------------------------------------------------------------ the window
+
     def before_step(self) -> None:
-        if self.steps_this_run == self.untimed and self.opened_at is None:
+        if self.steps_started == self.untimed and self.opened_at is None:
             import torch.distributed as dist
 
-            self.sync()
+            self.drain()
             dist.barrier()  # all ranks enter the timed window together
             self.probe.reset()
+            self.graphs_at_open = compiled_graphs()
             self.opened_at = time.perf_counter()
+        self.steps_started += 1
+
+    def window_s(self) -> float | None:
+        """The timed window's length on the slowest rank (every rank calls it: an all-reduce)."""
+        import torch
+        import torch.distributed as dist
+
+        self.drain()
+        if self.window == "wall":
+            mine = time.perf_counter() - self.opened_at if self.opened_at is not None else 0.0
+        else:
+            mine = sum(self.session.step_times)
+        window = torch.tensor([mine], dtype=torch.float64, device=self.world.device)
+        dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        return window.item() or None
+
+    def compile_facts(self) -> dict | None:
+        """train.compile: the first step's time (compilation included), the graphs made, and whether
+        any was made inside the timed window (a recompile there is in the images/s)."""
+        if not self.session.cfg.train.compile:
+            return None
+        graphs = compiled_graphs() - self.graphs_before
+        in_window = graphs + self.graphs_before - self.graphs_at_open if self.graphs_at_open is not None else None
+        return {"first_step_s": self.first_step_s, "graphs": graphs, "graphs_in_window": in_window,
+                "recompiled_in_window": bool(in_window) if in_window is not None else None}
+
+    # ------------------------------------------------------------ steps without host syncs
+
+    def start(self) -> None:
+        """Before a step's work is queued."""
+        self.before_step()
+        if self.device_events:
+            import torch
+
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self, step: int, loss) -> None:
+        """After a step's work is queued; `loss` is its 0-d tensor, still on the device."""
+        if not self.device_events:
+            seconds = time.perf_counter() - self._start
+            self._book(step, loss.item(), seconds)
+            return
+        import torch
+
+        host_loss = self._to_host(loss)
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self._pending.append((step, self._start, end, host_loss))
+        self._book_done(must=len(self._pending) - self.LAG)
+
+    @staticmethod
+    def _to_host(loss):
+        """A copy queued behind the step's kernels into pinned memory: valid once its end event is passed."""
+        import torch
+
+        host = torch.empty((), dtype=torch.float32, pin_memory=True)
+        host.copy_(loss.detach().float(), non_blocking=True)
+        return host
+
+    def drain(self) -> None:
+        """Synchronise and book every step still on the device."""
+        self.sync()
+        self._book_done(must=len(self._pending))
+
+    def _book_done(self, must: int) -> None:
+        while self._pending:
+            step, start, end, host_loss = self._pending[0]
+            if must > 0:
+                end.synchronize()
+                must -= 1
+            elif not end.query():
+                break
+            self._pending.popleft()
+            self._book(step, host_loss.item(), start.elapsed_time(end) / 1e3)
+
+    def _book(self, step: int, loss: float, seconds: float) -> None:
+        ips = self.images_per_step / seconds if seconds > 0 else float("nan")
+        self.after_step(step, loss, seconds, {"step_time_s": seconds, "images_per_s": ips}, f"{ips:10.1f} img/s")
+
+    # ------------------------------------------------------------ booking
 
     def after_step(self, step: int, loss: float, seconds: float, record: dict, progress: str) -> bool:
         """Book one finished step (`seconds`: its timed duration); True while warming up."""
         s, cfg = self.session, self.session.cfg
         self.steps_this_run += 1
         warmup = self.steps_this_run <= self.untimed
+        if self.steps_this_run == 1:
+            self.first_step_s = seconds
         s.steps_done, s.last_loss = step, loss
         if not math.isfinite(loss) and s.nonfinite_step is None:
             s.nonfinite_step = step
@@ -119,19 +230,14 @@ class StepMeter:
                             f"{'  (warm-up)' if warmup else ''}")
         return warmup
 
-    def window_s(self) -> float | None:
-        """The timed window's length on the slowest rank (every rank calls it: an all-reduce)."""
-        import torch
-        import torch.distributed as dist
 
-        self.sync()
-        if self.window == "wall":
-            mine = time.perf_counter() - self.opened_at if self.opened_at is not None else 0.0
-        else:
-            mine = sum(self.session.step_times)
-        window = torch.tensor([mine], dtype=torch.float64, device=self.world.device)
-        dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        return window.item() or None
+def compiled_graphs() -> int:
+    """Graphs torch.compile has made in this process so far (0 when it was never used)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def launch_rank_guess() -> int:
@@ -211,6 +317,11 @@ class RunSession:
 
         if not dist.is_initialized():
             init_distributed(self.world, self.cfg.system.collective_timeout_s)
+        if self.world.device_type != "cpu":
+            import torch
+
+            # set for every run: several runs in one process must not inherit each other's choice
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.cfg.train.tf32
 
         def directory(run_id):
             return run_directory(self.cfg.output.dir, self.cfg.output.study, self.cfg.model,
@@ -241,7 +352,8 @@ class RunSession:
                 f.write(text)
         self.model_info = models.describe(self.cfg.model, self.cfg.train.num_classes)
         device_name = self._device_name()
-        self.peak_tflops, peak_source = peak_tflops(device_name, self.cfg.train.precision, self.cfg.system.peak_tflops)
+        math_precision = "tf32" if self.cfg.train.tf32 and self.world.device_type != "cpu" else self.cfg.train.precision
+        self.peak_tflops, peak_source = peak_tflops(device_name, math_precision, self.cfg.system.peak_tflops)
         from vit_scale.record.versions import git_revision, software_versions
 
         self.recorder.start({
