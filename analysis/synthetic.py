@@ -16,7 +16,7 @@ from typing import Optional
 
 import yaml
 
-from vit_scale.distributed import layout_of
+from vit_scale.distributed import layout_of, parse_strategy
 from vit_scale.distributed.layout import Layout
 from vit_scale.errors import UserError
 
@@ -43,7 +43,10 @@ def layout(label: str, world_size: int, ranks_per_node: int) -> Layout:
 
 
 def default_options(label: str) -> dict:
-    fam = layout(label, 8, 8).family
+    try:
+        fam = parse_strategy(label).family
+    except UserError:  # a label the registry does not know: options as DDP's
+        fam = "ddp"
     if fam == "fsdp":
         return {"version": 1, "backward_prefetch": "pre", "limit_all_gathers": True, "forward_prefetch": False,
                 "use_orig_params": False, "cpu_offload": False, "precision": "bf16", "activation_checkpointing": False}

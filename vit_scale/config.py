@@ -33,7 +33,7 @@ class TrainConfig:
     init: str = "auto"            # auto = meta above 1.5B parameters, else on the device
     optimizer: str = "auto"       # AdamW kernel; auto = fused on GPUs, torch's default on CPUs
     synthetic_batches: int = 4    # distinct synthetic batches cycled through
-    tf32: bool = False            # fp32 runs: matmuls and convolutions in TF32 on GPUs that have it; MFU against the TF32 peak
+    tf32: bool = False            # fp32 runs on GPUs: matmuls and convolutions in TF32; MFU against the TF32 peak
     compile: bool = False         # torch.compile: each transformer Block under FSDP, the whole model under DDP
 
 

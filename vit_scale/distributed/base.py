@@ -88,10 +88,10 @@ class Strategy(ABC):
         if error:
             raise UserError(error)
         if cfg.train.compile and not cls.supports_compile:
-            from . import family_labels
+            from vit_scale.distributed import family_labels, strategy_class
 
             compiling = [lab for fam, labels in family_labels().items()
-                         if fam in ("ddp", "fsdp") for lab in labels]
+                         if strategy_class(fam).supports_compile for lab in labels]
             raise UserError(f"train.compile: {label.label} does not compile (its engine owns the model); "
                             f"compile runs with {', '.join(compiling)}; set train.compile=false")
 

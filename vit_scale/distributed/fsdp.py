@@ -78,14 +78,10 @@ class FSDPStrategy(Strategy):
 
     # ------------------------------------------------------------ meshes
 
-    def _mesh_shape(self) -> tuple[int, int]:
-        """(replicate, shard) sizes."""
-        return self.replicate_group_size, self.shard_group_size
-
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(self.world.torch_device_type, self._mesh_shape(),
+        return init_device_mesh(self.world.torch_device_type, (self.replicate_group_size, self.shard_group_size),
                                 mesh_dim_names=("replicate", "shard"))
 
     # ------------------------------------------------------------ setup
@@ -156,7 +152,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
         mesh = self._mesh()
-        replicate, shard = self._mesh_shape()
+        replicate, shard = self.replicate_group_size, self.shard_group_size
         if shard > 1:
             self.shard_group = mesh.get_group("shard")
         # a 2-D mesh makes FSDP2 shard over "shard" and all-reduce over "replicate" (HSDP)

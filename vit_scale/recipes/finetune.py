@@ -1,6 +1,6 @@
 """Fine-tune a ViT on real images under any fine-tuning strategy, with evaluation and resumable checkpoints.
 
-    python -m vit_scale.recipes.finetune [--config FILE] [key=value ...]
+    python -m vit_scale finetune [--config FILE] [key=value ...]
     vit-scale finetune [--config FILE] [key=value ...]
 
 e.g. `data.path=~/data/pets model=vit_base strategy=FULL_SHARD finetune.pretrained=vit_base.safetensors`.

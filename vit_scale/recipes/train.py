@@ -1,6 +1,6 @@
 """The benchmark recipe: one model under one strategy on the launched ranks, synthetic data.
 
-    python -m vit_scale.recipes.train [--config FILE] [key=value ...]
+    python -m vit_scale train [--config FILE] [key=value ...]
     vit-scale train [--config FILE] [key=value ...]
 
 Rank 0 writes the run record (docs/run_record.md) and prints progress; every rank exits with the

@@ -2,6 +2,8 @@
 they make, and available to users who write their own readers."""
 from __future__ import annotations
 
+from vit_scale.record.writer import STATUSES
+
 NUM = {"type": ["number", "null"]}
 STR = {"type": ["string", "null"]}
 STATS = {"type": ["object", "null"], "required": ["mean", "std", "min", "max", "median"],
@@ -60,7 +62,7 @@ END = {
                  "replicas_agree", "replica_checksums", "final_loss"],
     "properties": {
         "event": {"const": "end"},
-        "status": {"enum": ["ok", "oom", "timeout", "failed", "diverged", "skipped"]},
+        "status": {"enum": list(STATUSES)},
         "error": STR, "failed_rank": {"type": ["integer", "null"]},
         "steps_done": {"type": "integer", "minimum": 0}, "timed_steps": {"type": "integer", "minimum": 0},
         "wall_time_s": NUM, "images_per_s": STATS, "images_per_s_per_device": NUM,

@@ -148,9 +148,9 @@ class StepMeter:
         any was made inside the timed window (a recompile there is in the images/s)."""
         if not self.session.cfg.train.compile:
             return None
-        graphs = compiled_graphs() - self.graphs_before
-        in_window = graphs + self.graphs_before - self.graphs_at_open if self.graphs_at_open is not None else None
-        return {"first_step_s": self.first_step_s, "graphs": graphs, "graphs_in_window": in_window,
+        now = compiled_graphs()
+        in_window = now - self.graphs_at_open if self.graphs_at_open is not None else None
+        return {"first_step_s": self.first_step_s, "graphs": now - self.graphs_before, "graphs_in_window": in_window,
                 "recompiled_in_window": bool(in_window) if in_window is not None else None}
 
     # ------------------------------------------------------------ steps without host syncs
