@@ -758,7 +758,7 @@ def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUM
 def efficiency_definition(runs: pd.DataFrame) -> str:
     """The formula, in the simple form when every strategy's baseline is one node (or one rank)."""
     names = {tbl.x_axis(runs[runs["model"] == m])[1] for m in set(runs["model"])}
-    xname = "nodes" if names == {"nodes"} else "ranks" if names == {"ranks"} else "nodes or ranks"
+    xname = next(iter(names)) if len(names) == 1 else "nodes or ranks"
     base_col = "efficiency_base_nodes" if xname == "nodes" else "efficiency_base_world_size"
     bases = runs[base_col].dropna()
     if not bases.empty and (bases == 1).all():

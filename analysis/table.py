@@ -340,9 +340,11 @@ def format_ips(value: float) -> str:
 
 
 def x_axis(df: pd.DataFrame) -> tuple[str, str]:
-    """Nodes on the x axis, unless every run is on one node and only the rank count varies."""
+    """Nodes on the x axis, unless every run is on one node and only the rank count varies (GPUs
+    when the ranks are GPUs: the ladder of one GPU machine without Slurm)."""
     if df["nodes"].nunique() <= 1 and df["world_size"].nunique() > 1:
-        return "world_size", "ranks"
+        gpus = "device_type" in df and df["device_type"].isin(["cuda", "rocm"]).all()
+        return "world_size", "GPUs" if gpus else "ranks"
     return "nodes", "nodes"
 
 

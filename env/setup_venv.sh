@@ -222,4 +222,9 @@ print("installed: " + ", ".join(found) + f" ({build})")
   else
     echo "next: export VIT_SCALE_VENV=$VENV, so that env/$SYSTEM.sh activates this venv; then bash jobs/weak_scaling.sh"
   fi
+  if [ "$SYSTEM" != local ]; then
+    # JIT kernels are built for the GPUs and compilers of the node that builds them, so on a
+    # compute node; a study also does this itself before its first run
+    echo "kernels (DeepSpeed, ColossalAI), once, on a GPU node: srun -N 1 -n 1 --gpus=1 bash -c 'source env/$SYSTEM.sh && vit-scale prepare'"
+  fi
 fi

@@ -47,19 +47,11 @@ def deepspeed_cpu_adam():
     """DeepSpeed's CPU Adam op, compiled once, in one process, before a multi-rank launch needs it.
     On a fresh machine the first offload run compiled it inside the run (about 45 s quiet, minutes
     under load) in every rank at once, racing the launch's timeouts: the suite then failed at
-    random. A lock left by a build that was killed half-way would make every later build wait
-    forever; no build can be running when the session starts, so such a lock is stale."""
+    random. `vit-scale prepare` also clears a lock that a build killed half-way left behind.
+    (It is the command a study runs before its first run.)"""
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
-    code = ("import glob, os, sys, time\n"
-            "from torch.utils.cpp_extension import _get_build_directory\n"
-            "lock = os.path.join(_get_build_directory('cpu_adam', verbose=False), 'lock')\n"
-            "if os.path.exists(lock):\n"
-            "    os.remove(lock); print('removed a stale build lock', lock)\n"
-            "start = time.time()\n"
-            "from deepspeed.accelerator import get_accelerator\n"
-            "get_accelerator().create_op_builder('CPUAdamBuilder').load(verbose=False)\n"
-            "print(f'cpu_adam ready in {time.time() - start:.0f} s')\n")
-    proc = subprocess.run([PYTHON, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([PYTHON, "-m", "vit_scale", "prepare", "--strategies", "ZERO1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     print(proc.stdout.strip())
 

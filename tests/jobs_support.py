@@ -5,20 +5,19 @@ import sys
 
 from conftest import load_runs
 
-# The trainer itself, with one change: rank 1 runs out of memory in its second training step
-# (after one step's collectives, as a real OOM would). The failure then goes through the
-# trainer's real paths (rank 1's error file, rank 0's end record with status oom, every rank's
-# exit code 3) under whatever launcher the job script used.
-INJECT_OOM = '''
-import sys
+# The trainer itself, with one change: when WHEN holds (evaluated on the run), its second
+# training step does ACTION instead (after one step's collectives, as a real failure would). The
+# failure then goes through the trainer's real paths under whatever launcher started it.
+INJECT = '''
+import signal, subprocess, sys, time
 
 from vit_scale.recipes import train
 
 real_train = train.Run.train
 
 
-def train_out_of_memory(self):
-    if self.world.rank == 1:
+def second_step_goes_wrong(self):
+    if {when}:
         real_setup = self.strategy.setup
 
         def setup(factory):
@@ -28,7 +27,7 @@ def train_out_of_memory(self):
             def step(images, labels):
                 steps.append(1)
                 if len(steps) == 2:
-                    raise MemoryError("injected by the test: rank 1 is out of memory")
+                    {action}
                 return real_step(images, labels)
 
             self.strategy.train_step = step
@@ -37,20 +36,30 @@ def train_out_of_memory(self):
     return real_train(self)
 
 
-train.Run.train = train_out_of_memory
+train.Run.train = second_step_goes_wrong
 sys.exit(train.main(sys.argv[1:]))
 '''
 
-# VIT_SCALE_PYTHON for the job script: the real python, except for trainer runs of STRATEGY on
-# 2 nodes (srun: SLURM_STEP_NUM_NODES; processes/torchrun: GROUP_WORLD_SIZE)
+# VIT_SCALE_PYTHON for a job script: the real python, except for the trainer's runs that CONDITION
+# (bash) picks, which run the trainer with the injected change
 WRAPPER = '''#!/bin/bash
-if [ "${{1:-}} ${{2:-}} ${{3:-}}" = "-m vit_scale train" ] && [[ " $* " == *" strategy={strategy} "* ]] &&
-   [ "${{SLURM_STEP_NUM_NODES:-${{GROUP_WORLD_SIZE:-1}}}}" = 2 ]; then
+if [ "${{1:-}} ${{2:-}} ${{3:-}}" = "-m vit_scale train" ] && {condition}; then
   shift 3
   exec {python} {inject} "$@"
 fi
 exec {python} "$@"
 '''
+
+
+def python_injecting(tmp_dir, name: str, when: str, action: str, condition: str = "true") -> str:
+    inject = os.path.join(str(tmp_dir), f"inject_{name}.py")
+    with open(inject, "w") as f:
+        f.write(INJECT.format(when=when, action=action))
+    wrapper = os.path.join(str(tmp_dir), f"python-{name}")
+    with open(wrapper, "w") as f:
+        f.write(WRAPPER.format(condition=condition, python=sys.executable, inject=inject))
+    os.chmod(wrapper, 0o755)
+    return wrapper
 
 
 # env/*.sh activate this venv (the one running the tests), or none outside a venv
@@ -67,15 +76,20 @@ def job_env(**extra) -> dict:
 
 
 def python_failing(tmp_dir, strategy: str) -> str:
-    """Path of a VIT_SCALE_PYTHON under which STRATEGY on 2 nodes runs out of memory."""
-    inject = os.path.join(str(tmp_dir), "inject_oom.py")
-    with open(inject, "w") as f:
-        f.write(INJECT_OOM)
-    wrapper = os.path.join(str(tmp_dir), "python-failing")
-    with open(wrapper, "w") as f:
-        f.write(WRAPPER.format(strategy=strategy, python=sys.executable, inject=inject))
-    os.chmod(wrapper, 0o755)
-    return wrapper
+    """A VIT_SCALE_PYTHON under which STRATEGY on 2 nodes (srun: SLURM_STEP_NUM_NODES;
+    processes/torchrun: GROUP_WORLD_SIZE) runs out of memory on rank 1."""
+    return python_injecting(tmp_dir, "failing", "self.world.rank == 1",
+                            'raise MemoryError("injected by the test: rank 1 is out of memory")',
+                            f'[[ " $* " == *" strategy={strategy} "* ]] && '
+                            '[ "${SLURM_STEP_NUM_NODES:-${GROUP_WORLD_SIZE:-1}}" = 2 ]')
+
+
+def python_hanging(tmp_dir, marker: str) -> str:
+    """A VIT_SCALE_PYTHON under which a DDP run wedges in its second step: it starts a child
+    (`sleep MARKER`), ignores SIGTERM and blocks."""
+    return python_injecting(tmp_dir, "hanging", 'self.cfg.strategy == "DDP"',
+                            f'subprocess.Popen(["sleep", "{marker}"]); '
+                            'signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)')
 
 
 def runs_by_strategy_and_nodes(study_dir) -> dict:

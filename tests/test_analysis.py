@@ -749,3 +749,15 @@ def test_cli_width_option(study, tmp_path, capsys):
     assert main([study, "--out", str(tmp_path / "o"), "--width", "40"]) == 2
     assert "--width" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_one_machine_ladder_puts_gpus_on_the_x_axis():
+    """A GPU machine without Slurm: one node, 1, 2, 4 ranks; the axis says GPUs (ranks on a CPU)."""
+    import pandas as pd
+
+    from analysis import table
+
+    df = pd.DataFrame({"nodes": [1, 1, 1], "world_size": [1, 2, 4], "device_type": ["cuda"] * 3})
+    assert table.x_axis(df) == ("world_size", "GPUs")
+    assert table.x_axis(df.assign(device_type="cpu")) == ("world_size", "ranks")
+    assert table.x_axis(df.assign(nodes=[1, 2, 4])) == ("nodes", "nodes")

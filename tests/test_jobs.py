@@ -29,7 +29,8 @@ BAD_INPUT = [
      "--strategies: HYBRID_8GPU shards over groups of 8 ranks within a node, but system local runs 4 ranks per "
      "node; allowed: HYBRID_<g>GPU with g in 1, 2, 4"),
     (WEAK_SCALING, ["--system", "frontier"], "--system: frontier runs inside a Slurm allocation"),
-    (WEAK_SCALING, ["--system", "cuda", "--models", "vit_base"], "--system: cuda runs inside a Slurm allocation"),
+    (WEAK_SCALING, ["--system", "cuda", "--models", "vit_base"], "--system: cuda runs one rank per GPU, but this "
+                                                                 "machine shows none; run it on a machine with NVIDIA"),
     (WEAK_SCALING, ["--nodes", "1,two"], "--nodes: 'two' is not allowed; allowed: node counts"),
     (WEAK_SCALING, ["--steps", "4", "--warmup-steps", "4"], "--warmup-steps: 4 is not allowed; allowed: fewer than"),
     (WEAK_SCALING, ["--backward-prefetch", "pre,sideways"], "--backward-prefetch: 'sideways' is not allowed; "

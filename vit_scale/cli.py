@@ -1,4 +1,4 @@
-"""`vit-scale train ...`, `vit-scale plan ...` and `vit-scale finetune ...`."""
+"""`vit-scale COMMAND ...`: each command is a module with a main(argv)."""
 from __future__ import annotations
 
 import sys
@@ -7,6 +7,9 @@ COMMANDS = {
     "train": ("vit_scale.recipes.train", "one run: one model under one strategy on the launched ranks"),
     "plan": ("vit_scale.planning.cli", "what fits where: memory per device and communication per step"),
     "finetune": ("vit_scale.recipes.finetune", "fine-tune on real images: evaluation, pretrained weights, checkpoints"),
+    "study": ("vit_scale.study.cli", "a study: many runs launched, supervised, recorded, resumed, then analysed"),
+    "sweep": ("vit_scale.study.sweep", "a study across Slurm jobs: one per node count, then the analysis job"),
+    "prepare": ("vit_scale.study.prepare", "build the JIT kernels a study's strategies need, before any clock starts"),
 }
 
 

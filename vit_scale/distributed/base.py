@@ -134,6 +134,12 @@ class Strategy(ABC):
 
     supports_finetune = False
     supports_compile = False  # train.compile: the family calls compile_blocks or compile_whole in setup
+
+    @classmethod
+    def jit_kernels(cls, label: str, device_kind: str) -> tuple:
+        """The JIT-built kernels (keys of distributed/kernels.py) a run of `label` may need on
+        `device_kind`; `vit-scale prepare` builds them before any run's clock starts."""
+        return ()
     # the name of the layout `save_state` writes, kept in each checkpoint's meta.json so a
     # strategy that reads another layout refuses it in one line: "full" (rank 0 writes whole
     # state dicts, the default below), "sharded" (FSDP), "engine" (DeepSpeed), "booster" (ColossalAI)

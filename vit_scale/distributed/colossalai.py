@@ -64,6 +64,13 @@ def _import_colossalai():
 class ColossalAIStrategy(Strategy):
     family = "colossalai"
     labels = ("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
+
+    @classmethod
+    def jit_kernels(cls, label: str, device_kind: str) -> tuple:
+        # HybridAdam (Gemini; LowLevelZero with cpu_offload): its host half and, on a GPU, its device half
+        if label in ("CAI_GEMINI", "CAI_LOW_LEVEL_ZERO"):
+            return ("colossalai.cpu_adam", "colossalai.fused_optim")
+        return ()
     # fine-tuning (vit_scale.recipes.finetune): see the module docstring and the methods under "fine-tuning"
     supports_finetune = True
     checkpoint_format = "booster"

@@ -51,6 +51,11 @@ def _import_deepspeed():
 class DeepSpeedStrategy(Strategy):
     family = "deepspeed"
     labels = ("ZERO1", "ZERO2", "ZERO3", "ZEROPP")
+
+    @classmethod
+    def jit_kernels(cls, label: str, device_kind: str) -> tuple:
+        # DeepSpeedCPUAdam for any stage's optimizer offload; ZeRO++'s qwZ/qgZ quantize on the GPU
+        return ("deepspeed.cpu_adam",) + (("deepspeed.quantizer",) if label == "ZEROPP" else ())
     # fine-tuning (vit_scale.recipes.finetune): the engine owns the loss scale, clipping, accumulation
     # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
     supports_finetune = True

@@ -104,33 +104,40 @@ def launched_by() -> str:
     return "single"
 
 
-def slurm_master_addr() -> str:
-    """Address of the step's first node; node names that do not resolve (emulated or
-    private names) fall back to the NodeAddr Slurm itself holds for the node."""
-    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or ""
-    first = ""
-    if nodelist:
-        try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout.split()
-            first = out[0] if out else ""
-        except (OSError, subprocess.SubprocessError):
-            first = nodelist.split(",")[0]
-    if not first:
-        return "127.0.0.1"
+def slurm_hostnames(nodelist: str) -> list[str]:
+    """A Slurm node list ("n[1-2]") as host names, in Slurm's order."""
+    if not nodelist:
+        return []
     try:
-        socket.getaddrinfo(first, None)
-        return first
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                             timeout=30, check=True).stdout.split()
+        return out or nodelist.split(",")
+    except (OSError, subprocess.SubprocessError):
+        return nodelist.split(",")
+
+
+def slurm_node_address(node: str) -> str:
+    """The address to reach a node at: its name when it resolves, else the NodeAddr Slurm itself
+    holds for it (emulated or private node names do not resolve)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
     except OSError:
         pass
     try:
-        out = subprocess.run(["scontrol", "show", "node", first], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30).stdout
         m = re.search(r"NodeAddr=(\S+)", out)
         if m:
             return m.group(1)
     except (OSError, subprocess.SubprocessError):
         pass
-    return first
+    return node
+
+
+def slurm_master_addr() -> str:
+    """Address of the step's first node."""
+    nodes = slurm_hostnames(os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or "")
+    return slurm_node_address(nodes[0]) if nodes else "127.0.0.1"
 
 
 def slurm_master_port() -> int:
@@ -140,7 +147,7 @@ def slurm_master_port() -> int:
     return 15000 + (job * 97 + step * 13) % 30000
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -170,7 +177,7 @@ def detect_world(requested_launcher: str = "auto", ranks_per_node: int = 0) -> W
         rank, world_size, local_rank, local_world, nodes, addr, port = _mpi_bootstrap()
     elif launcher == "single":
         rank, world_size, local_rank, local_world, nodes = 0, 1, 0, 1, 1
-        addr, port = "127.0.0.1", _free_port()
+        addr, port = "127.0.0.1", free_port()
     else:
         raise UserError(f"system.launcher: {launcher!r} is not allowed; allowed: auto, torchrun, srun, mpi, single")
     if ranks_per_node:
@@ -191,7 +198,7 @@ def _mpi_bootstrap():
     # rank 0 chooses the rendezvous and tells everyone: MPI has no MASTER_ADDR of its own
     if rank == 0:
         addr = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-        port = _int_env("MASTER_PORT") or _free_port()
+        port = _int_env("MASTER_PORT") or free_port()
     else:
         addr, port = None, None
     addr, port = comm.bcast((addr, port), root=0)

@@ -371,11 +371,23 @@ class RunSession:
                       "global": self.cfg.train.batch_size * self.world.world_size},
             "launcher": self.world.launcher, "slurm": slurm_facts(), "hosts": hosts,
             "versions": software_versions(), "git_revision": git_revision(), "plan": self._plan(),
+            "kernels_prebuilt": self._kernels_prebuilt(),
         })
         say(self.world, f"{self.command}: {self.cfg.model} ({self.model_info['params'] / 1e6:.1f}M params) "
                         f"{self.cfg.strategy} on {plural(self.world.world_size, 'rank')}, "
                         f"{plural(self.world.nodes, 'node')}, {self.world.device_type} [{self.world.launcher}] "
                         f"-> {self.run_dir}")
+
+    def _kernels_prebuilt(self) -> dict:
+        """Each JIT kernel this strategy needs and whether `vit-scale prepare` (or an earlier run)
+        built it before this run: false means this run's first step includes compiling it."""
+        from vit_scale.distributed.kernels import prebuilt, use_venv_tools
+
+        use_venv_tools()  # a kernel this run builds or loads is the one `vit-scale prepare` built
+        try:
+            return prebuilt(self.cfg.strategy, self.world.device_type)
+        except Exception as exc:  # never lose a run over this fact; say why it is missing
+            return {"unknown": f"{type(exc).__name__}: {exc}"}
 
     def _device_name(self) -> str:
         if self.world.device_type == "cpu":

@@ -1,0 +1,449 @@
+"""`vit-scale study`: every model x strategy (x modifiers x batch sizes) on the node ladder inside
+a Slurm allocation, on the GPU ladder of one machine without Slurm, or on emulated nodes of this
+CPU; each run supervised, recorded in the ledger, resumable; then the analysis.
+
+jobs/weak_scaling.sh and jobs/plugin_comparison.sh end in `exec python -m vit_scale study`, after
+sourcing env/<system>.sh, which `--which-env` names (having checked every option first, so that
+bad input is refused before any module is loaded).
+
+Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input, 143 stopped.
+"""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+
+from vit_scale.study import launchers, systems
+from vit_scale.study.files import BadInput, home
+from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
+from vit_scale.study.plan import STUDY_KEYS, make_plan
+from vit_scale.study.supervise import Supervisor
+
+FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--which-env")
+OWN_OPTIONS = ("--config", "--system", "--out", "--report", "--run-time-limit", "--prog")
+STUDY_OPTIONS = {option: key for key, (option, _) in STUDY_KEYS.items() if option}
+# the plugin comparison's names for two of them
+STUDY_OPTIONS.update({"--model": "models", "--batch-sizes": "batch_size"})
+GRACE_S = int(os.environ.get("VIT_SCALE_STEP_GRACE_S", "60"))   # after one rank ends badly
+
+USAGE = """usage: sbatch [-N NODES] [sbatch options] jobs/weak_scaling.sh [options]
+       bash jobs/weak_scaling.sh [options]     (no Slurm: this machine's GPUs, or emulated CPU nodes)
+       vit-scale study [options]
+
+What to run (lists are comma-separated; defaults come from the study file):
+  --config FILE            study file (default: the system's, e.g. configs/studies/local.yaml)
+  --study NAME             name of the study: runs go to OUT/NAME, the report to report/NAME
+  --models LIST            {models}
+  --strategies LIST        {strategies}
+  --nodes LIST|ladder      node counts (default ladder: 1, 2, 4 ... the allocation's nodes)
+  --gpu-counts LIST|ladder on one GPU machine without Slurm: GPU counts (default ladder: 1, 2, 4 ... all)
+  --batch-size LIST        images per GPU (rank) and step; fixed as nodes grow; several: one run each
+  --steps N                steps per run
+  --warmup-steps N         first steps left out of every figure
+FSDP and precision modifiers (several values: each is one more run, a grid):
+  --precision LIST         fp32 bf16 fp16
+  --backward-prefetch LIST none pre post
+  --limit-all-gathers LIST true false
+  --forward-prefetch LIST  true false
+  --fsdp-version LIST      1 2
+  --activation-checkpointing LIST  true false
+  --use-orig-params LIST   true false
+  --skip-if-not-fits BOOL  record a run that cannot fit the GPU as skipped instead of running it
+  --set KEY=VALUE          any trainer key for every run (repeatable), e.g. --set train.lr=3e-4
+Where and how:
+  --system NAME            {systems} (default: detected)
+  --launcher NAME          srun torchrun mpi (default: the system's; mpi = mpi4py bootstrap
+                           through srun --mpi=pmix, or mpirun without Slurm)
+  --ranks-per-node N       default: the system's (8 on Frontier, the GPUs per node on cuda, 2 locally)
+  --out DIR                run records (default: runs)
+  --report DIR             analysis output (default: report/STUDY)
+  --run-time-limit MIN     stop a run that takes longer (minutes, e.g. 30 or 0.5): its whole process tree is
+                           stopped, it is recorded as timeout, and the study goes on
+  --force                  run again what an earlier run already recorded as ok
+  --dry-run                print the runs and their launch commands; run nothing
+  --analysis-only          only the analysis and the summary of what OUT/STUDY holds
+  --no-analysis            skip the analysis at the end
+  -h, --help               this text
+Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input."""
+
+
+class Options:
+    def __init__(self):
+        self.flags: set = set()
+        self.own: dict = {}
+        self.cli: dict = {}       # study key -> value
+        self.sets: list = []
+        self.help = False
+
+
+def option_pairs(argv: list, flags):
+    """(option, value) for each option of argv, value None for one of `flags`; `--opt=value` and
+    `--opt value` alike. A value may not start with `--`: `--models --steps 4` lost its value."""
+    i = 0
+    while i < len(argv):
+        opt = argv[i]
+        if opt in flags:
+            yield opt, None
+            i += 1
+            continue
+        if opt.startswith("--") and "=" in opt:
+            opt, value = opt.split("=", 1)
+            i += 1
+        elif opt.startswith("--"):
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise BadInput(f"{opt}: needs a value (see --help)")
+            value = argv[i + 1]
+            i += 2
+        else:
+            raise BadInput(f"unexpected argument '{opt}'; options start with -- (see --help)")
+        yield opt, value
+
+
+def parse(argv: list) -> Options:
+    opts = Options()
+    for opt, value in option_pairs(argv, ("-h", "--help", *FLAGS)):
+        if opt in ("-h", "--help"):
+            opts.help = True
+        elif value is None:
+            opts.flags.add(opt)
+        elif opt in OWN_OPTIONS:
+            opts.own[opt] = value
+        elif opt == "--set":
+            opts.sets.append(value)
+        elif opt in STUDY_OPTIONS:
+            opts.cli[STUDY_OPTIONS[opt]] = value
+        else:
+            allowed = " ".join(["--config", *[o for o in STUDY_OPTIONS if o not in ("--model", "--batch-sizes")],
+                                "--system", "--out", "--report", "--run-time-limit", *FLAGS[:-1], "--help"])
+            raise BadInput(f"unknown option '{opt}'; allowed: {allowed}")
+    return opts
+
+
+def whole(option: str, text, minimum: int = 1) -> int:
+    if not str(text).isdigit() or int(text) < minimum:
+        raise BadInput(f"{option}: '{text}' is not allowed; allowed: a whole number of at least {minimum}")
+    return int(text)
+
+
+def minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise BadInput(f"--run-time-limit: '{text}' is not allowed; allowed: minutes, more than 0 (e.g. 30 or 0.5)")
+    return value
+
+
+def usage() -> str:
+    from vit_scale.distributed import all_labels
+    from vit_scale.models import MODELS
+
+    return USAGE.format(models=" ".join(MODELS), strategies=" ".join(all_labels()),
+                        systems=" ".join(systems.known_systems()))
+
+
+class StudyRun:
+    """What the study needs to know about where it runs, and its plan."""
+
+    def __init__(self, opts: Options):
+        self.opts = opts
+        self.dry_run = "--dry-run" in opts.flags
+        self.analysis_only = "--analysis-only" in opts.flags
+        self.force = "--force" in opts.flags
+        self.in_slurm = systems.in_slurm()
+        name = opts.own.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or systems.detect_system()
+        self.system = systems.read_system(name)
+        # a GPU machine without Slurm runs its own ladder over GPUs
+        self.one_machine = not self.in_slurm and self.system.one_rank_per_gpu and not self.system.needs_slurm
+        if self.system.needs_slurm and not self.in_slurm and not self.dry_run and not self.analysis_only:
+            raise BadInput(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/weak_scaling.sh, or "
+                           f"salloc); without Slurm allowed: "
+                           f"{', '.join(s for s in systems.known_systems() if not systems.read_system(s).needs_slurm)}")
+        self.time_limit = minutes(opts.own["--run-time-limit"]) if "--run-time-limit" in opts.own else None
+        self.ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
+        self.alloc_nodes = 0
+        if self.in_slurm and not self.analysis_only:
+            self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+        study_file = opts.own.get("--config") or os.path.join(home(), self.system.default_study)
+        if not os.path.isfile(study_file):
+            raise BadInput(f"--config: no such file: {study_file}; the studies are in configs/studies/")
+        self.plan = make_plan(study_file, opts.cli, opts.sets, self.system, self.ranks_per_node, self.alloc_nodes,
+                              one_machine=self.one_machine, analysis_only=self.analysis_only)
+        # launch through Slurm inside an allocation, and in a dry run of a system that has no other way
+        self.use_slurm = self.in_slurm or (self.dry_run and self.system.needs_slurm)
+        launcher = self.plan.launcher
+        if launcher == "mpi" and not self.use_slurm and not self.one_machine and not self.dry_run:
+            import shutil
+
+            if shutil.which("mpirun") is None:
+                raise BadInput("--launcher: mpi without Slurm needs mpirun (apt-get install openmpi-bin); "
+                               "allowed here: srun, torchrun")
+        self.out = os.path.abspath(opts.own.get("--out", "runs"))
+        self.study_dir = os.path.join(self.out, self.plan.name)
+        self.report = opts.own.get("--report") or os.path.join("report", self.plan.name)
+        self.python = os.environ.get("VIT_SCALE_PYTHON") or "python"
+
+    def _ranks_per_node(self) -> int:
+        given = self.opts.own.get("--ranks-per-node") or self.opts.cli.get("ranks_per_node")
+        if given is not None:
+            return whole("--ranks-per-node", given)
+        if not self.system.one_rank_per_gpu:
+            return whole(f"configs/systems/{self.system.name}.yaml: ranks_per_node", self.system.ranks_per_node)
+        gpus = systems.slurm_gpus_per_node() if self.in_slurm else 0
+        gpus = gpus or systems.gpus_here()
+        if not gpus:
+            where = "this allocation" if self.in_slurm else "this machine"
+            fix = ("submit with --gpus-per-node=N or give --ranks-per-node" if self.in_slurm else
+                   "run it on a machine with NVIDIA GPUs (nvidia-smi lists them) or give --ranks-per-node")
+            raise BadInput(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; {fix}")
+        return gpus
+
+    # ------------------------------------------------------------ the study
+
+    def header(self) -> None:
+        p, total = self.plan, len(self.plan.runs)
+        size = (f"GPUs {','.join(map(str, p.rank_counts))}" if self.one_machine
+                else f"nodes {','.join(map(str, p.nodes))}")
+        strategies = "strategy" if len(p.strategies) == 1 else "strategies"
+        print(f"vit-scale study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} "
+              f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
+              f" x {size})")
+        kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, p.ranks_per_node * max(p.nodes))
+        job = os.environ.get("SLURM_JOB_ID")
+        where = (f"up to {p.ranks_per_node} GPUs on this machine" if self.one_machine
+                 else f"{p.ranks_per_node} rank{'s' if p.ranks_per_node > 1 else ''} per node")
+        print(f"  {where}, launcher: {launchers.describe(kind, self.system, p.ranks_per_node)}"
+              + (f", job {job} on {os.environ.get('SLURM_JOB_NODELIST', '')}" if job else ""))
+        print(f"  settings: {' '.join(p.common)}")
+        print(f"  records: {self.study_dir}   logs: {os.path.join(self.study_dir, 'logs')}")
+        if self.dry_run:
+            print("  dry run: nothing is started")
+        sys.stdout.flush()
+
+    def run_all(self) -> int:
+        p = self.plan
+        logs = os.path.join(self.study_dir, "logs")
+        if not self.dry_run:
+            try:
+                os.makedirs(logs, exist_ok=True)
+            except OSError as exc:
+                raise BadInput(f"--out: cannot create {logs}: {exc.strerror}") from None
+            self.make_node_dirs()
+        ledger = Ledger(os.path.join(self.study_dir, "study_runs.tsv"))
+        supervisor = None if self.dry_run else Supervisor(GRACE_S)
+        nodes_here = systems.allocation_nodes() if self.in_slurm else []
+        self.prepare_kernels(supervisor, logs)
+        started, failed, done = time.monotonic(), 0, 0
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
+        for index, run in enumerate(p.runs, 1):
+            if supervisor and supervisor.interrupted:
+                break
+            label = f"[{index}/{len(p.runs)}] {run.model} {run.strategy} " + (
+                f"{run.ranks} GPU{'s' if run.ranks > 1 else ''}" if self.one_machine
+                else f"n{run.nodes} ({run.ranks} rank{'s' if run.ranks > 1 else ''})")
+            if run.variant != "-":
+                label += " " + run.variant.replace(",", " ")
+            parent = os.path.join(self.study_dir, run.model, run.strategy, f"n{run.nodes}")
+            kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
+            earlier = None if self.force else find_ok(parent, run.settings)
+            if earlier:
+                print(f"{label} ... ok earlier, skipped (--force runs it again): {earlier}", flush=True)
+                if not self.dry_run:
+                    ledger.add(model=run.model, strategy=run.strategy, variant=run.variant, nodes=run.nodes,
+                               ranks=run.ranks, launcher=kind, status="ok", images_per_s=run_result(earlier)[1],
+                               seconds=0, run_dir=earlier)
+                done += 1
+                continue
+            run_id = f"{stamp}-{tag}.{index}"
+            if self.in_slurm:
+                addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
+            else:
+                addr = "127.0.0.1"
+            port = free_port()
+            if self.use_slurm and not self.in_slurm:  # a dry run far from the system: found when the job runs
+                addr, port = "{address of the first node}", "{a free port}"
+            launch = launchers.build(
+                kind, self.python, run.settings + run.system_settings +
+                [f"output.dir={self.out}", f"output.study={p.name}", f"output.run_id={run_id}"],
+                system=self.system, nodes=run.nodes, ranks_per_node=run.ranks_per_node,
+                nodelist=",".join(nodes_here[:run.nodes]), master_addr=addr, master_port=port,
+                time_limit_min=math.ceil(self.time_limit) if self.use_slurm and self.time_limit else None,
+                grace_s=GRACE_S,
+                rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.{index}", as_root=os.geteuid() == 0)
+            if self.dry_run:
+                print(label)
+                if len(launch.commands) > 1:
+                    for line in launch.shown():
+                        print(f"    {line} &")
+                else:
+                    env = " ".join(f"{k}={v}" for k, v in launch.env.items())
+                    print(f"    {env + ' ' if env else ''}{launch.shown()[0]}")
+                continue
+            print(f"{label} ... ", end="", flush=True)
+            log = os.path.join(logs, f"{run.model}.{run.strategy}.n{run.nodes}.{run_id}.log")
+            with open(log, "w") as f:
+                f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
+                        + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
+                f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
+            outcome = supervisor.run(launch, log, self.time_limit * 60 if self.time_limit else None)
+            run_dir = os.path.join(parent, run_id)
+            status, ips, error = run_result(run_dir)
+            if outcome.timed_out and status in ("none", "failed"):
+                error = f"stopped after --run-time-limit {self.time_limit:g} min" + (
+                    "; its processes did not end on SIGTERM and were killed" if outcome.killed else "")
+                end_for_the_record(run_dir, "timeout", error)
+                status = "timeout"
+            elif status == "none":
+                status = status_of_code(outcome.code)
+                error = f"exit code {outcome.code}, {error}; last line of the log: {last_line(log)}"
+            seconds = int(outcome.seconds)
+            if status == "ok":
+                print(f"ok {ips} img/s ({seconds} s)")
+            elif status == "skipped":
+                print(f"skipped: {error or 'does not fit'}")
+            else:
+                failed += 1
+                print(f"{status.upper()} (exit {outcome.code}, {seconds} s): {error[:300]}")
+                print(f"      log: {log}")
+            sys.stdout.flush()
+            ledger.add(model=run.model, strategy=run.strategy, variant=run.variant, nodes=run.nodes,
+                       ranks=run.ranks, launcher=kind, exit_code=outcome.code, status=status, images_per_s=ips,
+                       seconds=seconds, run_dir=run_dir if os.path.isdir(run_dir) else "-", log=log)
+            done += 1
+        if self.dry_run:
+            return 0
+        return self.finish(ledger, failed, done, time.monotonic() - started, supervisor)
+
+    def prepare_kernels(self, supervisor, logs: str) -> None:
+        """`vit-scale prepare` on a compute node before the first run, when a strategy of the study
+        needs JIT kernels: no run's time limit or first step then includes a compiler."""
+        from vit_scale.distributed.kernels import kernels_for
+
+        p = self.plan
+        if not p.runs or not any(kernels_for(p.strategies, kind) for kind in ("cpu", "cuda", "rocm")):
+            return
+        argv = [self.python, "-m", "vit_scale", "prepare", "--strategies", ",".join(p.strategies)]
+        if self.use_slurm:
+            gpu = ["--gpus-per-task=1"] if self.system.backend == "nccl" else []
+            argv = ["srun", "--nodes=1", "--ntasks=1", *gpu, *argv]
+        if supervisor is None:
+            print(f"  kernels first: {launchers.show_command(argv)}")
+            return
+        print("  kernels: building what the strategies need before the first run ...", flush=True)
+        log = os.path.join(logs, "prepare.log")
+        outcome = supervisor.run(launchers.Launch("prepare", [(argv, {})]), log)
+        with open(log, errors="replace") as f:
+            for line in f:
+                if line.startswith("  ") or "FAILED" in line:
+                    print(f"  {line.rstrip()}")
+        if outcome.code != 0:
+            print(f"{prog()}: some kernels could not be built (see {log}); the runs that need them build or fail "
+                  f"on their own", file=sys.stderr)
+        sys.stdout.flush()
+
+    def make_node_dirs(self) -> None:
+        """Node-local directories the env script asked for (e.g. MIOpen's cache under /tmp), on every node."""
+        dirs = os.environ.get("VIT_SCALE_NODE_DIRS", "").split()
+        if self.in_slurm and dirs and not self.analysis_only:
+            code = subprocess.call(["srun", f"--nodes={self.alloc_nodes}", "--ntasks-per-node=1", "mkdir", "-p", *dirs])
+            if code:
+                print(f"{prog()}: could not create {' '.join(dirs)} on every node", file=sys.stderr)
+
+    def finish(self, ledger, failed: int, done: int, elapsed: float, supervisor) -> int:
+        p = self.plan
+        print()
+        interrupted = supervisor is not None and supervisor.interrupted
+        if interrupted:
+            print(f"Study '{p.name}' interrupted after {done} of {len(p.runs)} runs. Submit the same command again "
+                  f"to resume: runs recorded as ok are skipped.")
+        elif not self.analysis_only:
+            total = len(p.runs)
+            print(f"Study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} in "
+                  f"{int(elapsed) // 60}m{int(elapsed) % 60}s, {failed} failed.")
+        else:
+            print(f"Study '{p.name}': the runs recorded in {self.study_dir}")
+        rows = ledger.rows()
+        if rows:
+            print("\n".join(summary(rows, "g" if self.one_machine else "n")))
+        print(f"  run records: {self.study_dir}")
+        report_ok = True
+        if "--no-analysis" not in self.opts.flags and not interrupted:
+            report_ok = self.analysis()
+        if interrupted:
+            return 143
+        return 1 if failed or not report_ok else 0
+
+    def analysis(self) -> bool:
+        script = os.path.join(home(), "analysis", "weak_scaling.py")
+        log = os.path.join(self.study_dir, "logs", "analysis.log")
+        os.makedirs(os.path.dirname(log), exist_ok=True)
+        with open(log, "w") as f:
+            code = subprocess.call([sys.executable, script, self.study_dir, "--out", self.report],
+                                   stdout=f, stderr=subprocess.STDOUT)
+        if code != 0:
+            print(f"{prog()}: the analysis failed; see {log}", file=sys.stderr)
+            with open(log) as f:
+                sys.stderr.writelines(f.readlines()[-5:])
+            return False
+        report = os.path.abspath(self.report)
+        plots = " ".join(sorted(n for n in os.listdir(report) if n.endswith(".png")))
+        print(f"  report:      {report}/report.md")
+        print(f"  plots:       {report}/ {plots or '(none)'}")
+        print(f"  table:       {report}/results.csv")
+        return True
+
+
+def free_port() -> int:
+    from vit_scale.launch.world import free_port as port
+
+    return port()
+
+
+def last_line(path: str) -> str:
+    with open(path, errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+    return lines[-1] if lines else "(empty)"
+
+
+PROG = "vit-scale study"
+
+
+def prog() -> str:
+    return PROG
+
+
+def main(argv=None) -> int:
+    global PROG
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--prog" in argv:   # the job script's name, for messages
+        i = argv.index("--prog")
+        PROG = argv[i + 1] if i + 1 < len(argv) else PROG
+        del argv[i:i + 2]
+    try:
+        opts = parse(argv)
+        if opts.help:
+            if "--which-env" in opts.flags:
+                print("none")
+            else:
+                print(usage())
+            return 0
+        study = StudyRun(opts)
+        if "--which-env" in opts.flags:
+            # what the job script sources before it starts the study; nothing for a dry run
+            print("none" if study.dry_run else study.system.env_script)
+            return 0
+        if not study.analysis_only:
+            study.header()
+        return study.run_all()
+    except BadInput as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

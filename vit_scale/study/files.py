@@ -1,0 +1,56 @@
+"""Where the repository's configs are, and reading them: errors are one BadInput line."""
+from __future__ import annotations
+
+import os
+
+PACKAGE_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class BadInput(Exception):
+    """A user's mistake in an option or a study file: printed as one line, exit code 2."""
+
+
+def home() -> str:
+    """The repository: where this package sits (a checkout), else VIT_SCALE_HOME (an installed copy)."""
+    for candidate in (PACKAGE_HOME, os.environ.get("VIT_SCALE_HOME", "")):
+        if candidate and os.path.isdir(os.path.join(candidate, "configs", "systems")):
+            return candidate
+    raise BadInput("cannot find the repository's configs/; set VIT_SCALE_HOME to the vit-scale checkout")
+
+
+def load_yaml(path: str, option: str = "--config") -> dict:
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise BadInput(f"{option}: cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise BadInput(f"{option}: {path} is not valid YAML"
+                       f"{f' (line {mark.line + 1})' if mark else ''}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{option}: {path} must hold a mapping of keys")
+    return data
+
+
+def as_list(value) -> list[str]:
+    """YAML lists, comma-separated strings and scalars all become a list of strings."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, str):
+        items = value.replace(",", " ").split()
+    else:
+        items = [value]
+    return [str(v).lower() if isinstance(v, bool) else str(v) for v in items]
+
+
+TRUE = ("true", "on", "yes", "1")
+FALSE = ("false", "off", "no", "0")
+
+
+def normalise_bool(value) -> str:
+    return "true" if str(value).lower() in TRUE else "false"

@@ -1,0 +1,152 @@
+"""The study's ledger (OUT/STUDY/study_runs.tsv: one line per run attempted or found done), an
+earlier ok run with the same settings (resume), and the table printed at the end."""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import time
+
+from vit_scale.record.reader import start_and_end
+from vit_scale.record.writer import EXIT_CODES, METRICS_FILE
+
+COLUMNS = ("time", "job", "model", "strategy", "variant", "nodes", "ranks", "launcher", "exit_code", "status",
+           "images_per_s", "seconds", "run_dir", "log")
+STATUS_OF_CODE = {code: status for status, code in EXIT_CODES.items()}
+STATUS_OF_CODE[2] = "bad-input"
+
+
+def status_of_code(code: int) -> str:
+    """For a run that left no end record: what its exit code says (a run that exited 0 without
+    a record did not do its job)."""
+    status = STATUS_OF_CODE.get(code, "failed")
+    return "failed" if status == "ok" else status
+
+
+class Ledger:
+    def __init__(self, path: str):
+        self.path = path
+
+    def add(self, **row) -> None:
+        new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
+        row.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        row.setdefault("job", os.environ.get("SLURM_JOB_ID") or "-")
+        with open(self.path, "a") as f:
+            if new:
+                f.write("\t".join(COLUMNS) + "\n")
+            f.write("\t".join(str(row.get(c, "-")).replace("\t", " ") for c in COLUMNS) + "\n")
+
+    def rows(self) -> list[dict]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path) as f:
+            return list(csv.DictReader(f, delimiter="\t"))
+
+
+def run_result(run_dir: str) -> tuple[str, str, str]:
+    """(status, images/s, error) from a run's record; status "none" when it has no end record."""
+    start, end = start_and_end(run_dir)
+    if end is None:
+        return "none", "-", "the run started but wrote no end record" if start else "no run record"
+    ips = (end.get("images_per_s") or {}).get("mean")
+    return (str(end.get("status", "failed")), f"{ips:.1f}" if ips is not None else "-",
+            " ".join(str(end.get("error") or "").split()))
+
+
+def end_for_the_record(run_dir: str, status: str, error: str) -> bool:
+    """A run that was killed before writing its end record (SIGKILL after the time limit) gets one
+    written for it, so the analysis lists it as what it was. Only when a start record is there:
+    a run directory without one belongs to no run the reader can place."""
+    start, end = start_and_end(run_dir)
+    if start is None or end is not None:
+        return False
+    path = os.path.join(run_dir, METRICS_FILE)
+    with open(path) as f:
+        steps = sum(1 for line in f if '"event": "step"' in line)
+    now = time.time()
+    line = {"event": "end", "time": now, "status": status, "error": error, "failed_rank": None,
+            "steps_done": steps, "timed_steps": 0, "wall_time_s": round(now - float(start.get("time", now)), 3),
+            "images_per_s": None, "images_per_s_per_device": None, "memory": None, "tflops_per_device": None,
+            "mfu": None, "replicas_agree": None, "replica_checksums": None, "final_loss": None,
+            "written_by": "vit-scale study: the run was stopped before it wrote its end record"}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+    return True
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _same_value(recorded, wanted: str) -> bool:
+    import yaml
+
+    try:
+        wanted_value = yaml.safe_load(wanted)
+    except yaml.YAMLError:
+        wanted_value = wanted
+    if isinstance(recorded, (int, float)) and isinstance(wanted_value, (int, float)) \
+            and not isinstance(recorded, bool):
+        return float(recorded) == float(wanted_value)
+    return recorded == wanted_value or str(recorded) == wanted
+
+
+def find_ok(parent: str, settings: list) -> str | None:
+    """The newest run under `parent` whose record says ok and whose config has every KEY=VALUE."""
+    wanted = [item.partition("=")[::2] for item in settings]
+    for path in sorted(glob.glob(os.path.join(parent, "*", METRICS_FILE)), reverse=True):
+        run_dir = os.path.dirname(path)
+        start, end = start_and_end(run_dir)
+        if not start or not end or end.get("status") != "ok":
+            continue
+        config = _flat(start.get("config") or {})
+        if all(key in config and _same_value(config[key], value) for key, value in wanted):
+            return run_dir
+    return None
+
+
+def summary(rows: list[dict], per: str = "n") -> list[str]:
+    """Model x strategy (x variant) against node or GPU count; the last line about a run wins
+    (a resumed study lists a run again)."""
+    if not rows:
+        return ["  no runs"]
+    latest = {}
+    for row in rows:
+        size = int(row["nodes"]) if per == "n" else int(row["ranks"])
+        latest[(row["model"], row["strategy"], row["variant"], size)] = row
+    sizes = sorted({key[3] for key in latest})
+    order = {}
+    for row in rows:
+        order.setdefault((row["model"], row["strategy"], row["variant"]), len(order))
+    lines = sorted({key[:3] for key in latest}, key=lambda k: order[k])
+    with_variant = any(k[2] != "-" for k in lines)
+    unit = "n" if per == "n" else "g"
+    header = ["model", "strategy"] + (["variant"] if with_variant else []) + [f"{unit}{s} img/s" for s in sizes]
+    table = [header]
+    for model, strategy, variant in lines:
+        row = [model, strategy] + ([variant] if with_variant else [])
+        for s in sizes:
+            item = latest.get((model, strategy, variant, s))
+            if item is None:
+                row.append("")
+            elif item["status"] == "ok" and item["images_per_s"] not in ("", "-"):
+                row.append(item["images_per_s"])
+            else:
+                row.append(item["status"])
+        table.append(row)
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    fixed = len(header) - len(sizes)
+    out = ["  " + "  ".join(cell.ljust(w) if i < fixed else cell.rjust(w)
+                            for i, (cell, w) in enumerate(zip(r, widths))) for r in table]
+    counts: dict = {}
+    for row in latest.values():
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    out.append("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    return out

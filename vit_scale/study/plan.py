@@ -1,0 +1,279 @@
+"""A study file and the command line's options -> the runs of the study, each checked against
+the trainer's own tables of models and strategies before anything starts."""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from dataclasses import dataclass, field
+
+from vit_scale.study.files import FALSE, TRUE, BadInput, as_list, load_yaml, normalise_bool
+
+# study key -> (command-line option, trainer key or None)
+STUDY_KEYS = {
+    "study": ("--study", None),
+    "models": ("--models", "model"),
+    "strategies": ("--strategies", "strategy"),
+    "nodes": ("--nodes", None),
+    "gpu_counts": ("--gpu-counts", None),
+    "ranks_per_node": ("--ranks-per-node", None),
+    "batch_size": ("--batch-size", "train.batch_size"),
+    "steps": ("--steps", "train.steps"),
+    "warmup_steps": ("--warmup-steps", "train.warmup_steps"),
+    "precision": ("--precision", "train.precision"),
+    "activation_checkpointing": ("--activation-checkpointing", "train.activation_checkpointing"),
+    "fsdp_version": ("--fsdp-version", "fsdp.version"),
+    "backward_prefetch": ("--backward-prefetch", "fsdp.backward_prefetch"),
+    "limit_all_gathers": ("--limit-all-gathers", "fsdp.limit_all_gathers"),
+    "forward_prefetch": ("--forward-prefetch", "fsdp.forward_prefetch"),
+    "use_orig_params": ("--use-orig-params", "fsdp.use_orig_params"),
+    "skip_if_not_fits": ("--skip-if-not-fits", "plan.skip_if_not_fits"),
+    "launcher": ("--launcher", None),
+    "set": ("--set", None),
+    "settings": (None, None),
+    "description": (None, None),
+}
+# the names a study file may also use for a key (the plugin comparison's file says model, batch_sizes)
+ALIASES = {"model": "models", "batch_sizes": "batch_size"}
+# several values make a grid: each combination is one more run (Figure 1 of seed 003; batch size
+# is the axis of the plugin comparison)
+GRID_KEYS = ("batch_size", "precision", "activation_checkpointing", "fsdp_version", "backward_prefetch",
+             "limit_all_gathers", "forward_prefetch", "use_orig_params")
+CHOICES = {
+    "precision": ("fp32", "bf16", "fp16"),
+    "fsdp_version": ("1", "2"),
+    "backward_prefetch": ("none", "pre", "post"),
+}
+BOOLEAN_KEYS = ("activation_checkpointing", "limit_all_gathers", "forward_prefetch", "use_orig_params",
+                "skip_if_not_fits")
+LAUNCHERS = ("srun", "torchrun", "mpi")
+DEFAULTS = {"batch_size": 32, "steps": 30, "warmup_steps": 5, "nodes": "ladder", "gpu_counts": "ladder"}
+
+
+@dataclass
+class PlannedRun:
+    model: str
+    strategy: str
+    nodes: int
+    ranks_per_node: int
+    variant: str              # the modifiers that vary within the study, "-" when none do
+    settings: list            # trainer KEY=VALUE that make this measurement what it is
+    system_settings: list     # trainer KEY=VALUE about the system (peak TFLOP/s), not part of identity
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+@dataclass
+class Study:
+    name: str
+    models: list
+    strategies: list
+    nodes: list               # node counts; with one machine and no Slurm, [1]
+    rank_counts: list         # GPU counts on one machine without Slurm (the ladder), else []
+    launcher: str
+    common: list              # trainer KEY=VALUE for every run
+    grid: str                 # the modifiers with several values, for the header
+    ranks_per_node: int       # on one machine without Slurm: the GPUs found
+    runs: list = field(default_factory=list)
+
+
+def ladder(largest: int) -> list[int]:
+    """1, 2, 4 ... up to `largest`, and `largest` itself when it is not a power of two."""
+    rungs, n = [], 1
+    while n < largest:
+        rungs.append(n)
+        n *= 2
+    rungs.append(largest)
+    return rungs
+
+
+def merge(study_file: str, cli: dict, sets: list) -> tuple[dict, dict]:
+    """Study file, then the command line. Returns (settings, where each came from)."""
+    data = load_yaml(study_file) if study_file else {}
+    values, origin = dict(DEFAULTS), {}
+    values["study"] = os.path.splitext(os.path.basename(study_file))[0] if study_file else "study"
+    for key, value in data.items():
+        key = ALIASES.get(key, key)
+        if key not in STUDY_KEYS:
+            raise BadInput(f"{study_file}: unknown key '{key}'; allowed: {', '.join(STUDY_KEYS)}")
+        values[key], origin[key] = value, f"'{key}' in {study_file}"
+    extra = dict(values.get("set") or {})
+    for item in sets:
+        name, eq, val = item.partition("=")
+        if not eq or not name:
+            raise BadInput(f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true), got '{item}'")
+        extra[name] = val
+    values["set"] = extra
+    for key, value in cli.items():
+        values[key], origin[key] = value, STUDY_KEYS[key][0]
+    return values, origin
+
+
+def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: int, alloc_nodes: int,
+              one_machine: bool = False, analysis_only: bool = False) -> Study:
+    """`one_machine`: a GPU machine without Slurm, where the ladder is over GPUs (`ranks_per_node`
+    is then the number of GPUs found). `alloc_nodes`: the allocation's size, 0 = not in one."""
+    from vit_scale.distributed import parse_strategy
+    from vit_scale.errors import UserError
+    from vit_scale.models import MODELS
+
+    values, origin = merge(study_file, cli, sets)
+
+    def where(key):
+        return origin.get(key, STUDY_KEYS[key][0])
+
+    def whole_number(key, minimum, value=None):
+        value = str(values[key] if value is None else value)
+        if not re.fullmatch(r"\d+", value) or int(value) < minimum:
+            raise BadInput(f"{where(key)}: '{value}' is not allowed; allowed: a whole number of at least {minimum}")
+        return int(value)
+
+    name = str(values.get("study") or "")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise BadInput(f"{where('study')}: '{name}' is not allowed; allowed: letters, digits, '.', '_' and '-'")
+
+    models = as_list(values.get("models"))
+    if not models:
+        raise BadInput(f"{where('models')}: no model given; allowed: {', '.join(MODELS)}")
+    for model in models:
+        if model not in MODELS:
+            raise BadInput(f"{where('models')}: unknown model '{model}'; allowed: {', '.join(MODELS)}")
+
+    if "ranks_per_node" in values:
+        ranks_per_node = whole_number("ranks_per_node", 1)
+    strategies = as_list(values.get("strategies"))
+    if not strategies:
+        raise BadInput(f"{where('strategies')}: no strategy given")
+    for label in strategies:
+        try:
+            parsed = parse_strategy(label)
+        except UserError as exc:
+            raise BadInput(f"{where('strategies')}: {str(exc).split(': ', 1)[1]}") from None
+        g = parsed.hybrid_group
+        per_node = 0 if one_machine else ranks_per_node
+        if g and per_node and per_node % g:
+            fitting = [str(d) for d in range(1, per_node + 1) if per_node % d == 0]
+            raise BadInput(f"{where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
+                           f"system {system.name} runs {per_node} ranks per node; allowed: "
+                           f"HYBRID_<g>GPU with g in {', '.join(fitting)}")
+
+    rank_counts: list[int] = []
+    if analysis_only:
+        nodes = []
+    elif one_machine:
+        if "nodes" in cli and as_list(cli["nodes"]) != ["1"]:
+            raise BadInput(f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
+                           f"(this machine; --gpu-counts gives the GPU counts)")
+        nodes = [1]
+        rank_counts = counts(values["gpu_counts"], where("gpu_counts"), ranks_per_node, "GPU")
+        if rank_counts[-1] > ranks_per_node:
+            raise BadInput(f"{where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's {ranks_per_node}; "
+                           f"allowed: 1 to {ranks_per_node}")
+    else:
+        if str(values["nodes"]).strip() == "ladder" and not alloc_nodes:
+            raise BadInput(f"{where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
+                           f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
+                           f"submit_sweep.sh")
+        nodes = counts(values["nodes"], where("nodes"), alloc_nodes, "node")
+        if alloc_nodes and nodes[-1] > alloc_nodes:
+            raise BadInput(f"{where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
+                           f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})")
+
+    steps = whole_number("steps", 2)
+    warmup = whole_number("warmup_steps", 0)
+    if warmup >= steps and "steps" in cli and "warmup_steps" not in cli:
+        # a short smoke test (--steps 4) over a study file's warm-up keeps most of its steps timed
+        warmup = max(1, steps // 4)
+    if warmup >= steps:
+        raise BadInput(f"{where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
+                       f"so that some steps are timed")
+
+    launcher = str(values.get("launcher") or system.launcher or "srun")
+    if launcher not in system.launchers:
+        raise BadInput(f"{where('launcher')}: '{launcher}' is not allowed on {system.name}; "
+                       f"allowed: {', '.join(system.launchers)}")
+
+    # precision may also be a table: strategy -> precision, with `default` for the rest (the
+    # plugin comparison runs each plugin at the precision the seeds used)
+    precision_of = {}
+    if isinstance(values.get("precision"), dict):
+        precision_of = {str(k): str(v) for k, v in values.pop("precision").items()}
+        for key, value in precision_of.items():
+            if value not in CHOICES["precision"]:
+                raise BadInput(f"{where('precision')}: {value!r} for {key} is not allowed; "
+                               f"allowed: {', '.join(CHOICES['precision'])}")
+    per_strategy = values.get("settings") or {}
+    if not isinstance(per_strategy, dict) or not all(
+            isinstance(v, list) and all("=" in str(x) for x in v) for v in per_strategy.values() if v is not None):
+        raise BadInput(f"{study_file}: settings must map a strategy to a list of key=value")
+
+    grid: list[tuple[str, list[str]]] = []
+    for key in GRID_KEYS:
+        if key not in values:
+            continue
+        items = as_list(values[key])
+        option = where(key)
+        if not items:
+            raise BadInput(f"{option}: no value given")
+        for value in items:
+            if key == "batch_size":
+                whole_number(key, 1, value)
+            elif key in BOOLEAN_KEYS:
+                if value not in TRUE + FALSE:
+                    raise BadInput(f"{option}: '{value}' is not allowed; allowed: true, false")
+            elif value not in CHOICES[key]:
+                raise BadInput(f"{option}: '{value}' is not allowed; allowed: {', '.join(CHOICES[key])}")
+        items = [normalise_bool(v) if key in BOOLEAN_KEYS else v for v in items]
+        grid.append((key, list(dict.fromkeys(items))))
+
+    common = [f"train.steps={steps}", f"train.warmup_steps={warmup}"]
+    if "skip_if_not_fits" in values:
+        common.append(f"plan.skip_if_not_fits={normalise_bool(as_list(values['skip_if_not_fits'])[0])}")
+        if system.device_memory_gib:
+            common.append(f"plan.device_memory_gib={system.device_memory_gib}")
+    for key, value in (values.get("set") or {}).items():
+        value = normalise_bool(value) if isinstance(value, bool) else str(value)
+        if not re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", str(key)) or re.search(r"\s", value):
+            raise BadInput(f"--set: '{key}={value}' is not allowed; allowed: a dotted trainer key and a value "
+                           f"without spaces, e.g. fsdp.use_orig_params=true")
+        if key.split(".")[0] == "output":
+            raise BadInput(f"--set: {key} is chosen by the study; use --out and --study instead")
+        common.append(f"{key}={value}")
+
+    varying = {key for key, items in grid if len(items) > 1}
+    study = Study(name, models, strategies, nodes, rank_counts, launcher, common,
+                  " ".join(f"{k}={','.join(v)}" for k, v in grid if len(v) > 1), ranks_per_node)
+    shapes = [(1, g) for g in rank_counts] if one_machine else [(n, ranks_per_node) for n in nodes]
+    for model in models:
+        for label in strategies:
+            for combo in itertools.product(*[items for _, items in grid]):
+                variant = dict(zip([key for key, _ in grid], combo))
+                variant.setdefault("batch_size", str(values["batch_size"]))
+                if precision_of and "precision" not in variant:
+                    variant["precision"] = precision_of.get(label, precision_of.get("default", "fp32"))
+                settings = [f"model={model}", f"strategy={label}"]
+                settings += [f"{STUDY_KEYS[k][1]}={v}" for k, v in variant.items()]
+                settings += common + [str(x) for x in per_strategy.get(label) or []]
+                peak = system.peak_for(variant.get("precision", "fp32"))
+                system_settings = [f"system.peak_tflops={peak}"] if peak is not None else []
+                shown = ",".join(f"{k}={v}" for k, v in variant.items() if k in varying) or "-"
+                for n, per_node in shapes:
+                    study.runs.append(PlannedRun(model, label, n, per_node, shown,
+                                                 settings + [f"system.ranks_per_node={per_node}"], system_settings))
+    return study
+
+
+def counts(value, option: str, largest: int, unit: str) -> list[int]:
+    """`ladder` (1, 2, 4 ... largest) or a list of whole numbers, sorted."""
+    if str(value).strip() == "ladder":
+        return ladder(largest)
+    found = []
+    for item in as_list(value):
+        if not re.fullmatch(r"\d+", item) or int(item) < 1:
+            raise BadInput(f"{option}: '{item}' is not allowed; allowed: {unit} counts such as 1,2,4 or 'ladder'")
+        found.append(int(item))
+    if not found:
+        raise BadInput(f"{option}: no {unit} count given; allowed: {unit} counts such as 1,2,4 or 'ladder'")
+    return sorted(set(found))

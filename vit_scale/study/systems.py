@@ -1,0 +1,126 @@
+"""A system profile (configs/systems/NAME.yaml) and what the machine or Slurm allocation gives.
+
+Three ways a study meets its hardware:
+  - inside a Slurm allocation: nodes from the allocation, ranks through srun (or torchrun, mpi);
+  - a GPU machine without Slurm (a workstation, a cloud VM): one node, torchrun over 1, 2, 4 ... N
+    GPUs, the figures' x axis then being GPUs;
+  - the local CPU profile without Slurm: nodes emulated as groups of processes on this machine.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass, field
+
+from vit_scale.launch.world import slurm_hostnames, slurm_node_address
+from vit_scale.study.files import BadInput, as_list, home, load_yaml
+
+SYSTEM_KEYS = ("name", "description", "env_script", "ranks_per_node", "backend", "launcher", "launchers",
+               "srun_flags", "torchrun_srun_flags", "mpi_flags", "master_addr", "peak_tflops",
+               "device_memory_gib", "needs_slurm", "default_study", "sbatch_flags")
+
+
+@dataclass
+class SystemProfile:
+    name: str
+    description: str = ""
+    env_script: str = ""
+    ranks_per_node: str = "1"            # a number, or "gpus": one rank per GPU a node has
+    backend: str = "gloo"
+    launcher: str = "srun"
+    launchers: list = field(default_factory=lambda: ["srun", "torchrun", "mpi"])
+    srun_flags: str = ""
+    torchrun_srun_flags: str = ""
+    mpi_flags: str = ""
+    master_addr: str = "nodeaddr"
+    peak_tflops: object = None           # a number, a {precision: number} mapping, or None
+    device_memory_gib: object = None
+    needs_slurm: bool = False
+    default_study: str = ""
+    sbatch_flags: str = ""
+
+    @property
+    def one_rank_per_gpu(self) -> bool:
+        return str(self.ranks_per_node) == "gpus"
+
+    def peak_for(self, precision: str):
+        if isinstance(self.peak_tflops, dict):
+            return self.peak_tflops.get(precision)
+        return self.peak_tflops
+
+
+def known_systems() -> list[str]:
+    folder = os.path.join(home(), "configs", "systems")
+    return sorted(name[:-5] for name in os.listdir(folder) if name.endswith(".yaml"))
+
+
+def read_system(name: str) -> SystemProfile:
+    known = known_systems()
+    if name not in known:
+        raise BadInput(f"--system: unknown system '{name}'; allowed: {', '.join(known)}")
+    path = os.path.join(home(), "configs", "systems", f"{name}.yaml")
+    data = load_yaml(path, "--system")
+    unknown = sorted(set(data) - set(SYSTEM_KEYS))
+    if unknown:
+        raise BadInput(f"{path}: unknown key {unknown[0]}; allowed: {', '.join(SYSTEM_KEYS)}")
+    values = {k: v for k, v in data.items() if v is not None or k in ("peak_tflops", "device_memory_gib")}
+    values["name"] = name
+    values["launchers"] = as_list(values.get("launchers")) or ["srun", "torchrun", "mpi"]
+    values["ranks_per_node"] = str(values.get("ranks_per_node", 1))
+    for key in ("srun_flags", "torchrun_srun_flags", "mpi_flags", "sbatch_flags"):
+        values[key] = str(values.get(key) or "")
+    return SystemProfile(**values)
+
+
+# ---------------------------------------------------------------- this machine, this allocation
+
+def in_slurm() -> bool:
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def on_frontier() -> bool:
+    return os.environ.get("LMOD_SYSTEM_NAME") == "frontier" or "frontier" in socket.getfqdn()
+
+
+def gpus_here() -> int:
+    """The GPUs this process may use: CUDA_VISIBLE_DEVICES when it is set (what torch will see),
+    else the ones nvidia-smi lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU"))
+
+
+def detect_system() -> str:
+    """Frontier by its Lmod name or host names; a CUDA machine by its GPUs (with or without
+    Slurm); anything else runs the local CPU profile."""
+    if in_slurm() and on_frontier():
+        return "frontier"
+    if (in_slurm() and os.environ.get("SLURM_GPUS_ON_NODE")) or gpus_here() > 0:
+        return "cuda"
+    return "local"
+
+
+def slurm_gpus_per_node() -> int:
+    text = os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or ""
+    text = text.split(":")[-1]  # SLURM_GPUS_PER_NODE may read "a100:4"
+    return int(text) if re.fullmatch(r"[1-9]\d*", text) else 0
+
+
+def allocation_nodes() -> list[str]:
+    """The allocation's host names, in Slurm's order."""
+    return slurm_hostnames(os.environ.get("SLURM_JOB_NODELIST", ""))
+
+
+def node_address(node: str, how: str) -> str:
+    """The rendezvous address of a node: its name, or (how = nodeaddr) what Slurm says reaches it."""
+    return slurm_node_address(node) if how == "nodeaddr" else node
