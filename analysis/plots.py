@@ -1273,3 +1273,73 @@ def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Op
         else:
             plots.append(plot)
     return plots, missing
+
+
+# ------------------------------------------------------------------------ where the time goes
+
+# compute_ms holds the hidden communication too (it is time the step computes): the bar splits it
+BREAKDOWN_PARTS = (("compute_only_ms", "compute", "#4c72b0", None),
+                   ("comm_overlapped_ms", "compute, communication hidden", "#8fbc8f", None),
+                   ("comm_exposed_ms", "communication, exposed", "#c44e52", None),
+                   ("idle_ms", "idle / host", "#d9d9d9", "///"))
+
+
+def time_breakdown(bd: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
+    """Stacked bars per strategy against node count: the mean per-step time of the traced ranks."""
+    from . import traces
+
+    if bd.empty:
+        return None
+    runs = traces.per_run(bd)
+    runs["compute_only_ms"] = runs["compute_ms"] - runs["comm_overlapped_ms"]
+    models = list(dict.fromkeys(runs["model"]))
+    nrows, ncols = _panel_grid(len(models), width, max_cols=2)
+    labels = [name for _, name, _, _ in BREAKDOWN_PARTS]
+    fig, axes = _figure(nrows, ncols, width, min(2.2, 0.62 * width / ncols * 1.3), _legend_height(labels, width) + 0.1)
+    drawn = {}
+    with style():
+        from matplotlib.patches import Patch
+
+        for i, model in enumerate(models):
+            ax = axes[i // ncols][i % ncols]
+            sub = runs[runs["model"] == model]
+            one_machine = sub["nodes"].nunique() == 1 and sub["world_size"].nunique() > 1
+            size_col = "world_size" if one_machine else "nodes"
+            sizes = sorted(set(sub[size_col]))
+            strategies = sorted(dict.fromkeys(sub["strategy"]), key=tbl.strategy_rank)
+            bar_w = 0.8 / max(1, len(strategies))
+            ticks, names = [], []
+            for gi, size in enumerate(sizes):
+                for si, strategy in enumerate(strategies):
+                    row = sub[(sub[size_col] == size) & (sub["strategy"] == strategy)]
+                    if row.empty:
+                        continue
+                    x = gi - 0.4 + bar_w * (si + 0.5)
+                    bottom = 0.0
+                    for col, _, color, hatch in BREAKDOWN_PARTS:
+                        value = float(row[col].iloc[0])
+                        ax.bar(x, value, bar_w * 0.9, bottom=bottom, color=color, hatch=hatch, edgecolor="black",
+                               lw=0.4)
+                        bottom += value
+                    ticks.append(x)
+                    names.append(strategy)
+                    drawn[(model, strategy, int(size))] = bottom
+            ax.set_xticks(ticks, names, rotation=90, fontsize=SMALL_PT - 0.5)
+            for gi, size in enumerate(sizes):
+                unit = ("GPUs" if bd["device"].eq("gpu").all() else "ranks") if one_machine else (
+                    "node" if size == 1 else "nodes")
+                ax.text(gi, 1.01, f"{size} {unit}", ha="center", va="bottom", fontsize=SMALL_PT,
+                        transform=blended_transform_factory(ax.transData, ax.transAxes))
+            ax.set_ylabel("ms per step, mean over ranks")
+            ax.set_title(model, pad=10)
+            ax.grid(True, axis="y", alpha=0.3)
+        for j in range(len(models), nrows * ncols):
+            axes[j // ncols][j % ncols].set_visible(False)
+        _legend_below(fig, [(name, Patch(facecolor=color, hatch=hatch, edgecolor="black", lw=0.4))
+                            for _, name, color, hatch in BREAKDOWN_PARTS], width)
+    device = "GPU kernels" if bd["device"].eq("gpu").all() else "host threads (gloo on CPU)"
+    return Plot("time_breakdown", "Where the time goes", fig, drawn,
+                f"Per-step time of the profiled steps (profile.enabled, recorded after the timed window), from "
+                f"the {device}: compute alone, compute with communication hidden behind it, communication exposed, and the "
+                f"rest of the step (idle: host work, launch gaps, waiting on a peer). Mean over the traced ranks; "
+                f"definitions in docs/profiling.md.")

@@ -181,6 +181,29 @@ def _plugin_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> 
     return blocks
 
 
+def _breakdown_section(breakdown: Optional[pd.DataFrame], plots_by_name: dict, images: set) -> list:
+    """Where the time goes: from the profiler traces of runs with profile.enabled."""
+    from . import traces
+
+    if breakdown is None or breakdown.empty:
+        return []
+    blocks = [Block("h2", "Where the time goes (profiler traces)")]
+    line = traces.most_exposed(breakdown)
+    if line:
+        blocks.append(Block("p", line))
+    plot = plots_by_name.get("time_breakdown")
+    if plot is not None:
+        blocks += _figure_block(plot, images)
+    runs = traces.per_run(breakdown)
+    header = ["model", "strategy", "nodes", "ranks", "step ms", "compute", "comm hidden", "comm exposed", "idle"]
+    rows = [[r["model"], r["strategy"], int(r["nodes"]), int(r["world_size"])]
+            + [f"{r[c]:.1f}" for c in ("step_ms", "compute_ms", "comm_overlapped_ms", "comm_exposed_ms", "idle_ms")]
+            for _, r in runs.iterrows()]
+    return blocks + [Block("table", header=header, rows=rows),
+                     Block("p", "Per-rank rows: time_breakdown.csv. How kernels are classified and overlap counted: "
+                                "docs/profiling.md.")]
+
+
 def _failures_section(results: pd.DataFrame) -> list:
     bad = results[results["status"] != "ok"]
     blocks = [Block("h2", "Runs that did not finish ok")]
@@ -384,7 +407,7 @@ def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set)
 
 
 def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plots: list, missing_plots: list,
-          written: list) -> list:
+          written: list, breakdown: Optional[pd.DataFrame] = None) -> list:
     by_name = {p.name: p for p in plots}
     images = {os.path.basename(p) for p in written if p.endswith(".png")}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -400,6 +423,7 @@ def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plot
     blocks += _prediction_section(results, by_name, images)
     blocks += _grid_section(results, by_name, images)
     blocks += _plugin_section(results, by_name, images)
+    blocks += _breakdown_section(breakdown, by_name, images)
     blocks += _failures_section(results)
     blocks += _warnings_section(results, coll, set_aside, missing_plots)
     blocks += _environment_section(results)

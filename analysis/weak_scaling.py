@@ -23,6 +23,7 @@ from analysis import plots as plots_mod  # noqa: E402
 from analysis import report  # noqa: E402
 from vit_scale.record import reader as records  # noqa: E402
 from analysis import table as tbl  # noqa: E402
+from analysis import traces  # noqa: E402
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_SCHEMA = 0, 1, 2, 3
 FORMATS = ("png", "pdf", "svg")
@@ -231,6 +232,9 @@ def run(args) -> int:
         if not set_aside.empty:
             set_aside.to_csv(writer.path("set_aside.csv"), index=False)
         _write_parquet(results, writer)
+        breakdown = traces.table(coll.runs)
+        if not breakdown.empty:
+            breakdown.to_csv(writer.path("time_breakdown.csv"), index=False)
     except OSError as exc:
         raise UsageError(f"--out: cannot write in {args.out}: {exc.strerror or exc}") from None
 
@@ -238,13 +242,15 @@ def run(args) -> int:
     if not args.no_plots:
         t_plot = time.perf_counter()
         figures, missing = plots_mod.all_plots(results, args.grid_model, args.grid_nodes, args.width)
+        if not breakdown.empty:
+            figures.append(plots_mod.time_breakdown(breakdown, args.width))
         for fig in figures:
             for fmt in args.formats:
                 fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
         _say(args, f"drew {len(figures)} figures in {time.perf_counter() - t_plot:.1f} s")
         for m in missing:
             _say(args, f"  not drawn: {m}")
-    blocks = report.build(results, set_aside, coll, figures, missing, writer.written)
+    blocks = report.build(results, set_aside, coll, figures, missing, writer.written, breakdown)
     with open(writer.path("report.md"), "w") as f:
         f.write(report.to_markdown(blocks))
     with open(writer.path("report.html"), "w") as f:

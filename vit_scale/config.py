@@ -144,6 +144,15 @@ class CheckpointConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler traces of a few extra steps after the timed window, one Chrome trace per rank in
+    the run directory; no figure of the run includes the profiler (docs/profiling.md)."""
+    enabled: bool = False
+    steps: int = 3                      # steps recorded, run after train.steps
+    ranks: str = "all"                  # all, or comma-separated ranks, e.g. 0,1
+
+
+@dataclass
 class Config:
     model: str = "vit_micro"          # a registered model (docs/models.md)
     strategy: str = "DDP"             # a strategy label (docs/strategies.md: what runs where)
@@ -157,6 +166,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -181,7 +191,7 @@ POSITIVE = ("train.batch_size", "train.steps", "train.num_classes", "train.log_e
             "train.synthetic_batches", "system.collective_timeout_s", "deepspeed.reduce_bucket_size",
             "deepspeed.allgather_bucket_size", "deepspeed.prefetch_bucket_size", "colossalai.initial_scale",
             "colossalai.bucket_cap_mb", "finetune.epochs", "finetune.accumulation_steps",
-            "checkpoint.signal_grace_s")
+            "checkpoint.signal_grace_s", "profile.steps")
 NON_NEGATIVE = ("train.warmup_steps", "train.lr", "train.weight_decay", "train.seed", "deepspeed.gradient_clipping",
                 "deepspeed.hpz_partition_size", "deepspeed.param_persistence_threshold",
                 "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node",
@@ -337,6 +347,8 @@ def validate(cfg: Config) -> None:
     if cfg.train.tf32 and cfg.train.precision != "fp32":
         raise UserError(f"train.tf32: only for train.precision=fp32 (a {cfg.train.precision} run already does its "
                         f"matmuls in {cfg.train.precision}); set train.tf32=false or train.precision=fp32")
+    if cfg.profile.ranks != "all" and not re.fullmatch(r"\d+(,\d+)*", cfg.profile.ranks.replace(" ", "")):
+        raise UserError(f"profile.ranks: {cfg.profile.ranks!r} is not allowed; allowed: all, or ranks such as 0 or 0,1")
     if cfg.system.peak_tflops is not None and cfg.system.peak_tflops <= 0:
         raise UserError(f"system.peak_tflops: must be positive, got {cfg.system.peak_tflops}")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", cfg.output.study):
@@ -366,7 +378,7 @@ def to_yaml(cfg: Config) -> str:
 # ---------------------------------------------------------------- help
 
 # sections `vit-scale train` reads; `vit-scale finetune` reads every section
-BENCHMARK_SECTIONS = ("train", "fsdp", "deepspeed", "colossalai", "output", "system", "plan")
+BENCHMARK_SECTIONS = ("train", "fsdp", "deepspeed", "colossalai", "output", "system", "plan", "profile")
 
 
 def _field_comments(cls) -> dict[str, str]:

@@ -31,6 +31,7 @@ class Run(RunSession):
         super().__init__(cfg, world)
         self.timed_window_s = None
         self.compile = None  # train.compile: what compiling cost (StepMeter.compile_facts)
+        self.profile = None  # profile.enabled: the traces written after the timed window
 
     def train(self) -> None:
         from vit_scale.recipes.synthetic import SyntheticBatches
@@ -52,6 +53,11 @@ class Run(RunSession):
             meter.stop(step, self.strategy.train_step(images, labels))
         self.timed_window_s = meter.window_s()
         self.compile = meter.compile_facts()
+        if cfg.profile.enabled:
+            from vit_scale.run.profiling import record_traces
+
+            self.profile = record_traces(self, lambda k: self.strategy.train_step(*data[k]), cfg.profile.steps,
+                                         cfg.profile.ranks)
 
     def finish(self) -> dict:
         """End-of-run collectives (every rank): replica check and memory; rank 0 builds the summary."""
@@ -82,7 +88,7 @@ class Run(RunSession):
             "tflops_per_device": tflops,
             "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
             "replicas_agree": agree, "replica_checksums": checksums, "final_loss": self.last_loss,
-            "compile": self.compile,
+            "compile": self.compile, "profile": self.profile,
         }
 
     def summary_extra(self, end: dict) -> list[str]:
