@@ -25,7 +25,10 @@ setup(
         # `pip install --no-deps colossalai==0.5.0` (env/setup_venv.sh --extras colossalai does both)
         "colossalai": ["transformers==4.51.3", "peft==0.13.2", "galore-torch", "bitsandbytes"],
         "mpi": ["mpi4py"],
-        "test": ["pytest", "pytest-timeout", "scikit-learn", "pillow", "jsonschema"],
+        # tracking.backend: TensorBoard event files in the run directory, or W&B (offline by default)
+        "tensorboard": ["tensorboard"],
+        "wandb": ["wandb"],
+        "test": ["pytest", "pytest-timeout", "scikit-learn", "pillow", "jsonschema", "tensorboard"],
     },
     entry_points={"console_scripts": ["vit-scale=vit_scale.cli:main"]},
 )

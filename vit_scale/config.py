@@ -153,6 +153,16 @@ class ProfileConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Where else the run's figures go, besides its record: TensorBoard event files in the run
+    directory, or Weights & Biases (offline by default: compute nodes rarely reach the internet;
+    `wandb sync` the run directory's wandb/ folder later)."""
+    backend: str = "none"               # none | tensorboard | wandb
+    project: str = "vit-scale"          # W&B project
+    wandb_mode: str = "offline"         # offline | online
+
+
+@dataclass
 class Config:
     model: str = "vit_micro"          # a registered model (docs/models.md)
     strategy: str = "DDP"             # a strategy label (docs/strategies.md: what runs where)
@@ -167,6 +177,7 @@ class Config:
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -186,6 +197,8 @@ CHOICES = {
     "data.format": ("auto", "imagefolder", "cifar10", "cifar100", "hf"),
     "data.augment": ("standard", "crop", "none"),
     "data.normalize": ("inception", "imagenet", "none"),
+    "tracking.backend": ("none", "tensorboard", "wandb"),
+    "tracking.wandb_mode": ("offline", "online"),
 }
 POSITIVE = ("train.batch_size", "train.steps", "train.num_classes", "train.log_every", "train.print_every",
             "train.synthetic_batches", "system.collective_timeout_s", "deepspeed.reduce_bucket_size",
@@ -378,7 +391,8 @@ def to_yaml(cfg: Config) -> str:
 # ---------------------------------------------------------------- help
 
 # sections `vit-scale train` reads; `vit-scale finetune` reads every section
-BENCHMARK_SECTIONS = ("train", "fsdp", "deepspeed", "colossalai", "output", "system", "plan", "profile")
+BENCHMARK_SECTIONS = ("train", "fsdp", "deepspeed", "colossalai", "output", "system", "plan", "profile",
+                      "tracking")
 
 
 def _field_comments(cls) -> dict[str, str]:

@@ -51,11 +51,14 @@ class RunRecorder:
         self._file = open(self.path, "x", buffering=1)
         self._lock = threading.Lock()
         self.ended = False
+        self.listeners = []   # called with (event, payload) after each line: tracking.backend
 
     def _write(self, event: str, payload: dict) -> None:
         line = json.dumps(_clean({"event": event, "time": time.time(), **payload}), allow_nan=False)
         self._file.write(line + "\n")
         self._file.flush()
+        for listener in self.listeners:
+            listener(event, payload)
 
     def start(self, payload: dict) -> None:
         with self._lock:

@@ -22,7 +22,9 @@ import time
 
 from vit_scale.config import Config, load_config, to_yaml
 from vit_scale.distributed import parse_strategy, strategy_class
+from vit_scale.distributed.kernels import use_venv_tools
 from vit_scale.errors import UserError
+from vit_scale.run import tracking
 from vit_scale.launch.world import MPI_RANK_VARS, World, choose_device, detect_world, init_distributed, leave, slurm_facts
 from vit_scale.record.reader import rank_errors
 from vit_scale.record.writer import EXIT_CODES, RunRecorder, make_run_id, run_directory, write_rank_error
@@ -345,6 +347,10 @@ class RunSession:
         if not self.world.is_main:
             return
         self.recorder = RunRecorder(self.run_dir)
+        if self.cfg.tracking.backend != "none":
+            from vit_scale.run.tracking import Tracker
+
+            self.recorder.listeners.append(Tracker(self.cfg, self.run_dir, run_id).write)
         with open(os.path.join(self.run_dir, "config.yaml"), "w") as f:
             f.write(to_yaml(self.cfg))
         for name, text in self.strategy.artifacts().items():  # e.g. deepspeed.json
@@ -381,9 +387,8 @@ class RunSession:
     def _kernels_prebuilt(self) -> dict:
         """Each JIT kernel this strategy needs and whether `vit-scale prepare` (or an earlier run)
         built it before this run: false means this run's first step includes compiling it."""
-        from vit_scale.distributed.kernels import prebuilt, use_venv_tools
+        from vit_scale.distributed.kernels import prebuilt
 
-        use_venv_tools()  # a kernel this run builds or loads is the one `vit-scale prepare` built
         try:
             return prebuilt(self.cfg.strategy, self.world.device_type)
         except Exception as exc:  # never lose a run over this fact; say why it is missing
@@ -481,6 +486,8 @@ class RunSession:
         """Run it: every status ends in one end record and an exit code. `keep_process_group`
         lets a caller run several in one launch."""
         world = self.world
+        # every rank: a kernel this run builds or loads is the one `vit-scale prepare` built (the venv's ninja)
+        use_venv_tools()
         try:
             self.prepare()
         except Exception as exc:  # noqa: BLE001 - e.g. a rendezvous that never completes
@@ -555,6 +562,7 @@ def main(session_class, argv, parse_args, check_inputs=None) -> int:
         world = detect_world(cfg.system.launcher, cfg.system.ranks_per_node)
         choose_device(world, cfg.system.device)
         family.check(cfg, label, world)
+        tracking.check(cfg)
         extra = check_inputs(cfg, world, family) if check_inputs else ()
     except UserError as exc:
         if (world.rank if world else launch_rank_guess()) == 0:
