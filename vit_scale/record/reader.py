@@ -266,13 +266,18 @@ def read_run(path: str) -> RunRecord:
     return rec
 
 
+def read_run_dir(run_dir: str) -> Optional[RunRecord]:
+    """One run directory's record, or None when it has none that can be read."""
+    try:
+        return read_run(os.path.join(run_dir, METRICS_FILE))
+    except (_Skip, _UnknownSchema):
+        return None
+
+
 def start_and_end(run_dir: str) -> tuple[Optional[dict], Optional[dict]]:
     """(start, end) of one run directory; None for a part it lacks or that cannot be read."""
-    try:
-        rec = read_run(os.path.join(run_dir, METRICS_FILE))
-    except (_Skip, _UnknownSchema):
-        return None, None
-    return rec.start, rec.end
+    rec = read_run_dir(run_dir)
+    return (rec.start, rec.end) if rec else (None, None)
 
 
 def collect(paths: Iterable[str], progress: Optional[Callable[[int, float], None]] = None) -> Collection:

@@ -59,8 +59,8 @@ class Tracker:
             elif event == "end":
                 memory = payload.get("memory") or {}
                 peak = next((memory[k]["max"] for k in ("peak_allocated_gib", "peak_rss_gib") if memory.get(k)), None)
-                ips = (payload.get("images_per_s") or {}).get("mean") if isinstance(payload.get("images_per_s"),
-                                                                                     dict) else None
+                stats = payload.get("images_per_s")
+                ips = stats.get("mean") if isinstance(stats, dict) else None
                 self._scalars(payload.get("steps_done") or 0, {
                     "end/images_per_s": ips, "end/peak_memory_gib": peak, "end/mfu": payload.get("mfu"),
                     "end/final_loss": payload.get("final_loss")})

@@ -17,9 +17,9 @@ import sys
 import time
 
 from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, home
+from vit_scale.study.files import BadInput, home, take_prog, whole
 from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
-from vit_scale.study.plan import STUDY_KEYS, make_plan
+from vit_scale.study.plan import STUDY_KEYS, make_plan, study_file
 from vit_scale.study.supervise import Supervisor
 
 FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--which-env")
@@ -122,12 +122,6 @@ def parse(argv: list) -> Options:
     return opts
 
 
-def whole(option: str, text, minimum: int = 1) -> int:
-    if not str(text).isdigit() or int(text) < minimum:
-        raise BadInput(f"{option}: '{text}' is not allowed; allowed: a whole number of at least {minimum}")
-    return int(text)
-
-
 def minutes(text: str) -> float:
     try:
         value = float(text)
@@ -164,15 +158,13 @@ class StudyRun:
                            f"salloc); without Slurm allowed: "
                            f"{', '.join(s for s in systems.known_systems() if not systems.read_system(s).needs_slurm)}")
         self.time_limit = minutes(opts.own["--run-time-limit"]) if "--run-time-limit" in opts.own else None
-        self.ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
+        ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:
             self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
-        study_file = opts.own.get("--config") or os.path.join(home(), self.system.default_study)
-        if not os.path.isfile(study_file):
-            raise BadInput(f"--config: no such file: {study_file}; the studies are in configs/studies/")
-        self.plan = make_plan(study_file, opts.cli, opts.sets, self.system, self.ranks_per_node, self.alloc_nodes,
-                              one_machine=self.one_machine, analysis_only=self.analysis_only)
+        self.plan = make_plan(study_file(opts.own.get("--config"), self.system), opts.cli, opts.sets, self.system,
+                              ranks_per_node, self.alloc_nodes, one_machine=self.one_machine,
+                              analysis_only=self.analysis_only)
         # launch through Slurm inside an allocation, and in a dry run of a system that has no other way
         self.use_slurm = self.in_slurm or (self.dry_run and self.system.needs_slurm)
         launcher = self.plan.launcher
@@ -419,11 +411,7 @@ def prog() -> str:
 
 def main(argv=None) -> int:
     global PROG
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--prog" in argv:   # the job script's name, for messages
-        i = argv.index("--prog")
-        PROG = argv[i + 1] if i + 1 < len(argv) else PROG
-        del argv[i:i + 2]
+    PROG, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
     try:
         opts = parse(argv)
         if opts.help:

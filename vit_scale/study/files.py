@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 PACKAGE_HOME = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,6 +34,24 @@ def load_yaml(path: str, option: str = "--config") -> dict:
     if not isinstance(data, dict):
         raise BadInput(f"{option}: {path} must hold a mapping of keys")
     return data
+
+
+def whole(option: str, text, minimum: int = 1) -> int:
+    """A whole number of at least `minimum`, or one line naming the option."""
+    if not re.fullmatch(r"\d+", str(text)) or int(text) < minimum:
+        raise BadInput(f"{option}: '{text}' is not allowed; allowed: a whole number of at least {minimum}")
+    return int(text)
+
+
+def take_prog(argv: list, default: str) -> tuple[str, list]:
+    """`--prog NAME`: the job script's name, for the messages of the command it starts."""
+    argv = list(argv)
+    if "--prog" in argv:
+        i = argv.index("--prog")
+        name = argv[i + 1] if i + 1 < len(argv) else default
+        del argv[i:i + 2]
+        return name, argv
+    return default, argv
 
 
 def as_list(value) -> list[str]:

@@ -67,9 +67,7 @@ def build(kind: str, python: str, args: list, *, system, nodes: int, ranks_per_n
     ranks = nodes * ranks_per_node
     train = ["-m", "vit_scale", "train"]
     rendezvous = {"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)}
-    step = [f"--nodes={nodes}"]
-    if nodelist:
-        step.append(f"--nodelist={nodelist}")
+    where = [f"--nodelist={nodelist}"] if nodelist else []
 
     def flags(text: str) -> list:
         return text.replace("{ranks_per_node}", str(ranks_per_node)).split()
@@ -79,12 +77,12 @@ def build(kind: str, python: str, args: list, *, system, nodes: int, ranks_per_n
     tail = ["--kill-on-bad-exit=0", f"--wait={grace_s}"] + ([f"--time={time_limit_min}"] if time_limit_min else [])
     if kind in ("srun", "mpi"):
         mpi = flags(system.mpi_flags) if kind == "mpi" else []
-        argv = ["srun", *step[:1], f"--ntasks={ranks}", *step[1:], *flags(system.srun_flags), *mpi, *tail,
+        argv = ["srun", f"--nodes={nodes}", f"--ntasks={ranks}", *where, *flags(system.srun_flags), *mpi, *tail,
                 python, *train, f"system.launcher={kind}", *args]
         return Launch(kind, [(argv, {})], rendezvous)
     torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={ranks_per_node}"]
     if kind == "torchrun-slurm":
-        argv = ["srun", *step[:1], f"--ntasks={nodes}", *step[1:], *flags(system.torchrun_srun_flags), *tail,
+        argv = ["srun", f"--nodes={nodes}", f"--ntasks={nodes}", *where, *flags(system.torchrun_srun_flags), *tail,
                 *torchrun, "--rdzv_backend=c10d", f"--rdzv_endpoint={master_addr}:{master_port}",
                 f"--rdzv_id={rdzv_id}", *train, "system.launcher=torchrun", *args]
         return Launch(kind, [(argv, {})], rendezvous)
@@ -110,6 +108,7 @@ def build(kind: str, python: str, args: list, *, system, nodes: int, ranks_per_n
             commands.append(([python, *train, "system.launcher=torchrun", *args], {
                 "RANK": str(i), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(i % ranks_per_node),
                 "LOCAL_WORLD_SIZE": str(ranks_per_node), "GROUP_RANK": str(i // ranks_per_node),
+                # the rendezvous too, so that each command as shown (dry run, log) is complete
                 "GROUP_WORLD_SIZE": str(nodes), **rendezvous, "VIT_SCALE_NODE_NAME": f"local{i // ranks_per_node}"}))
         return Launch(kind, commands, rendezvous)
     if kind == "single":

@@ -8,7 +8,7 @@ import json
 import os
 import time
 
-from vit_scale.record.reader import start_and_end
+from vit_scale.record.reader import read_run_dir, start_and_end
 from vit_scale.record.writer import EXIT_CODES, METRICS_FILE
 
 COLUMNS = ("time", "job", "model", "strategy", "variant", "nodes", "ranks", "launcher", "exit_code", "status",
@@ -58,12 +58,11 @@ def end_for_the_record(run_dir: str, status: str, error: str) -> bool:
     """A run that was killed before writing its end record (SIGKILL after the time limit) gets one
     written for it, so the analysis lists it as what it was. Only when a start record is there:
     a run directory without one belongs to no run the reader can place."""
-    start, end = start_and_end(run_dir)
-    if start is None or end is not None:
+    rec = read_run_dir(run_dir)
+    if rec is None or rec.end is not None:
         return False
-    path = os.path.join(run_dir, METRICS_FILE)
-    with open(path) as f:
-        steps = sum(1 for line in f if '"event": "step"' in line)
+    start, steps = rec.start, rec.last_step or 0   # steps are numbered from 1: the last is how many
+    path = rec.path
     now = time.time()
     line = {"event": "end", "time": now, "status": status, "error": error, "failed_rank": None,
             "steps_done": steps, "timed_steps": 0, "wall_time_s": round(now - float(start.get("time", now)), 3),

@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from vit_scale.study.files import FALSE, TRUE, BadInput, as_list, load_yaml, normalise_bool
+from vit_scale.study.files import FALSE, TRUE, BadInput, as_list, home, load_yaml, normalise_bool, whole
 
 # study key -> (command-line option, trainer key or None)
 STUDY_KEYS = {
@@ -125,10 +125,7 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         return origin.get(key, STUDY_KEYS[key][0])
 
     def whole_number(key, minimum, value=None):
-        value = str(values[key] if value is None else value)
-        if not re.fullmatch(r"\d+", value) or int(value) < minimum:
-            raise BadInput(f"{where(key)}: '{value}' is not allowed; allowed: a whole number of at least {minimum}")
-        return int(value)
+        return whole(where(key), values[key] if value is None else value, minimum)
 
     name = str(values.get("study") or "")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
@@ -249,8 +246,7 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
     for model in models:
         for label in strategies:
             for combo in itertools.product(*[items for _, items in grid]):
-                variant = dict(zip([key for key, _ in grid], combo))
-                variant.setdefault("batch_size", str(values["batch_size"]))
+                variant = dict(zip([key for key, _ in grid], combo))   # batch_size always among them
                 if precision_of and "precision" not in variant:
                     variant["precision"] = precision_of.get(label, precision_of.get("default", "fp32"))
                 settings = [f"model={model}", f"strategy={label}"]
@@ -263,6 +259,14 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
                     study.runs.append(PlannedRun(model, label, n, per_node, shown,
                                                  settings + [f"system.ranks_per_node={per_node}"], system_settings))
     return study
+
+
+def study_file(given: str | None, system) -> str:
+    """The study file given, else the system's default one; it must exist."""
+    path = given or os.path.join(home(), system.default_study)
+    if not os.path.isfile(path):
+        raise BadInput(f"--config: no such file: {path}; the studies are in configs/studies/")
+    return path
 
 
 def counts(value, option: str, largest: int, unit: str) -> list[int]:

@@ -19,8 +19,8 @@ import sys
 
 from vit_scale.study import cli as study_cli
 from vit_scale.study import systems
-from vit_scale.study.files import BadInput, home
-from vit_scale.study.plan import make_plan
+from vit_scale.study.files import BadInput, home, take_prog, whole
+from vit_scale.study.plan import make_plan, study_file
 
 SWEEP_VALUES = ("--nodes", "--max-nodes", "--system", "--account", "--partition", "--qos", "--time",
                 "--analysis-time", "--gpus-per-node", "--logs", "--out")
@@ -83,11 +83,7 @@ def parse(argv):
 
 def main(argv=None) -> int:
     global PROG
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--prog" in argv:
-        i = argv.index("--prog")
-        PROG = argv[i + 1]
-        del argv[i:i + 2]
+    PROG, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
     try:
         return sweep(argv)
     except BadInput as exc:
@@ -106,7 +102,7 @@ def sweep(argv) -> int:
     system = systems.read_system(name)
     for option in ("--max-nodes", "--gpus-per-node", "--ranks-per-node"):
         if option in own:
-            study_cli.whole(option, own[option])
+            whole(option, own[option])
     gpus = own.get("--gpus-per-node") or own.get("--ranks-per-node")
     if system.one_rank_per_gpu:
         if not gpus:
@@ -122,10 +118,8 @@ def sweep(argv) -> int:
     # the whole study, checked now: a bad model or strategy must fail here, not in the queue an hour later
     if "--nodes" in own:
         study["nodes"] = own["--nodes"]
-    study_file = own.get("--config") or os.path.join(home(), system.default_study)
-    if not os.path.isfile(study_file):
-        raise BadInput(f"--config: no such file: {study_file}; the studies are in configs/studies/")
-    plan = make_plan(study_file, study, sets, system, ranks, int(own.get("--max-nodes", 0)))
+    plan = make_plan(study_file(own.get("--config"), system), study, sets, system, ranks,
+                     int(own.get("--max-nodes", 0)))
 
     out = os.path.abspath(own.get("--out", "runs"))
     logs = os.path.abspath(own.get("--logs", "logs"))
@@ -137,9 +131,9 @@ def sweep(argv) -> int:
             raise BadInput(f"--logs: cannot create {logs}: {exc.strerror}") from None
 
     common = [f"--output={logs}/%x-%j.out"]
-    for option, flag in (("--account", "--account"), ("--partition", "--partition"), ("--qos", "--qos")):
+    for option in ("--account", "--partition", "--qos"):
         if option in own:
-            common.append(f"{flag}={own[option]}")
+            common.append(f"{option}={own[option]}")
     if system.one_rank_per_gpu:
         common.append(f"--gpus-per-node={ranks}")
     common += system.sbatch_flags.split()
