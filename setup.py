@@ -25,6 +25,8 @@ setup(
         # `pip install --no-deps colossalai==0.5.0` (env/setup_venv.sh --extras colossalai does both)
         "colossalai": ["transformers==4.51.3", "peft==0.13.2", "galore-torch", "bitsandbytes"],
         "mpi": ["mpi4py"],
+        # finetune.lora: peft's adapters (the release ColossalAI's extra installs too)
+        "lora": ["peft==0.13.2", "transformers==4.51.3"],
         # tracking.backend: TensorBoard event files in the run directory, or W&B (offline by default)
         "tensorboard": ["tensorboard"],
         "wandb": ["wandb"],

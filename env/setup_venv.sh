@@ -34,7 +34,7 @@ usage() {
 usage: bash env/setup_venv.sh SYSTEM [--venv DIR] [--extras a,b] [--with-test-tools] [--dry-run]
   SYSTEM              local, cuda or frontier: which torch build to install
   --venv DIR          where (default: .venv at the repository root, which env/*.sh use)
-  --extras LIST       extras of vit-scale: test, deepspeed, mpi, colossalai, tensorboard, wandb
+  --extras LIST       extras of vit-scale: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb
   --with-test-tools   also install the system packages the tests use (slurm-wlm munge lmod
                       shellcheck openmpi-bin libpmix-dev), with apt-get as root or through sudo
   --dry-run           print the commands, run nothing
@@ -67,10 +67,10 @@ extras=() colossalai=0
 IFS=, read -r -a requested <<< "$EXTRAS"
 for extra in "${requested[@]}"; do
   case $extra in
-    test|deepspeed|mpi|tensorboard|wandb) extras+=("$extra") ;;
+    test|deepspeed|mpi|lora|tensorboard|wandb) extras+=("$extra") ;;
     colossalai) colossalai=1 ;;
     "") ;;
-    *) die "--extras: unknown extra '$extra'; allowed: test, deepspeed, mpi, colossalai, tensorboard, wandb" ;;
+    *) die "--extras: unknown extra '$extra'; allowed: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb" ;;
   esac
 done
 VENV=$(realpath -m "$VENV")

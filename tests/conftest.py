@@ -56,6 +56,15 @@ def deepspeed_cpu_adam():
     print(proc.stdout.strip())
 
 
+def init_one_rank_group() -> None:
+    """A real gloo process group of one rank in this process, for tests of code that needs one.
+    Its store lives in memory: a FileStore of world size 1 can hang in destroy_process_group
+    (pytorch/pytorch#31467), which once held a CI run at the end of a test until CI's time ran out."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env=None) -> subprocess.CompletedProcess:
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,

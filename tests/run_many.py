@@ -2,13 +2,14 @@
 
     torchrun --nproc_per_node=N tests/run_many.py RUNS.json
 RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1", which runs
-HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it.
+HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it,
+or with "@finetune", which runs `vit-scale finetune` (its own checks first) instead of the benchmark.
 """
 import json
 import os
 import sys
 
-from vit_scale.recipes import train
+from vit_scale.recipes import finetune, train
 from vit_scale.run import session
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
@@ -32,19 +33,26 @@ def main() -> int:
     real_strategy_class = session.strategy_class
     for overrides in runs:
         broken = overrides and overrides[0] == "@broken_hybrid1"
+        finetuning = overrides and overrides[0] == "@finetune"
         if broken:
-            overrides = overrides[1:]
             session.strategy_class = lambda family: FSDP1WithOneRankShardGroups
+        if broken or finetuning:
+            overrides = overrides[1:]
         cfg = load_config(None, overrides)
         world = choose_device(detect_world(cfg.system.launcher, cfg.system.ranks_per_node), cfg.system.device)
         label = parse_strategy(cfg.strategy)
-        try:  # as vit_scale.recipes.train.main does before any run
-            real_strategy_class(label.family).check(cfg, label, world)
+        family = real_strategy_class(label.family)
+        try:  # as vit_scale.recipes.train.main (and finetune.main) do before any run
+            family.check(cfg, label, world)
+            extra = finetune.check_inputs_of_strategy(cfg, world, family) if finetuning else ()
         except UserError as exc:
             print(f"REFUSED {cfg.strategy} {cfg.train.precision}: {exc}", flush=True)
             codes.append(exc.exit_code)
         else:
-            codes.append(train.execute(cfg, world, keep_process_group=True))
+            if finetuning:
+                codes.append(finetune.FinetuneRun(cfg, world, *extra).execute(keep_process_group=True))
+            else:
+                codes.append(train.execute(cfg, world, keep_process_group=True))
         session.strategy_class = real_strategy_class
     sys.stdout.flush()
     # one write() per rank: both ranks share the pipe, and print's separate pieces interleaved

@@ -57,7 +57,7 @@ def test_overrides_and_colossalai(tmp_path):
 @pytest.mark.parametrize("args,message", [
     ([], "SYSTEM: missing; allowed: local, cuda, frontier"),
     (["summit"], "SYSTEM: unknown system 'summit'; allowed: local, cuda, frontier"),
-    (["local", "--extras", "test,horovod"], "--extras: unknown extra 'horovod'; allowed: test, deepspeed, mpi, colossalai, tensorboard, wandb"),
+    (["local", "--extras", "test,horovod"], "--extras: unknown extra 'horovod'; allowed: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb"),
     (["local", "--gpu"], "unknown option '--gpu'; allowed: --venv --extras --with-test-tools --dry-run --help"),
 ])
 def test_bad_input(tmp_path, args, message):

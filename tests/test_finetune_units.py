@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import init_one_rank_group
 from vit_scale.recipes import checkpoint as ckpt
 from vit_scale.recipes import datasets
 from vit_scale.config import DataConfig, load_config
@@ -286,7 +287,7 @@ def test_unusable_pretrained_files_are_one_line_errors(tmp_path, case, words):
 # ---------------------------------------------------------------- checkpoints (one-rank gloo group)
 
 @pytest.fixture
-def ddp_strategy(tmp_path):
+def ddp_strategy():
     import torch.distributed as dist
 
     from vit_scale.distributed import parse_strategy, strategy_class
@@ -294,7 +295,7 @@ def ddp_strategy(tmp_path):
     from vit_scale.launch.world import choose_device, detect_world
     from vit_scale.models import get_spec
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    init_one_rank_group()
     try:
         cfg = load_config(None, ["train.num_classes=10"])
         world = choose_device(detect_world("single"), "cpu")

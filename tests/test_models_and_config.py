@@ -66,7 +66,11 @@ def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
         cfg = Config()
         for section in sections:
             for f in dataclasses.fields(getattr(cfg, section)):
-                assert f"  {section}.{f.name} = " in text, (module.__name__, section, f.name)
+                value = getattr(getattr(cfg, section), f.name)
+                keys = ([f"{section}.{f.name}.{sub.name}" for sub in dataclasses.fields(value)]
+                        if dataclasses.is_dataclass(value) else [f"{section}.{f.name}"])  # finetune.lora.rank ...
+                for key in keys:
+                    assert f"  {key} = " in text, (module.__name__, key)
         assert "  train.precision = fp32    [fp32 | bf16 | fp16]" in text
         assert "  train.batch_size = 32    [integer >= 1]" in text and "per device" in text
         assert "  strategy = DDP    [DDP, NO_SHARD," in text

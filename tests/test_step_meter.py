@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import init_one_rank_group
 from vit_scale.run import session as session_mod
 
 
@@ -62,7 +63,7 @@ def meter(monkeypatch, tmp_path):
 
     own_group = not dist.is_initialized()
     if own_group:
-        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        init_one_rank_group()
     device = Device()
     FakeEvent.device = device
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)

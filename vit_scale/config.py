@@ -117,6 +117,16 @@ class DataConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (peft) in place of training every weight: the model's weights stay frozen,
+    the adapters and the new head train (docs/finetune.md, "LoRA")."""
+    rank: int = 0                       # adapter rank r; 0 = no LoRA, every weight trains
+    alpha: float = 16.0                 # the adapters' update is scaled by alpha / rank
+    dropout: float = 0.0                # dropout on each adapter's input; below 1
+    targets: str = "qkv,proj,fc1,fc2"   # Linear layers of each Block that get adapters (attn.qkv/proj, mlp.fc1/fc2)
+
+
+@dataclass
 class FinetuneConfig:
     """Schedule and evaluation of `vit-scale finetune`; batch size, lr, weight decay, seed and precision
     are train.* as for the benchmark."""
@@ -130,6 +140,7 @@ class FinetuneConfig:
     pretrained: str = ""                # local timm checkpoint (.pth, .pt, .bin) or .safetensors; empty = from scratch
     eval_batch_size: int = 0            # 0 = train.batch_size
     confusion_matrix: bool = True       # confusion_matrix.png/.csv and per_class_accuracy.csv at the end
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -210,9 +221,9 @@ NON_NEGATIVE = ("train.warmup_steps", "train.lr", "train.weight_decay", "train.s
                 "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node",
                 "data.workers", "finetune.steps", "finetune.lr_warmup_steps", "finetune.min_lr",
                 "finetune.clip_grad_norm", "finetune.label_smoothing", "finetune.eval_batch_size",
-                "checkpoint.every_steps", "checkpoint.keep")
+                "checkpoint.every_steps", "checkpoint.keep", "finetune.lora.rank", "finetune.lora.alpha")
 FRACTIONS = ("colossalai.offload_optim_frac", "colossalai.offload_param_frac", "data.val_fraction",
-             "data.crop_scale_min", "finetune.label_smoothing")
+             "data.crop_scale_min", "finetune.label_smoothing", "finetune.lora.dropout")
 
 
 # ---------------------------------------------------------------- loading
@@ -372,6 +383,18 @@ def validate(cfg: Config) -> None:
         raise UserError(f"data.crop_scale_min: must be above 0 and at most 1, got {cfg.data.crop_scale_min}")
     if cfg.finetune.label_smoothing >= 1:
         raise UserError(f"finetune.label_smoothing: must be less than 1, got {cfg.finetune.label_smoothing}")
+    from vit_scale.recipes.lora import BLOCK_PATHS, parse_targets
+
+    lora = cfg.finetune.lora
+    targets = parse_targets(lora.targets)
+    if not targets or any(t not in BLOCK_PATHS for t in targets):
+        raise UserError(f"finetune.lora.targets: {lora.targets!r} is not allowed; allowed: a comma-separated list of "
+                        f"{', '.join(BLOCK_PATHS)}")
+    if lora.dropout >= 1:
+        raise UserError(f"finetune.lora.dropout: must be less than 1, got {lora.dropout}")
+    if lora.rank and lora.alpha <= 0:
+        raise UserError(f"finetune.lora.alpha: must be above 0 (the adapters' update is scaled by alpha / rank), "
+                        f"got {lora.alpha}")
     if cfg.finetune.min_lr > cfg.train.lr:
         raise UserError(f"finetune.min_lr: must not exceed train.lr ({cfg.train.lr}), got {cfg.finetune.min_lr}")
     out = cfg.output.dir
@@ -457,10 +480,21 @@ def _keys_help(sections) -> str:
         doc = (cls.__doc__ or "").strip()
         if doc and not doc.startswith(f"{cls.__name__}("):  # dataclasses make up a docstring when there is none
             out.extend(textwrap.wrap(" ".join(doc.split()), width=96, initial_indent="  ", subsequent_indent="  "))
-        comments, types = _field_comments(cls), _field_types(cls)
-        for sub in dataclasses.fields(cls):
-            entry(f"{f.name}.{sub.name}", getattr(cls(), sub.name), types[sub.name], comments.get(sub.name, ""))
+        _section_entries(f.name, cls, entry)
     return "\n".join(out)
+
+
+def _section_entries(prefix: str, cls, entry) -> None:
+    """entry() for each key of a section, the keys of a nested section (finetune.lora) after them."""
+    comments, types = _field_comments(cls), _field_types(cls)
+    nested = []
+    for sub in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(types[sub.name]):
+            nested.append(sub)
+        else:
+            entry(f"{prefix}.{sub.name}", getattr(cls(), sub.name), types[sub.name], comments.get(sub.name, ""))
+    for sub in nested:
+        _section_entries(f"{prefix}.{sub.name}", types[sub.name], entry)
 
 
 def parse_command_line(argv, prog: str, description: str, configs: str, example: str, sections=None):

@@ -134,6 +134,13 @@ class Strategy(ABC):
 
     supports_finetune = False
     supports_compile = False  # train.compile: the family calls compile_blocks or compile_whole in setup
+    # finetune.lora (vit_scale.recipes.lora): the labels that train a model some of whose
+    # parameters are frozen, and why the others do not
+    lora_why = "not tried with frozen parameters"
+
+    @classmethod
+    def trains_lora(cls, label: str) -> bool:
+        return False
 
     @classmethod
     def jit_kernels(cls, label: str, device_kind: str) -> tuple:
@@ -255,6 +262,7 @@ class Strategy(ABC):
             # the rank's parameters in the step (which would not let ViT-3B DDP fit a 64 GB GCD)
             impl = "fused" if self.world.device_type != "cpu" else "default"
         kwargs = {"fused": {"fused": True}, "foreach": {"foreach": True}, "single": {"foreach": False}}.get(impl, {})
+        params = [p for p in params if p.requires_grad]  # LoRA freezes all but the adapters and head
         return torch.optim.AdamW(params, lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay, **kwargs)
 
     def autocast(self):

@@ -73,6 +73,11 @@ class ColossalAIStrategy(Strategy):
         return ()
     # fine-tuning (vit_scale.recipes.finetune): see the module docstring and the methods under "fine-tuning"
     supports_finetune = True
+    lora_why = "only CAI_DDP was tried with frozen parameters; Gemini and LowLevelZero need a GPU"
+
+    @classmethod
+    def trains_lora(cls, label: str) -> bool:
+        return label == "CAI_DDP"
     checkpoint_format = "booster"
 
     # ------------------------------------------------------------ checks before any process group

@@ -12,6 +12,10 @@ class DDPStrategy(Strategy):
     supports_compile = True
 
     @classmethod
+    def trains_lora(cls, label: str) -> bool:
+        return True  # frozen parameters stay out of the gradient all-reduce
+
+    @classmethod
     def layout(cls, cfg, label, world_size, ranks_per_node):
         return Layout(label.label, "ddp", "ddp", "DDP", 1, world_size, 1)
 

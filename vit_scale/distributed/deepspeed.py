@@ -59,6 +59,10 @@ class DeepSpeedStrategy(Strategy):
     # fine-tuning (vit_scale.recipes.finetune): the engine owns the loss scale, clipping, accumulation
     # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
     supports_finetune = True
+
+    @classmethod
+    def trains_lora(cls, label: str) -> bool:
+        return True  # the ZeRO optimizers get the trainable parameters only (setup)
     checkpoint_format = "engine"
 
     # ------------------------------------------------------------ checks before any process group
@@ -230,8 +234,9 @@ class DeepSpeedStrategy(Strategy):
             model = factory.on_device(self.world.device)
         self.apply_activation_checkpointing(model)
         optimizer = None if self.uses_ds_optimizer else self.make_optimizer(model.parameters())
+        trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: adapters and head only
         self.model, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=model.parameters() if optimizer is None else None,
+            model=model, optimizer=optimizer, model_parameters=trainable if optimizer is None else None,
             config=self.ds_config, dist_init_required=False)
         self.input_dtype = getattr(torch, self.dtype_name) if self.dtype_name else None
         if self.stage == 3:

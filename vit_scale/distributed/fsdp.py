@@ -202,6 +202,10 @@ class FSDPStrategy(Strategy):
     # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
 
     supports_finetune = True
+
+    @classmethod
+    def trains_lora(cls, label: str) -> bool:
+        return True  # FSDP2 as it is; FSDP1 with use_orig_params (recipes/lora.check)
     checkpoint_format = "sharded"  # torch.distributed.checkpoint: each rank writes and reads its own shard
 
     def forward(self, images):

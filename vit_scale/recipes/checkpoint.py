@@ -125,11 +125,16 @@ def read_meta(path: str) -> dict:
 def verify(path: str, meta: dict, expected: dict) -> None:
     """Refuse a checkpoint this run cannot continue from, naming the file and the difference.
     `expected` holds this run's model, strategy, world_size, batch_size, accumulation_steps,
-    seed and num_classes."""
+    seed, num_classes and lora (recipes/lora.describe)."""
     file = os.path.join(path, META)
     if meta["model"] != expected["model"] or meta["strategy"] != expected["strategy"]:
         raise UserError(f"checkpoint: {file} is from model {meta['model']} under {meta['strategy']}; this run is "
                         f"{expected['model']} under {expected['strategy']} (resume with the same model and strategy)")
+    # "none" for checkpoints written before LoRA existed, and for callers without adapters
+    theirs, ours = meta.get("lora", "none"), expected.get("lora", "none")
+    if theirs != ours:
+        raise UserError(f"checkpoint: {file} holds LoRA adapters {theirs}; this run has {ours} (finetune.lora); "
+                        f"resume with the same adapters")
     for name, facts in meta["files"].items():
         target = os.path.join(path, name)
         if not os.path.isfile(target):

@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.recipes import checkpoint as ckpt, lora
 from vit_scale.config import Config, parse_command_line
 from vit_scale.errors import UserError
 from vit_scale.launch.world import World
@@ -101,7 +101,7 @@ def _checkpoint_facts(cfg: Config, world: World) -> dict:
     """What a checkpoint records about its run, and a resumed run must match."""
     return {"model": cfg.model, "strategy": cfg.strategy, "world_size": world.world_size,
             "batch_size": cfg.train.batch_size, "accumulation_steps": cfg.finetune.accumulation_steps,
-            "seed": cfg.train.seed, "num_classes": cfg.train.num_classes}
+            "seed": cfg.train.seed, "num_classes": cfg.train.num_classes, "lora": lora.describe(cfg.finetune.lora)}
 
 
 # ---------------------------------------------------------------- the run
@@ -127,6 +127,7 @@ class FinetuneRun(RunSession):
         self.stop_signal: int | None = None
         self.stop_requests = None        # the signal watcher, made by `watcher`
         self.checkpoint_dir = cfg.checkpoint.dir
+        self.lora_facts: dict | None = None  # adapters and parameter counts, when finetune.lora.rank > 0
 
     def prepare(self) -> None:
         super().prepare()
@@ -157,10 +158,18 @@ class FinetuneRun(RunSession):
             factory = PretrainedFactory(*args, state=self.inputs.pretrained_state)
         else:
             factory = ModelFactory(*args)
+        base_factory = factory
+        if lora.enabled(ft.lora):
+            factory = lora.LoraFactory(base_factory, ft.lora)
         self.strategy.setup(factory)
         self.inputs.pretrained_state = None  # the model holds the weights now; free the host copy
-        if hasattr(factory, "state"):
-            factory.state = None
+        if hasattr(base_factory, "state"):
+            base_factory.state = None
+        if lora.enabled(ft.lora):
+            self.lora_facts = facts = factory.facts
+            say(world, f"  LoRA {lora.describe(ft.lora)}: {facts['adapted_layers']} layers adapted, "
+                       f"{facts['trainable_params'] / 1e6:.3f}M of {facts['total_params'] / 1e6:.2f}M parameters train "
+                       f"({100 * facts['trainable_params'] / facts['total_params']:.2f}%: adapters and head)")
 
         splits, data = self.inputs.splits, cfg.data
         self.train_set = datasets.ImageDataset(splits.train, datasets.build_transform(data, spec.img_size, True),
@@ -362,7 +371,7 @@ class FinetuneRun(RunSession):
             "data_time_s": data,
             "eval": ({"loss": result.loss, "top1": result.top1, "top5": result.top5, "images": result.images}
                      if result else None),
-            "best_top1": self.best_top1, "checkpoint": self.saved,
+            "best_top1": self.best_top1, "checkpoint": self.saved, "lora": self.lora_facts,
             "resumed_from": ({"path": self.inputs.resume_path, "step": self.inputs.resume_meta["step"]}
                              if self.inputs.resume_path else None),
             "requeue": bool(self.stop_signal is not None and self.saved and self.cfg.checkpoint.on_signal
@@ -401,6 +410,10 @@ class FinetuneRun(RunSession):
             e = end["eval"]
             lines.append(f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  "
                          f"loss {e['loss']:.4f}  ({e['images']} images; best top-1 {end['best_top1'] * 100:.2f}%)")
+        if end.get("lora"):
+            f = end["lora"]
+            lines.append(f"  LoRA r={f['rank']}: {f['trainable_params']:,} of {f['total_params']:,} parameters trained "
+                         f"({100 * f['trainable_params'] / f['total_params']:.2f}%)")
         if end.get("data_time_s"):
             lines.append(f"  waiting for data: {end['data_time_s']['fraction'] * 100:.1f}% of the step time"
                          + ("  (input-bound: raise data.workers)" if end["data_time_s"]["fraction"] > 0.2 else ""))
@@ -429,18 +442,21 @@ class StopRequests(SignalWatcher):
         self.received = signum
 
 
-def _check_inputs(cfg: Config, world: World, family) -> tuple:
+def check_inputs_of_strategy(cfg: Config, world: World, family) -> tuple:
+    """The recipe's checks before any process group, for the strategy family `family`: what
+    FinetuneRun takes besides cfg and world."""
     if not family.supports_finetune:
         from vit_scale.distributed import FAMILIES, allowed_text, strategy_class
 
         can = [label for name in FAMILIES if strategy_class(name).supports_finetune for label in strategy_class(name).labels]
         raise UserError(f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
                         f"fine-tuning support); allowed: {allowed_text(can)}")
+    lora.check(cfg, world, family)
     return (check_inputs(cfg, world),)
 
 
 def main(argv=None) -> int:
-    return session_main(FinetuneRun, sys.argv[1:] if argv is None else argv, _parse_args, _check_inputs)
+    return session_main(FinetuneRun, sys.argv[1:] if argv is None else argv, _parse_args, check_inputs_of_strategy)
 
 
 if __name__ == "__main__":

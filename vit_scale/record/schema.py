@@ -75,6 +75,12 @@ END = {
         "replica_checksums": {"type": ["array", "null"]}, "final_loss": NUM,
         "compile": {"type": ["object", "null"],
                     "required": ["first_step_s", "graphs", "graphs_in_window", "recompiled_in_window"]},
+        # fine-tuning with finetune.lora.rank > 0
+        "lora": {"type": ["object", "null"],
+                 "required": ["rank", "alpha", "dropout", "targets", "adapted_layers", "trainable_params",
+                              "total_params", "peft"],
+                 "properties": {"trainable_params": {"type": "integer", "minimum": 1},
+                                "total_params": {"type": "integer", "minimum": 1}}},
     },
     # an ok run has every figure
     "if": {"properties": {"status": {"const": "ok"}}},
