@@ -35,6 +35,13 @@ def all_labels() -> list[str]:
     return [label for labels in family_labels().values() for label in labels]
 
 
+def labels_where(test) -> list[str]:
+    """The labels, in registry order, for which test(strategy class, label) holds: what a refusal
+    lists as allowed (fine-tuning, compile, LoRA)."""
+    return [label for family, labels in family_labels().items() for label in labels
+            if test(strategy_class(family), label)]
+
+
 def label_pattern(label: str) -> str:
     """The regular expression a declared label stands for (its group size, if any, captured)."""
     return re.escape(label).replace(re.escape(GROUP_SIZE), r"([1-9]\d*)")

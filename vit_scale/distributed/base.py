@@ -88,10 +88,9 @@ class Strategy(ABC):
         if error:
             raise UserError(error)
         if cfg.train.compile and not cls.supports_compile:
-            from vit_scale.distributed import family_labels, strategy_class
+            from vit_scale.distributed import labels_where
 
-            compiling = [lab for fam, labels in family_labels().items()
-                         if strategy_class(fam).supports_compile for lab in labels]
+            compiling = labels_where(lambda family, _: family.supports_compile)
             raise UserError(f"train.compile: {label.label} does not compile (its engine owns the model); "
                             f"compile runs with {', '.join(compiling)}; set train.compile=false")
 

@@ -446,9 +446,9 @@ def check_inputs_of_strategy(cfg: Config, world: World, family) -> tuple:
     """The recipe's checks before any process group, for the strategy family `family`: what
     FinetuneRun takes besides cfg and world."""
     if not family.supports_finetune:
-        from vit_scale.distributed import FAMILIES, allowed_text, strategy_class
+        from vit_scale.distributed import allowed_text, labels_where
 
-        can = [label for name in FAMILIES if strategy_class(name).supports_finetune for label in strategy_class(name).labels]
+        can = labels_where(lambda cls, label: cls.supports_finetune)
         raise UserError(f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
                         f"fine-tuning support); allowed: {allowed_text(can)}")
     lora.check(cfg, world, family)

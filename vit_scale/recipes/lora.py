@@ -51,10 +51,9 @@ def check(cfg, world, family) -> None:
     if not enabled(cfg.finetune.lora):
         return
     if not family.trains_lora(cfg.strategy):
-        from vit_scale.distributed import FAMILIES, allowed_text, strategy_class
+        from vit_scale.distributed import allowed_text, labels_where
 
-        can = [label for name in FAMILIES for label in strategy_class(name).labels
-               if strategy_class(name).trains_lora(label)]
+        can = labels_where(lambda cls, label: cls.trains_lora(label))
         raise UserError(f"finetune.lora.rank: {cfg.strategy} does not train LoRA adapters ({family.lora_why}); "
                         f"allowed: {allowed_text(can)}")
     layout = family.layout(cfg, parse_strategy(cfg.strategy), world.world_size, world.local_world_size)
