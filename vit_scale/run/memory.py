@@ -9,9 +9,15 @@ GIB = 1024 ** 3
 
 
 class MemoryProbe:
+    """`reset()` opens the measured window and `close()` ends it; `peak()` after `close()` is the
+    window's peak, not the process's: what runs after the timed steps (the replica check's float64
+    copy of every local tensor, the profiled steps, a checkpoint) allocates too, and is no part
+    of what the figure describes."""
+
     def __init__(self, device_type: str):
         self.device_type = device_type
         self.window = "whole_run"
+        self.closed: dict | None = None
 
     def reset(self) -> None:
         """Start the measured window (called after warm-up)."""
@@ -27,8 +33,16 @@ class MemoryProbe:
 
             torch.cuda.reset_peak_memory_stats()
             self.window = "timed_steps"
+        self.closed = None
+
+    def close(self) -> None:
+        """End the measured window (the device already synchronised): its peak is read now."""
+        self.closed = None
+        self.closed = self.peak()
 
     def peak(self) -> dict[str, float]:
+        if self.closed is not None:
+            return dict(self.closed)
         if self.device_type == "cpu":
             return {"peak_rss_gib": _peak_rss_bytes() / GIB}
         import torch

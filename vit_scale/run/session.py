@@ -137,6 +137,8 @@ class StepMeter:
         import torch.distributed as dist
 
         self.drain()
+        if self.probe is not None:
+            self.probe.close()  # before the end-of-run work allocates (replica check, profiled steps)
         if self.window == "wall":
             mine = time.perf_counter() - self.opened_at if self.opened_at is not None else 0.0
         else:
@@ -315,7 +317,7 @@ class RunSession:
 
         from vit_scale import models
         from vit_scale.run.memory import device_memory_gib
-        from vit_scale.run.peaks import peak_tflops
+        from vit_scale.run.peaks import math_precision, peak_tflops
 
         if not dist.is_initialized():
             init_distributed(self.world, self.cfg.system.collective_timeout_s)
@@ -358,8 +360,8 @@ class RunSession:
                 f.write(text)
         self.model_info = models.describe(self.cfg.model, self.cfg.train.num_classes)
         device_name = self._device_name()
-        math_precision = "tf32" if self.cfg.train.tf32 and self.world.device_type != "cpu" else self.cfg.train.precision
-        self.peak_tflops, peak_source = peak_tflops(device_name, math_precision, self.cfg.system.peak_tflops)
+        arithmetic = math_precision(self.cfg.train.precision, self.cfg.train.tf32, self.world.device_type)
+        self.peak_tflops, peak_source = peak_tflops(device_name, arithmetic, self.cfg.system.peak_tflops)
         from vit_scale.record.versions import git_revision, software_versions
 
         self.recorder.start({

@@ -7,6 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from vit_scale.run.peaks import math_precision
 from vit_scale.study.files import FALSE, TRUE, BadInput, as_list, home, load_yaml, normalise_bool, whole
 
 # study key -> (command-line option, trainer key or None)
@@ -252,13 +253,24 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
                 settings = [f"model={model}", f"strategy={label}"]
                 settings += [f"{STUDY_KEYS[k][1]}={v}" for k, v in variant.items()]
                 settings += common + [str(x) for x in per_strategy.get(label) or []]
-                peak = system.peak_for(variant.get("precision", "fp32"))
+                peak = system.peak_for(run_arithmetic(variant.get("precision", "fp32"), settings, system))
                 system_settings = [f"system.peak_tflops={peak}"] if peak is not None else []
                 shown = ",".join(f"{k}={v}" for k, v in variant.items() if k in varying) or "-"
                 for n, per_node in shapes:
                     study.runs.append(PlannedRun(model, label, n, per_node, shown,
                                                  settings + [f"system.ranks_per_node={per_node}"], system_settings))
     return study
+
+
+def run_arithmetic(precision: str, settings: list, system) -> str:
+    """The precision whose peak the system profile gives this run for MFU, by the trainer's own
+    rule, read from the run's settings (the last train.tf32 among them wins, as in the trainer)."""
+    tf32 = False
+    for setting in settings:
+        key, _, value = str(setting).partition("=")
+        if key == "train.tf32":
+            tf32 = value.lower() in TRUE
+    return math_precision(precision, tf32, "cpu" if system.backend == "gloo" else "gpu")
 
 
 def study_file(given: str | None, system) -> str:
