@@ -152,6 +152,15 @@ def test_communication_accounting():
     assert paper("vit_3b", "DDP", gpus_per_node=1)["communication"]["total"] == 0
 
 
+def test_qgz_quantises_gradients_only_across_nodes():
+    """DeepSpeed reduce-scatters ZeRO++ gradients unquantised on one node (issue 18, item 4)."""
+    P = Shape.from_spec(get_spec("vit_3b")).params
+    one = paper("vit_3b", "ZEROPP", nodes=1)["communication"]["reduce_scatter"]
+    assert one["intra"] + one["inter"] == round(7 / 8 * 2 * P)     # bf16, a ring over 8 ranks
+    two = paper("vit_3b", "ZEROPP", nodes=2)["communication"]["reduce_scatter"]
+    assert two["intra"] + two["inter"] == pytest.approx(15 / 16 * 0.5 * P, rel=1e-6)  # int4
+
+
 def test_every_label_has_a_row():
     # CAI_DDP_FP16 is fp16 by name and CAI_FSDP refuses fp16: no one precision has every label
     rows = [row for precision in ("bf16", "fp16") for row in build_rows(_parser().parse_args(

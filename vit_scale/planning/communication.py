@@ -100,7 +100,10 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
             gathered = P - shape.small_tensor_params(ds.param_persistence_threshold)
             if lay.hpz:
                 weight_bytes = 1 if ds.quantized_weights else c   # qwZ: int8 weights
-                grad_bytes = 0.5 if ds.quantized_gradients else c  # qgZ: int4 gradients
+                # qgZ: int4 gradients, but only across nodes: on one node DeepSpeed reduce-scatters them
+                # unquantised (stage3.py __avg_scatter_grads: qgZ when world // device_count > 1)
+                quantised = ds.quantized_gradients and W > sc.gpus_per_node
+                grad_bytes = 0.5 if quantised else c
                 ledger.add("all_gather", weight_bytes * gathered, W)          # forward, over all ranks
                 ledger.add("all_gather", c * gathered, lay.hpz, "block")      # backward, inside the hpZ group
                 ledger.add("reduce_scatter", grad_bytes * P, W)
