@@ -30,7 +30,10 @@ setup(
         # tracking.backend: TensorBoard event files in the run directory, or W&B (offline by default)
         "tensorboard": ["tensorboard"],
         "wandb": ["wandb"],
-        "test": ["pytest", "pytest-timeout", "scikit-learn", "pillow", "jsonschema", "tensorboard"],
+        # HolisticTraceAnalysis: tests/test_traces_hta.py checks analysis/traces.py against it; exact pin,
+        # since the test compares with this release's definitions (analysis/ itself never imports it)
+        "test": ["pytest", "pytest-timeout", "scikit-learn", "pillow", "jsonschema", "tensorboard",
+                 "HolisticTraceAnalysis==0.5.0"],
     },
     entry_points={"console_scripts": ["vit-scale=vit_scale.cli:main"]},
 )

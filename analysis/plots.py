@@ -1280,6 +1280,7 @@ def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Op
 # compute_ms holds the hidden communication too (it is time the step computes): the bar splits it
 BREAKDOWN_PARTS = (("compute_only_ms", "compute", "#4c72b0", None),
                    ("comm_overlapped_ms", "compute, communication hidden", "#8fbc8f", None),
+                   ("memory_ms", "memory copies and sets", "#dd8452", None),
                    ("comm_exposed_ms", "communication, exposed", "#c44e52", None),
                    ("idle_ms", "idle / host", "#d9d9d9", "///"))
 
@@ -1340,6 +1341,7 @@ def time_breakdown(bd: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Pl
     device = "GPU kernels" if bd["device"].eq("gpu").all() else "host threads (gloo on CPU)"
     return Plot("time_breakdown", "Where the time goes", fig, drawn,
                 f"Per-step time of the profiled steps (profile.enabled, recorded after the timed window), from "
-                f"the {device}: compute alone, compute with communication hidden behind it, communication exposed, and the "
+                f"the {device}: compute alone, compute with communication hidden behind it, memory copies and sets "
+                f"that nothing else covers (GPU only), communication exposed, and the "
                 f"rest of the step (idle: host work, launch gaps, waiting on a peer). Mean over the traced ranks; "
                 f"definitions in docs/profiling.md.")

@@ -195,9 +195,9 @@ def _breakdown_section(breakdown: Optional[pd.DataFrame], plots_by_name: dict, i
     if plot is not None:
         blocks += _figure_block(plot, images)
     runs = traces.per_run(breakdown)
-    header = ["model", "strategy", "nodes", "ranks", "step ms", "compute", "comm hidden", "comm exposed", "idle"]
-    rows = [[r["model"], r["strategy"], int(r["nodes"]), int(r["world_size"])]
-            + [f"{r[c]:.1f}" for c in ("step_ms", "compute_ms", "comm_overlapped_ms", "comm_exposed_ms", "idle_ms")]
+    header = ["model", "strategy", "nodes", "ranks", "step ms", "compute", "memory", "comm hidden", "comm exposed",
+              "idle"]
+    rows = [[r["model"], r["strategy"], int(r["nodes"]), int(r["world_size"])] + [f"{r[c]:.1f}" for c in traces.PARTS]
             for _, r in runs.iterrows()]
     return blocks + [Block("table", header=header, rows=rows),
                      Block("p", "Per-rank rows: time_breakdown.csv. How kernels are classified and overlap counted: "

@@ -44,8 +44,9 @@ def test_ddp_and_full_shard_traces_and_their_breakdown(tmp_path):
     assert list(bd.columns) == list(traces.COLUMNS)
     assert sorted(zip(bd["strategy"], bd["rank"])) == [("DDP", 0), ("DDP", 1), ("FULL_SHARD", 0), ("FULL_SHARD", 1)]
     assert (bd["steps"] == 3).all() and (bd["device"] == "cpu").all()
-    parts = bd["compute_ms"] + bd["comm_exposed_ms"] + bd["idle_ms"]
-    assert ((parts - bd["step_ms"]).abs() < 0.01).all(), "compute, exposed communication and idle make the step"
+    parts = bd["compute_ms"] + bd["memory_ms"] + bd["comm_exposed_ms"] + bd["idle_ms"]
+    assert ((parts - bd["step_ms"]).abs() < 0.01).all(), "compute, memory, exposed communication and idle make the step"
+    assert (bd["memory_ms"] == 0).all(), "a CPU trace has no memory copies or sets"
     assert (bd["comm_overlapped_ms"] <= bd["compute_ms"]).all()
     fsdp = bd[bd["strategy"] == "FULL_SHARD"]
     assert (fsdp["comm_exposed_ms"] + fsdp["comm_overlapped_ms"] > 1).all(), fsdp
@@ -59,13 +60,19 @@ def test_ddp_and_full_shard_traces_and_their_breakdown(tmp_path):
 
 def test_breakdown_counts_overlap_the_way_hta_does(tmp_path):
     """A GPU trace made by hand: step 0-100 µs, compute kernels 0-40 and 60-70, an NCCL kernel 30-80
-    (10 hidden behind compute, 40 exposed), nothing at 80-100 (idle)."""
+    (20 hidden behind compute, 30 exposed), a Memset 35-38 under compute, a Memcpy 75-90 (its last 10
+    µs covered by nothing else: memory, as HTA keeps it, not compute), a stream waiting 92-95 (no
+    work), nothing at 90-100 (idle)."""
     events = [{"ph": "X", "name": "vit_scale.step#1", "cat": "user_annotation", "ts": 0, "dur": 100, "tid": 1},
               {"ph": "X", "name": "ampere_sgemm", "cat": "kernel", "ts": 0, "dur": 40, "tid": 7},
               {"ph": "X", "name": "vectorized_elementwise", "cat": "kernel", "ts": 60, "dur": 10, "tid": 7},
-              {"ph": "X", "name": "ncclDevKernel_AllGather_RING_LL", "cat": "kernel", "ts": 30, "dur": 50, "tid": 9}]
+              {"ph": "X", "name": "ncclDevKernel_AllGather_RING_LL", "cat": "kernel", "ts": 30, "dur": 50, "tid": 9},
+              {"ph": "X", "name": "Memset (Device)", "cat": "gpu_memset", "ts": 35, "dur": 3, "tid": 11},
+              {"ph": "X", "name": "Memcpy DtoD (Device -> Device)", "cat": "gpu_memcpy", "ts": 75, "dur": 15,
+               "tid": 11},
+              {"ph": "X", "name": "Stream Wait Event", "cat": "cuda_sync", "ts": 92, "dur": 3, "tid": 9}]
     path = tmp_path / "trace_rank0.json"
     path.write_text(json.dumps({"traceEvents": events}))
     got = traces.breakdown(str(path))
-    assert got == {"device": "gpu", "steps": 1, "step_ms": 0.1, "compute_ms": 0.05, "comm_overlapped_ms": 0.02,
-                   "comm_exposed_ms": 0.03, "idle_ms": 0.02}, got
+    assert got == {"device": "gpu", "steps": 1, "step_ms": 0.1, "compute_ms": 0.05, "memory_ms": 0.01,
+                   "comm_overlapped_ms": 0.02, "comm_exposed_ms": 0.03, "idle_ms": 0.01}, got
