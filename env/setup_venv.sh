@@ -15,7 +15,9 @@
 #                     (PyPI; on Linux that is a CUDA build, which also runs on CPUs; set
 #                     https://download.pytorch.org/whl/cpu for the smaller CPU-only one),
 #                     cuda: https://download.pytorch.org/whl/cu128,
-#                     frontier: https://download.pytorch.org/whl/rocm6.4 (match env/frontier.sh's rocm module)
+#                     frontier: https://download.pytorch.org/whl/rocm<major.minor> of the ROCm that
+#                     env/frontier.sh loads (VIT_SCALE_ROCM, else its VS_ROCM_DEFAULT: 7.2.0 -> rocm7.2)
+#   VIT_SCALE_ROCM    frontier: the ROCm version, for the wheel here and the module in env/frontier.sh
 #   PYTHON            the interpreter the venv is made from (default python3; on Frontier, load
 #                     a Python module first, e.g. cray-python)
 set -euo pipefail
@@ -56,10 +58,21 @@ while [ $# -gt 0 ]; do
        SYSTEM=$1; shift ;;
   esac
 done
+# The ROCm version of env/frontier.sh, which loads rocm/<it>: the wheel index and the module come
+# from this one value, so torch's HIP and the module's hipcc (JIT kernels) and RCCL plugin agree
+frontier_rocm_index() {
+  local rocm major minor
+  rocm=${VIT_SCALE_ROCM:-$(sed -n 's/^VS_ROCM_DEFAULT=\([0-9][0-9.]*\)$/\1/p' "$HOME_DIR/env/frontier.sh")}
+  [[ $rocm =~ ^[0-9]+\.[0-9]+(\.[0-9]+)*$ ]] ||
+    die "VIT_SCALE_ROCM: '$rocm' is not a ROCm version; allowed: a version such as 7.2.0 (the module rocm/7.2.0, the wheels of whl/rocm7.2)"
+  IFS=. read -r major minor _ <<< "$rocm"
+  echo "https://download.pytorch.org/whl/rocm$major.$minor"
+}
+
 case $SYSTEM in
   local) default_index="" ;;
   cuda) default_index=https://download.pytorch.org/whl/cu128 ;;
-  frontier) default_index=https://download.pytorch.org/whl/rocm6.4 ;;
+  frontier) default_index=$(frontier_rocm_index) || exit 2 ;;
   "") die "SYSTEM: missing; allowed: local, cuda, frontier" ;;
   *) die "SYSTEM: unknown system '$SYSTEM'; allowed: local, cuda, frontier" ;;
 esac
@@ -184,6 +197,17 @@ if [[ " ${extras[*]} " == *" deepspeed "* ]]; then
   # DeepSpeed then builds no C++/CUDA ops at install time; it compiles what a run needs on first use
   export DS_BUILD_OPS=0
   [ "$DRY_RUN" = 1 ] && echo "+ export DS_BUILD_OPS=0"
+fi
+if [ "$SYSTEM" = frontier ] && [[ " ${extras[*]} " == *" mpi "* ]]; then
+  # mpi4py must call Cray MPICH, which only the Cray compiler wrapper `cc` knows how to link:
+  # built from source with it (OLCF's PyTorch-on-Frontier recipe), not taken as a PyPI wheel.
+  # With a non-default CPE, export LD_LIBRARY_PATH=$CRAY_LD_LIBRARY_PATH:$LD_LIBRARY_PATH first.
+  if [ "$DRY_RUN" = 0 ] && ! command -v cc >/dev/null 2>&1; then
+    echo "$PROG: --extras mpi on frontier builds mpi4py against Cray MPICH with the Cray wrapper 'cc', which is not on PATH; module load PrgEnv-gnu first" >&2
+    exit 2
+  fi
+  step "mpi4py against Cray MPICH (MPICC='cc -shared')" env MPICC="cc -shared" \
+    "${pip[@]}" install -c "$constraints" --no-cache-dir --no-binary=mpi4py mpi4py
 fi
 step "vit-scale${extras[*]:+ with ${extras[*]}}" "${pip[@]}" install -c "$constraints" -e "$target"
 

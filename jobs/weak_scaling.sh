@@ -27,6 +27,10 @@
 #SBATCH --output=%x-%j.out
 # your project, if the site requires one:
 ##SBATCH --account=PROJECT
+# Frontier: the NIC setting RCCL's rendezvous protocol needs (env/frontier.sh). Every srun step of
+# the study asks for it (configs/systems/frontier.yaml); uncomment to give it to the whole allocation
+# too. Left commented for other clusters, where --network means something else or nothing.
+##SBATCH --network=disable_rdzv_get
 
 set -uo pipefail
 PROG=weak_scaling.sh

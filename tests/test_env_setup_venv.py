@@ -14,7 +14,7 @@ SETUP = os.path.join(ROOT, "env", "setup_venv.sh")
 
 
 def dry_run(tmp_path, *args, **env):
-    full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_INDEX_URL")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_INDEX_URL", "VIT_SCALE_ROCM")}
     full_env.update(env)
     proc = subprocess.run(["bash", SETUP, *args, "--venv", str(tmp_path / "venv"), "--dry-run"], env=full_env,
                           capture_output=True, text=True, timeout=60)
@@ -36,11 +36,36 @@ def test_local_installs_torch_first_then_the_project_against_it(tmp_path):
 
 
 @pytest.mark.parametrize("system,index", [("cuda", "https://download.pytorch.org/whl/cu128"),
-                                          ("frontier", "https://download.pytorch.org/whl/rocm6.4")])
+                                          ("frontier", "https://download.pytorch.org/whl/rocm7.2")])
 def test_gpu_systems_take_torch_and_torchvision_from_the_build_index(tmp_path, system, index):
     commands = dry_run(tmp_path, system)
     assert f"{tmp_path}/venv/bin/python -m pip install torch==2.13.0 torchvision --index-url {index}" in commands
     assert commands[-1].endswith(f"-e {ROOT}")
+
+
+def test_frontier_wheels_follow_the_rocm_of_env_frontier_sh(tmp_path):
+    """One ROCm version for the module env/frontier.sh loads and the wheels installed here."""
+    with open(os.path.join(ROOT, "env", "frontier.sh")) as f:
+        (default,) = re.findall(r"^VS_ROCM_DEFAULT=(\d+\.\d+)\.\d+$", f.read(), re.M)
+    pip = f"{tmp_path}/venv/bin/python -m pip install torch==2.13.0 torchvision --index-url"
+    assert f"{pip} https://download.pytorch.org/whl/rocm{default}" in dry_run(tmp_path, "frontier")
+    assert f"{pip} https://download.pytorch.org/whl/rocm7.1" in dry_run(tmp_path, "frontier", VIT_SCALE_ROCM="7.1.1")
+    proc = subprocess.run(["bash", SETUP, "frontier", "--dry-run"], env=dict(os.environ, VIT_SCALE_ROCM="latest"),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "setup_venv.sh: VIT_SCALE_ROCM: 'latest' is not a ROCm version; allowed: a version such as 7.2.0 (the "
+        "module rocm/7.2.0, the wheels of whl/rocm7.2)")
+
+
+def test_frontier_builds_mpi4py_against_cray_mpich(tmp_path):
+    venv = tmp_path / "venv"
+    commands = dry_run(tmp_path, "frontier", "--extras", "mpi")
+    constraints = f"-c {venv}/vit-scale-constraints.txt"
+    # OLCF's recipe, before the project whose [mpi] extra would otherwise take a wheel
+    assert commands[-2:] == [
+        f"env MPICC=cc -shared {venv}/bin/python -m pip install {constraints} --no-cache-dir --no-binary=mpi4py mpi4py",
+        f"{venv}/bin/python -m pip install {constraints} -e {ROOT}[mpi]"]
+    assert not any("MPICC" in line for line in dry_run(tmp_path, "local", "--extras", "mpi"))
 
 
 def test_overrides_and_colossalai(tmp_path):

@@ -74,7 +74,8 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
     logs = tmp_path / "logs"
     for nodes, line in zip((1, 2), sbatch):
         assert line.startswith(f"sbatch --parsable --job-name=vit-frontier_fsdp-n{nodes} "
-                               f"--output={logs}/%x-%j.out --account=PRJ123 --nodes={nodes} --time=02:00:00 "
+                               f"--output={logs}/%x-%j.out --account=PRJ123 --network=disable_rdzv_get "
+                               f"--nodes={nodes} --time=02:00:00 "
                                f"{WEAK_SCALING} --system frontier --study frontier_fsdp --out {tmp_path}/runs "
                                f"--nodes {nodes} --models vit_base,vit_5b --no-analysis"), line
     assert sbatch[2].startswith("sbatch --parsable --job-name=vit-frontier_fsdp-analysis ")
@@ -83,7 +84,8 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
 
     srun = [line.strip() for line in out.splitlines() if "srun " in line]
     assert len(srun) == 8, out  # 2 node counts x 2 models x 2 strategies
-    flags = "--ntasks-per-node=8 --gpus-per-task=1 --gpu-bind=closest -c 7"
+    # OLCF's binding; rendezvous gets off for RCCL's alt_read protocol (also on the allocation, above)
+    flags = "--ntasks-per-node=8 --gpus-per-task=1 --gpu-bind=closest -c 7 --network=disable_rdzv_get"
     assert all(flags in line for line in srun)
     assert all("python -m vit_scale train system.launcher=srun " in line for line in srun)
     assert sum("srun --nodes=2 --ntasks=16 " in line for line in srun) == 4

@@ -1,11 +1,12 @@
 """Launch detection: torchrun, srun and MPI environments, and a real mpirun launch."""
 import glob
 import os
+import socket
 import subprocess
 
 import pytest
 
-from conftest import FAST, PYTHON, ROOT, losses, require_tool, torchrun
+from conftest import FAST, PYTHON, ROOT, losses, require_package, require_tool, torchrun
 from vit_scale.launch.world import detect_launcher, detect_world, slurm_master_port
 from vit_scale.record.schema import validate_record_file
 
@@ -82,3 +83,114 @@ def test_mpirun_launch_trains_like_torchrun(tmp_path):
     assert mpi_records[0]["launcher"] == "mpi" and mpi_records[0]["world"]["world_size"] == 2
     assert mpi_records[-1]["status"] == "ok"
     assert losses(mpi_records) == pytest.approx(losses(ref_records), rel=1e-6)
+
+
+# ---------------------------------------------------------------- launch flags, device, rendezvous
+
+def _srun_argv(system_name: str, kind: str = "srun", nodes: int = 2, ranks_per_node: int = 4) -> list:
+    from vit_scale.study import launchers
+    from vit_scale.study.systems import read_system
+
+    launch = launchers.build(kind, "python", ["model=vit_micro"], system=read_system(system_name), nodes=nodes,
+                             ranks_per_node=ranks_per_node, nodelist="g[1-2]", master_addr="10.0.0.1",
+                             master_port=29400, time_limit_min=None, grace_s=60, rdzv_id="1.1")
+    ((argv, _),) = launch.commands
+    return argv
+
+
+@pytest.mark.parametrize("kind", ["srun", "mpi"])
+def test_cuda_ranks_see_every_gpu_of_their_node(kind):
+    """NCCL finds NVLink only between GPUs a process sees (NVIDIA/nccl#1066): no per-task GPU."""
+    argv = _srun_argv("cuda", kind)
+    assert "--gpus-per-node=4" in argv and "--ntasks-per-node=4" in argv
+    assert not any(arg.startswith("--gpus-per-task") for arg in argv)
+
+
+@pytest.mark.parametrize("kind", ["srun", "mpi"])
+def test_frontier_steps_turn_off_rendezvous_gets(kind):
+    """RCCL's alt_read rendezvous (env/frontier.sh) needs the step's NIC rendezvous gets off."""
+    argv = _srun_argv("frontier", kind, ranks_per_node=8)
+    assert "--network=disable_rdzv_get" in argv
+    assert argv[argv.index("--gpus-per-task=1") + 1] == "--gpu-bind=closest"  # OLCF's binding stays
+
+
+def test_device_is_the_local_rank_when_the_node_gpus_are_visible(monkeypatch):
+    """choose_device with a mocked torch.cuda (no GPU here): 4 GPUs visible, local rank 3 drives
+    GPU 3; one visible (Frontier's --gpus-per-task=1) drives it; more ranks than GPUs is refused."""
+    import torch
+
+    from vit_scale.errors import UserError
+    from vit_scale.launch.world import World, choose_device, device_index_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.version, "hip", None)
+    world = choose_device(World("srun", 7, 8, 3, 4, 2, "g2", "10.0.0.1", 29400))
+    assert (world.device_type, world.device_index, world.backend) == ("cuda", 3, "nccl")
+    assert device_index_for(5, 8, 1) == 0
+    with pytest.raises(UserError, match=r"system.device: 8 ranks a node but each sees 4 GPUs, so ranks would "
+                                        r"share GPUs; run at most 4 ranks a node"):
+        device_index_for(5, 8, 4)
+
+
+def test_mpi_rendezvous_is_an_address_other_nodes_reach(monkeypatch):
+    """Rank 0's host name can resolve to a loopback address (Debian's 127.0.1.1; here too, when
+    /etc/hosts says so): across nodes it publishes an address of a real interface instead."""
+    from vit_scale.launch.world import interface_ipv4s, mpi_master_addr, routed_ipv4
+
+    _clear(monkeypatch)
+    assert mpi_master_addr(["h1", "h1", "h1"]) == "127.0.0.1"  # one host: the loopback is right
+    monkeypatch.setenv("MASTER_ADDR", "10.1.2.3")
+    assert mpi_master_addr(["h1", "h2"]) == "10.1.2.3"
+    monkeypatch.delenv("MASTER_ADDR")
+    # under Slurm: rank 0's node as the srun launcher names it (its name when it resolves)
+    monkeypatch.setenv("SLURMD_NODENAME", "localhost")
+    assert mpi_master_addr(["h1", "h2"]) == "localhost"
+    monkeypatch.delenv("SLURMD_NODENAME")
+    addresses = interface_ipv4s()
+    if not addresses:
+        pytest.skip("this machine has no network interface besides the loopback")
+    # a peer only reachable through the loopback says nothing: an interface's address is taken
+    published = mpi_master_addr([socket.gethostname(), "localhost"])
+    assert published in addresses and not published.startswith("127.")
+    # a peer on the network: the address of the interface that routes to it
+    assert routed_ipv4(addresses[0]) in addresses
+
+
+def test_runs_over_several_nodes_must_use_the_network_plugin(monkeypatch):
+    """env/frontier.sh asks for it; the trainer gives NCCL_NET to multi-node runs only."""
+    from vit_scale.launch.world import World, network_requirement
+
+    def world(nodes, backend="nccl"):
+        return World("srun", 0, 8 * nodes, 0, 8, nodes, "f1", "10.0.0.1", 29400, "rocm", 0, backend)
+
+    env = {"VIT_SCALE_NCCL_NET_ACROSS_NODES": "OFI"}
+    assert network_requirement(world(2), env) == {"NCCL_NET": "OFI"}
+    assert network_requirement(world(1), env) == {}  # the plugin does not start on one node (OLCF)
+    assert network_requirement(world(2, "gloo"), env) == {}
+    assert network_requirement(world(2), {**env, "NCCL_NET": "Socket"}) == {}  # the user's choice wins
+    assert network_requirement(world(2), {}) == {}
+
+
+def test_deepspeed_local_rank_names_the_chosen_device(monkeypatch):
+    """DeepSpeed's own check (engine._configure_with_arguments) accepts what the trainer sets under
+    Open MPI, also where a rank sees one GPU (device 0, local rank 3) or inherited a stale LOCAL_RANK."""
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from vit_scale.launch.world import World, device_local_rank_env
+
+    _clear(monkeypatch)
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "7")
+    for device_type, device_index, expected in (("cuda", 0, "0"), ("cuda", 3, "3"), ("cpu", None, "3")):
+        world = World("mpi", 11, 16, 3, 8, 2, "g2", "10.0.0.1", 29400, device_type, device_index)
+        env = device_local_rank_env(world)
+        assert env == {"LOCAL_RANK": expected, "OMPI_COMM_WORLD_LOCAL_RANK": expected}
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        engine = type("Engine", (), {})()
+        DeepSpeedEngine._configure_with_arguments(engine, None, None)
+        assert engine.local_rank == int(expected)
+    monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_RANK")
+    assert device_local_rank_env(World("srun", 1, 2, 1, 2, 1, "g1", "h", 1, "rocm", 0)) == {"LOCAL_RANK": "0"}

@@ -118,36 +118,93 @@ def describe(name: str, num_classes: int = 1000) -> dict:
     return info
 
 
-def init_module_(module, needs_reset: bool = True) -> None:
-    """Initialise the parameters a module owns directly (not its children), as timm does.
+# what timm 1.0.31's VisionTransformer(weight_init='') leaves in each parameter (timm/models/
+# vision_transformer.py: VisionTransformer.init_weights and init_weights_vit_timm)
+WEIGHT_STD = 0.02   # Linear weights and pos_embed: trunc_normal_(std=.02), cut at +-2 (timm's a, b)
+TOKEN_STD = 1e-6    # cls_token, reg_token: normal_(std=1e-6)
 
-    Used when a model built on the meta device is materialised one unit at a time: FSDP calls this
-    for each module it materialises, and FSDP2 after `to_empty`. Sharded (DTensor) parameters are
-    initialised through their local shard.
+
+def init_module_(module, name: str, seed: int, device=None) -> None:
+    """Initialise the parameters `module` owns directly (not its children), drawn as timm draws them.
+
+    For a model built on the meta device and materialised a piece at a time (FSDP1 one module at a
+    time, FSDP2 shard by shard, ZeRO-3 gathered per module). `name` is the module's qualified name
+    in the bare timm model. Each parameter comes from its own generator, seeded by `seed` and the
+    parameter's qualified name, so its values do not depend on the rank, the sharding, the order in
+    which modules are materialised, or the launch. The whole parameter is drawn (on `device`,
+    default where it lives) and a sharded (DTensor) parameter keeps its own piece of it.
+
+    The distributions are those of `train.init=device`, not its values (those come from one global
+    stream in construction order):
+    - nn.Linear: weight truncated normal, std 0.02; bias zeros (init_weights_vit_timm).
+    - nn.Conv2d (the patch embedding): PyTorch's own init, which timm leaves in place
+      (init_weights_vit_timm only touches Linear, modules with init_weights, and with
+      needs_reset=False nothing else): kaiming_uniform_(a=sqrt(5)) and a uniform bias, both
+      within +-1/sqrt(fan_in).
+    - nn.LayerNorm: ones and zeros (its own reset_parameters at construction).
+    - pos_embed: truncated normal, std 0.02; cls_token, reg_token: normal, std 1e-6.
+    Any other parameter raises: a timm model with another module needs its rule here first.
     """
     import torch
+
+    if any(True for _ in module.buffers(recurse=False)):
+        raise RuntimeError(f"meta-device initialisation: {type(module).__name__} {name or '(root)'} has buffers, "
+                           "which to_empty leaves uninitialised and vit_scale.models.init_module_ does not fill")
+    with torch.no_grad():
+        for param_name, param in module.named_parameters(recurse=False):
+            qualified = f"{name}.{param_name}" if name else param_name
+            full = torch.empty(param.shape, dtype=torch.float32, device=device or _local(param).device)
+            generator = torch.Generator(device=full.device).manual_seed(_parameter_seed(seed, qualified))
+            _draw_as_timm(module, param_name, full, generator)
+            _copy_into(param, full)
+
+
+def _draw_as_timm(module, param_name: str, out, generator) -> None:
+    import math
+
     from torch import nn
 
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
+    if param_name == "pos_embed":
+        nn.init.trunc_normal_(out, std=WEIGHT_STD, a=-2.0, b=2.0, generator=generator)
+    elif param_name in ("cls_token", "reg_token"):
+        nn.init.normal_(out, std=TOKEN_STD, generator=generator)
+    elif isinstance(module, nn.Linear):
+        if param_name == "weight":
+            nn.init.trunc_normal_(out, std=WEIGHT_STD, a=-2.0, b=2.0, generator=generator)
+        else:
+            nn.init.zeros_(out)
+    elif isinstance(module, nn.LayerNorm):
+        (nn.init.ones_ if param_name == "weight" else nn.init.zeros_)(out)
+    elif isinstance(module, nn.Conv2d):
+        # as nn.Conv2d.reset_parameters: the bias bound from the weight's fan-in
+        if param_name == "weight":
+            nn.init.kaiming_uniform_(out, a=math.sqrt(5), generator=generator)
+        else:
+            bound = 1 / math.sqrt(math.prod(module.weight.shape[1:]))
+            nn.init.uniform_(out, -bound, bound, generator=generator)
+    else:
+        raise RuntimeError(f"meta-device initialisation: no rule for {type(module).__name__}.{param_name}; "
+                           "vit_scale.models.init_module_ knows timm's ViT modules only")
 
-    with torch.no_grad():
-        if isinstance(module, nn.Linear):
-            nn.init.trunc_normal_(local(module.weight), std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(local(module.bias))
-        elif isinstance(module, nn.LayerNorm):
-            if module.weight is not None:
-                nn.init.ones_(local(module.weight))
-            if module.bias is not None:
-                nn.init.zeros_(local(module.bias))
-        elif isinstance(module, nn.Conv2d):
-            nn.init.trunc_normal_(local(module.weight), std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(local(module.bias))
-        for name in ("pos_embed",):
-            if isinstance(getattr(module, name, None), nn.Parameter):
-                nn.init.trunc_normal_(local(getattr(module, name)), std=0.02)
-        for name in ("cls_token", "reg_token"):
-            if isinstance(getattr(module, name, None), nn.Parameter):
-                nn.init.normal_(local(getattr(module, name)), std=1e-6)
+
+def _parameter_seed(seed: int, qualified_name: str) -> int:
+    import hashlib
+
+    digest = hashlib.blake2b(f"{seed}:{qualified_name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # manual_seed takes any non-negative 64-bit value
+
+
+def _local(param):
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def _copy_into(param, full) -> None:
+    """The whole draw into a parameter; a DTensor takes the piece its placements give this rank."""
+    if hasattr(param, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        # src_data_rank=None: split locally, no scatter from rank 0 (every rank drew the same values)
+        piece = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(piece)
+    else:
+        param.copy_(full)

@@ -27,6 +27,13 @@ def init_mode(init: str, params: int) -> str:
     return "meta" if params > META_INIT_ABOVE_PARAMS else "device"
 
 
+def module_names(model) -> dict:
+    """{module: its qualified name} in the bare timm model, taken before any wrapper nests or
+    renames modules: the meta init keys its seeds by these names, so wrappers (FSDP units,
+    activation checkpointing) must not change them."""
+    return {module: name for name, module in model.named_modules()}
+
+
 class ModelFactory:
     """Builds the model the same way on every rank, so replicas start equal without a broadcast."""
 
@@ -43,9 +50,12 @@ class ModelFactory:
     def on_meta(self):
         return build_model(self.spec, self.num_classes, device="meta")
 
-    @staticmethod
-    def init_module(module) -> None:
-        init_module_(module)
+    def init_module(self, module, name: str, device=None) -> None:
+        """Initialise a materialised meta-built module's own parameters from timm's distributions,
+        each parameter from a generator keyed by this factory's seed and its name (`name`: the
+        module's, from `module_names`), so every rank, sharding and launch gets the same values.
+        `device`: where each whole parameter is drawn (default: where it lives)."""
+        init_module_(module, name, self.seed, device)
 
     @staticmethod
     def block_class():
@@ -84,7 +94,7 @@ class Strategy(ABC):
         Label x precision x device kind is the capability table's; a family adds its option rules."""
         from vit_scale.distributed.capabilities import refusal
 
-        error = refusal(label.label, cfg.train.precision, world.device_type)
+        error = refusal(label.label, cfg.train.precision, world.device_type, cfg)
         if error:
             raise UserError(error)
         if cfg.train.compile and not cls.supports_compile:

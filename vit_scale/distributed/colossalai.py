@@ -8,7 +8,8 @@ which vit_scale.launch.world has set.
 What runs where is the capability table's (vit_scale.distributed.capabilities): on a CPU,
 CAI_DDP in fp32 or bf16; the other plugins need a GPU (LowLevelZero and Gemini put their buffers
 on the accelerator and use ColossalAI's fused/CPU Adam kernels, TorchFSDPPlugin passes
-`torch.cuda.current_device()` to FSDP). `check` refuses the rest before any work.
+`torch.cuda.current_device()` to FSDP); on ROCm, neither Gemini nor LowLevelZero with
+`colossalai.cpu_offload` (HybridAdam's kernels are nvcc-only). `check` refuses the rest before any work.
 
 Labels and precision:
 - CAI_DDP: TorchDDPPlugin; fp32, bf16 through torch autocast around the forward as DDP does

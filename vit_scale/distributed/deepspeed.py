@@ -18,6 +18,11 @@ directory as `deepspeed.json` (see `artifacts`). Choices that keep the compariso
   time any engine is made. That op serves only `inference_all_reduce` (tensor-parallel
   inference); training all-reduces through torch.distributed. `deepspeed.skip_shm_comm`
   (default true) marks it unavailable so no run waits for it.
+- DeepSpeed's throughput timer is off (`timers.throughput.enabled=false`): on by default, it
+  synchronises the device when forward starts and when step() ends (deepspeed/utils/timer.py,
+  ThroughputTimer.start/stop), two host waits a step inside the trainer's timed window for a
+  figure the trainer measures itself. What DeepSpeed still synchronises is in docs/timing.md.
+- ZEROPP's qgZ is refused unless each rank sees all of its node's GPUs (`qgz_refusal`).
 
 Replica check: ZeRO-1/2 keep every parameter whole on every rank (only optimizer states, and
 for ZeRO-2 gradients, are partitioned), so each rank's module parameters are one replica.
@@ -46,6 +51,27 @@ def _import_deepspeed():
         raise UserError(f"strategy: DeepSpeed labels need the deepspeed package, which is not importable "
                         f"({' '.join(str(exc).split())}); install the extra: {INSTALL_HINT}") from None
     return deepspeed
+
+
+def qgz_refusal(quantized_gradients: bool, device_count: int, ranks_per_node: int, nodes: int) -> str | None:
+    """The one-line error when ZeRO++'s qgZ would run a different algorithm than ZeRO++'s, or None.
+
+    DeepSpeed 0.19.8 takes the ranks of a node to be `device_count()` consecutive ranks: it builds
+    qgZ's intra-node groups from it (utils/groups.py, _get_local_all_to_all_group), counts nodes as
+    world // device_count (runtime/zero/stage3.py, __avg_scatter_grads: qgZ only when that is above
+    1, a plain reduce-scatter otherwise) and quantises per node with it
+    (runtime/comm/coalesced_collectives.py, all_to_all_quant_reduce). With one GPU visible per
+    rank (srun --gpus-per-task=1) every rank is a "node": one flat quantised all-to-all over the
+    world, even on one node where ZeRO++ quantises nothing. More GPUs visible than ranks on a
+    node mis-groups the ranks, or switches qgZ off across nodes, or fails an assertion."""
+    if not quantized_gradients or device_count == ranks_per_node:
+        return None
+    if nodes == 1 and device_count > ranks_per_node:
+        return None  # DeepSpeed counts no whole node, reduce-scatters unquantised: what ZeRO++ does on one node
+    return (f"deepspeed.quantized_gradients: qgZ needs each rank to see all of its node's GPUs (DeepSpeed takes the "
+            f"ranks per node from torch.cuda.device_count(), {device_count} here, but {ranks_per_node} ranks run on "
+            f"each node, so its all-to-all would group the wrong ranks); launch with every GPU of the node visible "
+            f"(srun --gpus-per-node, not --gpus-per-task=1) or set deepspeed.quantized_gradients=false")
 
 
 class DeepSpeedStrategy(Strategy):
@@ -84,6 +110,13 @@ class DeepSpeedStrategy(Strategy):
                 raise UserError("strategy: ZEROPP quantisation (deepspeed.quantized_weights, "
                                 "deepspeed.quantized_gradients: qwZ, qgZ) needs a GPU (DeepSpeed has no CPU kernel "
                                 "for it); on a CPU set both to false to run hpZ alone")
+            if world.device_type != "cpu":
+                import torch
+
+                error = qgz_refusal(ds.quantized_gradients, torch.cuda.device_count(), world.local_world_size,
+                                    world.nodes)
+                if error:
+                    raise UserError(error)
         _import_deepspeed()  # after the config checks: a bad key is reported without the import's seconds
 
     # ------------------------------------------------------------ configuration
@@ -102,6 +135,9 @@ class DeepSpeedStrategy(Strategy):
         elif hpz and hpz == W:
             notes.append(f"hpZ partition size {hpz} equals the world size: the secondary partition "
                          "spans every rank, like ZeRO-3's own")
+        if label.label == "ZEROPP" and cfg.deepspeed.quantized_gradients and W <= ranks_per_node:
+            notes.append("one node: DeepSpeed applies qgZ between nodes only, so gradients are reduce-scattered "
+                         "unquantised")
         shard = W if stage == 3 else 1
         return Layout(label.label, "deepspeed", f"deepspeed-zero{stage}" + ("-pp" if label.label == "ZEROPP" else ""),
                       f"ZERO{stage}", shard, W // shard, W, hpz=hpz, notes=tuple(notes))
@@ -167,6 +203,7 @@ class DeepSpeedStrategy(Strategy):
             "fp16": {"enabled": cfg.train.precision == "fp16"},
             "steps_per_print": STEPS_PER_PRINT,
             "wall_clock_breakdown": False,
+            "timers": {"throughput": {"enabled": False, "synchronized": False}},  # see the module docstring
         }
         if self.uses_ds_optimizer:
             # offload runs the optimizer step on the host with DeepSpeed's CPU Adam (AdamW mode)
@@ -203,11 +240,11 @@ class DeepSpeedStrategy(Strategy):
         # DeepSpeed reads these itself; srun and MPI do not set them (torchrun does)
         os.environ.setdefault("RANK", str(world.rank))
         os.environ.setdefault("WORLD_SIZE", str(world.world_size))
-        if world.device_type != "cpu" and "OMPI_COMM_WORLD_LOCAL_RANK" not in os.environ:
-            # DeepSpeed picks its device from LOCAL_RANK; with one visible GPU per task that is 0
-            os.environ["LOCAL_RANK"] = str(world.device_index or 0)
-        else:
-            os.environ.setdefault("LOCAL_RANK", str(world.local_rank))
+        from vit_scale.launch.world import device_local_rank_env
+
+        # DeepSpeed picks its device from LOCAL_RANK and, under Open MPI, checks it against
+        # OMPI_COMM_WORLD_LOCAL_RANK: both must name the device the trainer chose
+        os.environ.update(device_local_rank_env(world))
         import logging
         import warnings
 
@@ -245,21 +282,21 @@ class DeepSpeedStrategy(Strategy):
     def _build_partitioned(self, deepspeed, factory):
         """ZeRO-3 above the meta-init size: build under zero.Init (each module partitioned as it is
         made, so no rank ever holds the whole model), then initialise each module's parameters
-        gathered one module at a time, rank 0's values broadcast to all."""
-        import torch
+        gathered one module at a time, rank 0's values broadcast to all: the values FSDP's meta init
+        gives the same model (each parameter's draw is keyed by the seed and its name)."""
+        from vit_scale.distributed.base import module_names
 
         # no dtype argument: zero.Init takes it from the config's bf16/fp16 sections. (DeepSpeed
         # 0.19.8 ignores an explicit dtype on accelerators without fp16 and builds bf16 instead.)
         with deepspeed.zero.Init(config_dict_or_path=self.ds_config):
             model = factory.on_device(self.world.device)
-        torch.manual_seed(factory.seed)
-        for module in model.modules():
+        for module, name in module_names(model).items():
             params = list(module.parameters(recurse=False))
             if not params:
                 continue
             with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
                 if self.world.rank == 0:
-                    factory.init_module(module)
+                    factory.init_module(module, name)
         return model
 
     # ------------------------------------------------------------ step

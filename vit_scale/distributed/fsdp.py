@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 
 from vit_scale.errors import UserError
-from vit_scale.distributed.base import Strategy
+from vit_scale.distributed.base import Strategy, module_names
 from vit_scale.distributed.layout import Layout
 
 
@@ -40,6 +40,14 @@ class FSDPStrategy(Strategy):
         if cfg.fsdp.cpu_offload and world.device_type == "cpu" and cfg.fsdp.version == 1:
             raise UserError("fsdp.cpu_offload: FSDP1 parameter offload needs a GPU (it pins host memory); "
                             "set fsdp.cpu_offload=false on a CPU")
+        # offloaded FSDP2 gradients live on the host; GradScaler's overflow check on them is reduced by
+        # DTensor over the mesh's NCCL/RCCL group (torch/distributed/tensor/_dispatch.py:
+        # found_inf_reduce_handler), which has no CPU backend, so the first fp16 step would fail
+        if (cfg.fsdp.cpu_offload and cfg.train.precision == "fp16" and world.device_type != "cpu"
+                and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp2"):
+            raise UserError(f"fsdp.cpu_offload: {label.label} on FSDP2 cannot offload with train.precision=fp16 (the "
+                            "loss scaler's overflow check would all-reduce host tensors over NCCL); use bf16, "
+                            "fsdp.version=1 (not HYBRID_1GPU), or fsdp.cpu_offload=false")
 
     def options(self) -> dict:
         opts = super().options()
@@ -97,10 +105,10 @@ class FSDPStrategy(Strategy):
         self.scaler = None
         if self.cfg.train.precision == "fp16":
             if self.implementation_version == 1:
-                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-                self.scaler = ShardedGradScaler()
+                self.scaler = _rank_agreeing_sharded_grad_scaler(self.world.torch_device_type)
             else:
+                # its overflow check on DTensor gradients is all-reduced by DTensor itself
+                # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
                 self.scaler = torch.amp.GradScaler(self.world.torch_device_type)
 
     def _setup_fsdp1(self, factory) -> None:
@@ -123,10 +131,13 @@ class FSDPStrategy(Strategy):
         prefetch = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
         if factory.init == "meta":
             model = factory.on_meta()
+            names = module_names(model)
 
+            # FSDP1 calls this for each module of a unit, the unit unsharded, before it flattens and
+            # shards it (torch/distributed/fsdp/_init_utils.py: _materialize_with_param_init_fn)
             def materialise(module):
                 module.to_empty(device=self.world.device, recurse=False)
-                factory.init_module(module)
+                factory.init_module(module, names[module])
 
             kwargs["param_init_fn"] = materialise
         else:
@@ -166,6 +177,7 @@ class FSDPStrategy(Strategy):
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.world.device_type != "cpu")
         meta = factory.init == "meta"
         model = factory.on_meta() if meta else factory.on_device(self.world.device)
+        names = module_names(model) if meta else {}  # before activation checkpointing wraps the blocks
         self.apply_activation_checkpointing(model)
         self.compile_blocks(model)
         block = factory.block_class()
@@ -178,25 +190,27 @@ class FSDPStrategy(Strategy):
             for current, following in zip(units, units[1:]):
                 current.set_modules_to_forward_prefetch([following])
         if meta:
-            model.to_empty(device=self.world.device)
-            torch.manual_seed(factory.seed + self.world.rank)  # shards differ, so their draws should too
-            for module in model.modules():
-                factory.init_module(module)
+            model.to_empty(device=self.fsdp2_shard_device())
+            for module, name in names.items():
+                # each whole parameter drawn on the compute device (fast), this rank's shard kept
+                factory.init_module(module, name, device=self.world.device)
         self.model = model
+
+    def fsdp2_shard_device(self):
+        """Where FSDP2 keeps this rank's shards: on the host with fsdp.cpu_offload, which FSDP2
+        requires of offloaded parameters at its first forward (torch/distributed/fsdp/_fully_shard/
+        _fsdp_param_group.py: _validate_cpu_offload_params), else on the device."""
+        import torch
+
+        return torch.device("cpu") if self.cfg.fsdp.cpu_offload else self.world.device
 
     # ------------------------------------------------------------ step
 
     def train_step(self, images, labels):
         logits = self.model(images)
         loss = self.loss(logits, labels)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.backward(loss)
+        self.optimizer_step()
         return loss.detach()
 
     # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
@@ -276,6 +290,42 @@ class FSDPStrategy(Strategy):
             dcp.load(state, checkpoint_id=self.state_path(directory),
                      planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
             self.load_checkpoint_state(state)
+
+
+def _rank_agreeing_sharded_grad_scaler(device_type: str):
+    """FSDP1's ShardedGradScaler, made to skip a step on every rank or on none.
+
+    torch 2.13's ShardedGradScaler shares the overflow flag only in `unscale_`, as a SUM of shape
+    (1,). `GradScaler.step` on an optimizer that unscales inside its own kernel (the fused AdamW,
+    the GPU default) calls no `unscale_`: it checks this rank's gradients alone
+    (`_check_inf_per_device`), so the rank that overflowed skips a step the others take and the
+    loss scales drift apart. Calling `unscale_` first is no cure: the fused AdamW then gets the
+    summed flag, and it skips only when the flag is exactly 1 and subtracts the flag from its step
+    count (torch/optim/adam.py `_fused_adam`; the CUDA kernel's `*found_inf_ptr == 1`), so two
+    overflowing ranks step anyway, and a (1,)-shaped flag fails its `_foreach_sub_`.
+
+    So the flag is shared where every path computes it, `_unscale_grads_` (called by `unscale_` and
+    by `_check_inf_per_device`), with MAX, which keeps it 0 or 1; and `unscale_` is GradScaler's
+    own, whose flag is 0-d and needs no second reduction."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    class RankAgreeingShardedGradScaler(ShardedGradScaler):
+        def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            flags = super()._unscale_grads_(optimizer, inv_scale, found_inf, True)  # FSDP may hold fp16 gradients
+            for flag in flags.values():
+                # NCCL reduces device tensors only; offloaded gradients give a host flag
+                shared = flag if flag.device.type == self._device else flag.to(self._device)
+                dist.all_reduce(shared, op=dist.ReduceOp.MAX, group=self.process_group)
+                if shared is not flag:
+                    flag.copy_(shared)
+            return flags
+
+        def unscale_(self, optimizer):
+            torch.amp.GradScaler.unscale_(self, optimizer)
+
+    return RankAgreeingShardedGradScaler(device_type)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import glob
 import os
+import re
+import shutil
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ class Kernel:
     loader: str       # DeepSpeed op builder or ColossalAI kernel loader class
     op: str           # the extension's name, as its .so is called
     devices: tuple    # device kinds it exists for
+    nvcc: tuple = ()  # device kinds on which building or loading it needs the CUDA toolkit
 
     def build_dir(self) -> str:
         if self.package == "deepspeed":
@@ -86,11 +90,17 @@ class Kernel:
             getattr(kernel_loader, self.loader)().load()
 
 
+# DeepSpeed's cpu_adam is a g++ build on every accelerator (accelerator/cuda_accelerator.py,
+# _lazy_init_class_dict takes CPUAdamBuilder from op_builder/cpu); its quantizer is a CUDAOpBuilder,
+# whose nvcc flags read the toolkit's release (op_builder/builder.py, installed_cuda_version) even
+# for a kernel built before. ColossalAI's loaders check the toolkit before loading anything
+# (kernel/extensions/cuda_extension.py, _CudaExtension.assert_compatible).
 KERNELS = {k.key: k for k in (
     Kernel("deepspeed.cpu_adam", "deepspeed", "CPUAdamBuilder", "cpu_adam", ("cpu", "cuda", "rocm")),
-    Kernel("deepspeed.quantizer", "deepspeed", "QuantizerBuilder", "quantizer", ("cuda", "rocm")),
-    Kernel("colossalai.cpu_adam", "colossalai", "CPUAdamLoader", "cpu_adam", ("cuda",)),  # its x86 loader needs CUDA too
-    Kernel("colossalai.fused_optim", "colossalai", "FusedOptimizerLoader", "fused_optim", ("cuda",)),
+    Kernel("deepspeed.quantizer", "deepspeed", "QuantizerBuilder", "quantizer", ("cuda", "rocm"), nvcc=("cuda",)),
+    # its x86 loader is a CUDA extension too
+    Kernel("colossalai.cpu_adam", "colossalai", "CPUAdamLoader", "cpu_adam", ("cuda",), nvcc=("cuda",)),
+    Kernel("colossalai.fused_optim", "colossalai", "FusedOptimizerLoader", "fused_optim", ("cuda",), nvcc=("cuda",)),
 )}
 
 
@@ -117,3 +127,63 @@ def prebuilt(label: str, device_kind: str) -> dict:
         except ImportError:
             found[kernel.key] = False
     return found
+
+
+# ---------------------------------------------------------------- the CUDA toolkit that builds them
+
+def cuda_home(environ=None) -> str | None:
+    """The toolkit torch's extension builder would use, found as torch.utils.cpp_extension
+    (_find_cuda_home) finds it: $CUDA_HOME or $CUDA_PATH, else two levels above `nvcc` on PATH, else
+    /usr/local/cuda if it exists. Read now, not at import, so a module loaded since counts."""
+    environ = os.environ if environ is None else environ
+    home = environ.get("CUDA_HOME") or environ.get("CUDA_PATH")
+    if home:
+        return home
+    nvcc = shutil.which("nvcc", path=environ.get("PATH", ""))
+    if nvcc:
+        return os.path.dirname(os.path.dirname(nvcc))
+    return "/usr/local/cuda" if os.path.exists("/usr/local/cuda") else None
+
+
+def nvcc_release(home: str) -> str | None:
+    """'12.4' from `HOME/bin/nvcc --version` (the line DeepSpeed and ColossalAI parse), or None."""
+    try:
+        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{found.group(1)}.{found.group(2)}" if found else None
+
+
+def toolkit_problem(torch_cuda: str | None, home: str | None, release: str | None) -> str | None:
+    """What stops DeepSpeed and ColossalAI building CUDA kernels for this torch, and what to do; None
+    when nothing does. A toolkit of another major version than torch's CUDA: ColossalAI refuses it
+    (kernel/extensions/utils.py, check_system_pytorch_cuda_match, from assert_compatible before any
+    load); DeepSpeed refuses it for ahead-of-time builds (op_builder/builder.py,
+    assert_no_cuda_mismatch) but its JIT load (OpBuilder.jit_load) compiles with whatever nvcc it
+    finds, against torch's CUDA. A minor difference only warns (ColossalAI; torch's
+    cpp_extension._check_cuda_version)."""
+    if not torch_cuda:
+        return None  # not a CUDA build of torch: nothing is built with nvcc
+    major = torch_cuda.split(".")[0]
+    fix = (f"load a cuda module of CUDA {major}.x (e.g. `module load cuda/{major}`; env/cuda.sh loads "
+           f"VIT_SCALE_MODULES, default `cuda`) or set CUDA_HOME to a CUDA {major} toolkit")
+    if home is None:
+        return (f"no CUDA toolkit to build kernels with (CUDA_HOME and CUDA_PATH unset, no nvcc on PATH, no "
+                f"/usr/local/cuda), and this torch is built with CUDA {torch_cuda}: {fix}")
+    if release is None:
+        return f"{os.path.join(home, 'bin', 'nvcc')} did not run or report its release (CUDA_HOME={home}): {fix}"
+    if release.split(".")[0] != major:
+        return (f"the CUDA toolkit at {home} is {release} but this torch is built with CUDA {torch_cuda}, and no "
+                f"kernel builds across CUDA major versions (ColossalAI refuses, DeepSpeed would compile against the "
+                f"wrong CUDA): {fix}")
+    return None
+
+
+def toolkit_problem_here(kernels, device_kind: str, torch_cuda: str | None, environ=None) -> str | None:
+    """toolkit_problem for this machine, when one of `kernels` needs nvcc on `device_kind`."""
+    if not any(device_kind in kernel.nvcc for kernel in kernels):
+        return None
+    home = cuda_home(environ)
+    return toolkit_problem(torch_cuda, home, nvcc_release(home) if home else None)

@@ -195,15 +195,67 @@ def _mpi_bootstrap():
     rank, world_size = comm.Get_rank(), comm.Get_size()
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     local_rank, local_world = local.Get_rank(), local.Get_size()
+    # node names count the nodes (emulated ones share a host); host names say where rank 0 is reached
+    node_names, hosts = zip(*comm.allgather((_node_name(), socket.gethostname())))
     # rank 0 chooses the rendezvous and tells everyone: MPI has no MASTER_ADDR of its own
     if rank == 0:
-        addr = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        addr = mpi_master_addr(list(hosts))
         port = _int_env("MASTER_PORT") or free_port()
     else:
         addr, port = None, None
     addr, port = comm.bcast((addr, port), root=0)
-    node_names = comm.allgather(_node_name())
     return rank, world_size, local_rank, local_world, len(set(node_names)), addr, port
+
+
+def mpi_master_addr(hosts: list, environ=os.environ) -> str:
+    """The address rank 0 publishes under MPI; `hosts` are every rank's host name, rank 0's first.
+
+    Not the address rank 0's host name resolves to: Debian-style /etc/hosts map it to 127.0.1.1,
+    which no other node reaches."""
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    if len(set(hosts)) == 1:
+        return "127.0.0.1"
+    if environ.get("SLURMD_NODENAME"):
+        # the node rank 0 runs on, reached as the srun launcher reaches a step's first node
+        return slurm_node_address(environ["SLURMD_NODENAME"])
+    peer = next(host for host in hosts if host != hosts[0])
+    return routed_ipv4(peer) or (interface_ipv4s() or [hosts[0]])[0]
+
+
+def _is_loopback(address: str) -> bool:
+    return address.startswith("127.")
+
+
+def routed_ipv4(peer: str) -> str | None:
+    """This host's IPv4 address on the route to PEER (a connected UDP socket only picks the route;
+    nothing is sent), or None when PEER does not resolve or the route is the loopback."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((peer, 9))
+            address = probe.getsockname()[0]
+    except OSError:
+        return None
+    return None if _is_loopback(address) else address
+
+
+def interface_ipv4s() -> list:
+    """The IPv4 addresses of this host's interfaces, loopback left out, in interface order (Linux)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915  # Linux's ioctl for an interface's IPv4 address (what ifconfig asks)
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            try:
+                reply = fcntl.ioctl(probe.fileno(), siocgifaddr, struct.pack("256s", name[:15].encode()))
+            except OSError:  # an interface without an IPv4 address
+                continue
+            address = socket.inet_ntoa(reply[20:24])
+            if not _is_loopback(address):
+                found.append(address)
+    return found
 
 
 def choose_device(world: World, requested: str = "auto") -> World:
@@ -214,12 +266,54 @@ def choose_device(world: World, requested: str = "auto") -> World:
         raise UserError("system.device: cuda was asked for but torch sees no GPU; use system.device=cpu or auto")
     if requested in ("auto", "cuda") and has_gpu:
         world.device_type = "rocm" if torch.version.hip else "cuda"
-        # with --gpus-per-task=1 each task sees one device; otherwise the local rank picks it
-        world.device_index = world.local_rank % torch.cuda.device_count()
+        world.device_index = device_index_for(world.local_rank, world.local_world_size, torch.cuda.device_count())
         world.backend = "nccl"  # RCCL on ROCm builds
     else:
         world.device_type, world.device_index, world.backend = "cpu", None, "gloo"
     return world
+
+
+def device_index_for(local_rank: int, local_world_size: int, visible: int) -> int:
+    """Which visible GPU a rank drives. One visible (srun --gpus-per-task=1, Frontier's
+    --gpu-bind=closest): that one. The node's GPUs visible (srun --gpus-per-node, torchrun, mpirun),
+    as NCCL needs to find NVLink between them: the one at the rank's place on its node."""
+    if visible <= 1:
+        return 0
+    if local_world_size > visible:
+        raise UserError(f"system.device: {local_world_size} ranks a node but each sees {visible} GPUs, so ranks "
+                        f"would share GPUs; run at most {visible} ranks a node (--ranks-per-node) or make every GPU "
+                        f"of the node visible to each rank")
+    return local_rank
+
+
+def device_local_rank_env(world: World, environ=os.environ) -> dict:
+    """LOCAL_RANK for DeepSpeed, which takes it as the index of its device (runtime/zero/
+    partition_parameters.py: zero.Init's local_device) and, under Open MPI, requires it to equal
+    OMPI_COMM_WORLD_LOCAL_RANK (runtime/engine.py: _configure_with_arguments asserts it).
+
+    Both are set to the device the trainer chose; a LOCAL_RANK inherited from elsewhere is
+    replaced. Open MPI read its own variable at MPI_Init; where a rank sees one GPU, its local
+    rank is not its device index, and DeepSpeed's check is the only later reader."""
+    value = str(world.device_index or 0) if world.device_type != "cpu" else str(world.local_rank)
+    env = {"LOCAL_RANK": value}
+    if "OMPI_COMM_WORLD_LOCAL_RANK" in environ:
+        env["OMPI_COMM_WORLD_LOCAL_RANK"] = value
+    return env
+
+
+# Set by env/frontier.sh where an RCCL network plugin is loaded: the NCCL_NET a run over more than
+# one node gets, so that RCCL fails when it cannot use the plugin instead of running over TCP sockets
+NET_ACROSS_NODES = "VIT_SCALE_NCCL_NET_ACROSS_NODES"
+
+
+def network_requirement(world: World, environ=os.environ) -> dict:
+    """NCCL_NET for this run: the plugin's name when the run spans nodes and the environment asks
+    for it. A single-node run is left alone: Frontier's network is not set up for a single node,
+    so the plugin does not start there (OLCF's PyTorch guide); an NCCL_NET the user set wins."""
+    wanted = environ.get(NET_ACROSS_NODES, "")
+    if world.backend != "nccl" or world.nodes < 2 or not wanted or environ.get("NCCL_NET"):
+        return {}
+    return {"NCCL_NET": wanted}
 
 
 def init_distributed(world: World, timeout_s: int) -> None:
@@ -228,6 +322,8 @@ def init_distributed(world: World, timeout_s: int) -> None:
 
     os.environ["MASTER_ADDR"] = world.master_addr
     os.environ["MASTER_PORT"] = str(world.master_port)
+    # before the process group: NCCL reads NCCL_NET when it creates its first communicator
+    os.environ.update(network_requirement(world))
     kwargs = {}
     if world.device_type != "cpu":
         torch.cuda.set_device(world.device_index)

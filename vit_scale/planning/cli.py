@@ -170,7 +170,7 @@ def build_rows(args) -> tuple[list[dict], dict]:
                           stream_held=args.stream_held)
     refused = {}
     for strategy in list(strategies):
-        error = refusal(strategy, args.precision, args.device)
+        error = refusal(strategy, args.precision, args.device, base)  # base: option rules see --set
         if error and explicit:
             raise UserError(f"--strategy: {strategy} with --precision {args.precision} on {args.device}: {error}")
         if error:

@@ -114,7 +114,7 @@ class LoraFactory:
     def on_meta(self):
         raise RuntimeError("LoRA needs train.init=device")  # refused before the run starts (check)
 
-    def init_module(self, module):
+    def init_module(self, module, name, device=None):
         # only meta-built models are initialised module by module, and LoRA's are never meta-built;
         # timm's initialiser would also overwrite the adapters' zero B matrices
         raise RuntimeError("LoRA needs train.init=device")

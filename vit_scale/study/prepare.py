@@ -5,8 +5,11 @@ device kind, before any run's clock starts; clear a build lock left by a build t
     vit-scale prepare --strategies ZERO3,CAI_GEMINI    # what these need
     srun -N 1 -n 1 --gpus=1 vit-scale prepare          # on a GPU node: kernels are built for its GPUs
 
-jobs/weak_scaling.sh runs it on a compute node before the first timed run. Exit code 0 when every
-kernel is ready, 1 when one could not be built (the runs that need it will say why), 2 bad input.
+jobs/weak_scaling.sh runs it on a compute node before the first timed run. On a CUDA machine it
+first checks that the CUDA toolkit that would build (CUDA_HOME, or nvcc on PATH) has torch's CUDA
+major version, and otherwise says in one line what to load and builds nothing. Exit code 0 when
+every kernel is ready, 1 when one could not be built or the toolkit does not fit (the runs that
+need it will say why), 2 bad input.
 """
 from __future__ import annotations
 
@@ -26,6 +29,12 @@ def device_kind() -> str:
     return "cpu"
 
 
+def torch_cuda_version() -> str | None:
+    import torch
+
+    return torch.version.cuda  # None on CPU and ROCm builds
+
+
 def main(argv=None) -> int:
     from vit_scale.distributed import all_labels, parse_strategy
     from vit_scale.errors import UserError
@@ -43,13 +52,17 @@ def main(argv=None) -> int:
     except UserError as exc:
         print(f"{PROG}: --strategies: {str(exc).split(': ', 1)[1]}", file=sys.stderr)
         return 2
-    from vit_scale.distributed.kernels import kernels_for
+    from vit_scale.distributed.kernels import kernels_for, toolkit_problem_here
 
     kind = device_kind() if args.device == "auto" else args.device
     kernels = kernels_for(labels, kind)
     if not kernels:
         print(f"{PROG}: nothing to build for {', '.join(labels)} on {kind}")
         return 0
+    problem = toolkit_problem_here(kernels, kind, torch_cuda_version())
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return 1
     print(f"{PROG}: {len(kernels)} kernel(s) for {kind}: {', '.join(k.key for k in kernels)}", flush=True)
     failed = 0
     for kernel in kernels:
