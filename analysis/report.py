@@ -381,6 +381,62 @@ def _environment_section(results: pd.DataFrame) -> list:
     return [Block("h2", "Environment"), Block("table", header=["", "as recorded in the runs"], rows=rows)]
 
 
+def _check_section(inputs: list) -> list:
+    """What `vit-scale check` found on the system (check.json in a study directory, written by
+    `vit-scale study --check`): versions, the transport between nodes and each collective's bus
+    bandwidth, the facts that explain the scaling figures."""
+    from vit_scale.check.summary import read_check
+
+    blocks = []
+    for directory in inputs:
+        check = read_check(directory) if os.path.isdir(directory) else None
+        if check is None:
+            continue
+        blocks += [Block("h2", "System check"),
+                   Block("p", f"From {os.path.join(directory, 'check.json')}: what vit-scale check found on the nodes "
+                              f"and through the launcher this study used. Bus bandwidth is nccl-tests' busbw (what "
+                              f"each rank's link carries); a scaling curve that bends where busbw across nodes is "
+                              f"far below within a node is the network's."),
+                   Block("table", header=["", "found"], rows=_check_facts(check))]
+        rows = _check_bandwidths(check)
+        if rows:
+            blocks.append(Block("table", header=["collective", "scope", "ranks", "size", "busbw GB/s", "algbw GB/s",
+                                                 "time"], rows=rows))
+        broken = [f"{line['check']}: {_one_line(line['text'])}" for line in check.get("lines") or []
+                  if line.get("needed") and line.get("status") in ("fail", "refused")]
+        if broken:
+            blocks += [Block("p", "Broken when the check ran:"), Block("ul", items=broken)]
+    return blocks
+
+
+def _check_facts(check: dict) -> list:
+    from vit_scale.check.summary import transport, verdict, versions
+
+    nodes = check.get("nodes")
+    lines = {line["check"]: line for line in check.get("lines") or []}
+    rows = [["verdict", f"{verdict(check)} ({check.get('time_iso', '?')}, {check.get('system')}: {nodes} "
+                        f"node{'s' if nodes != 1 else ''} x {check.get('ranks_per_node')} ranks)"],
+            ["versions", versions(check)], ["transport between nodes", transport(check)]]
+    rows += [[name, _one_line(lines[name]["text"], 200)] for name in ("devices", "meter overhead", "meter timing",
+                                                                      "meter memory") if name in lines]
+    return [row for row in rows if row[1]]
+
+
+def _check_bandwidths(check: dict) -> list:
+    """Each collective's bandwidth at the strategies' sizes, then its latency at the smallest size."""
+    from vit_scale.check.collectives import human_bytes, human_seconds
+    from vit_scale.check.summary import bandwidth_rows, latency_rows
+
+    def scope(m):
+        return "within a node" if m["scope"] == "node" else "across nodes"
+
+    rows = [[m["collective"], scope(m), m["ranks"], f"{human_bytes(m['bytes'])} ({m['what']})",
+             _f(m["busbw_gbs"], "{:.3g}"), _f(m["algbw_gbs"], "{:.3g}"), human_seconds(m["time_s"])]
+            for m in bandwidth_rows(check)]
+    return rows + [[m["collective"], scope(m), m["ranks"], f"{human_bytes(m['bytes'])} (latency)", "", "",
+                    human_seconds(m["time_s"])] for m in latency_rows(check)]
+
+
 def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
     """The planner's predicted peak memory against the measured: the figure file and every residual."""
     from .plots import prediction_rows, residual_summary
@@ -426,6 +482,7 @@ def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plot
     blocks += _breakdown_section(breakdown, by_name, images)
     blocks += _failures_section(results)
     blocks += _warnings_section(results, coll, set_aside, missing_plots)
+    blocks += _check_section(coll.inputs)
     blocks += _environment_section(results)
     blocks += [Block("h2", "Files"), Block("ul", items=[os.path.basename(p) for p in written] +
                                             ["report.md", "report.html"])]

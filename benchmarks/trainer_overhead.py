@@ -18,83 +18,19 @@ of the per-round ratio trainer/bare. Bar (issue 12): 0.97 or better.
 It starts itself under torchrun with --ranks processes (default: 2 on a CPU, every GPU on a GPU).
 """
 import argparse
-import glob
-import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 PAIRS = ("DDP", "NO_SHARD", "FULL_SHARD")
 
 
-def bare_loop(label, args, world):
-    """images/s of the plain loop for one strategy label."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-
-    from vit_scale.models import block_class, build_model, get_spec
-    from vit_scale.recipes.synthetic import SyntheticBatches
-
-    spec = get_spec(args.model)
-    gpu = world.device_type != "cpu"
-    bf16 = args.precision == "bf16"
-    torch.manual_seed(args.seed)
-    model = build_model(spec, 1000, device=world.device)
-    if label == "DDP":
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model, device_ids=[world.device_index] if gpu else None)
-    else:
-        from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
-        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-        mp = MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16) if bf16 else None
-        model = FullyShardedDataParallel(model, sharding_strategy=getattr(ShardingStrategy, label),
-                                         auto_wrap_policy=ModuleWrapPolicy({block_class()}), mixed_precision=mp,
-                                         device_id=world.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **({"fused": True} if gpu else {}))
-    autocast = label == "DDP" and bf16
-    data = SyntheticBatches(args.batch_size, spec.img_size, 1000, world.device, args.seed, world.rank)
-    sync = torch.cuda.synchronize if gpu else (lambda: None)
-    for step in range(args.steps):
-        if step == args.warmup:
-            sync()
-            dist.barrier()
-            start = time.perf_counter()
-        images, labels = data[step]
-        with torch.autocast(world.torch_device_type, torch.bfloat16, enabled=autocast):
-            logits = model(images)
-        F.cross_entropy(logits.float(), labels).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    sync()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=world.device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return (args.steps - args.warmup) * args.batch_size * world.world_size / elapsed.item()
-
-
-def trainer(label, args, world, out_dir):
-    """images/s of `vit-scale train` for the label, from its run record (rank 0; None elsewhere)."""
-    from vit_scale.config import load_config
-    from vit_scale.recipes.train import execute
-
-    cfg = load_config(None, [f"model={args.model}", f"strategy={label}", f"train.batch_size={args.batch_size}",
-                             f"train.steps={args.steps}", f"train.warmup_steps={args.warmup}",
-                             f"train.precision={args.precision}", f"train.seed={args.seed}",
-                             f"system.device={args.device}", f"output.dir={out_dir}", f"output.study={label}",
-                             "train.print_every=1000000"])
-    assert execute(cfg, world, keep_process_group=True) == 0, f"the trainer's {label} run failed"
-    if not world.is_main:
-        return None
-    newest = max(glob.glob(os.path.join(out_dir, label, "**", "metrics.jsonl"), recursive=True), key=os.path.getmtime)
-    with open(newest) as f:
-        return json.loads(f.readlines()[-1])["images_per_s"]["mean"]
+# the two loops live with vit-scale check's meter, which compares them on one device before a study
+from vit_scale.check.meter import bare_loop, trainer  # noqa: E402
 
 
 def worker(args) -> int:
@@ -111,7 +47,7 @@ def worker(args) -> int:
         for r in range(args.rounds):
             for label in pairs:
                 bare[label].append(bare_loop(label, args, world))
-                ours[label].append(trainer(label, args, world, out_dir))
+                ours[label].append(trainer(label, args, world, out_dir)[0])
                 if world.is_main:
                     print(f"round {r + 1}/{args.rounds} {label:10}: bare {bare[label][-1]:9.2f} img/s, "
                           f"trainer {ours[label][-1]:9.2f} img/s", flush=True)

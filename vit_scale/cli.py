@@ -10,6 +10,7 @@ COMMANDS = {
     "study": ("vit_scale.study.cli", "a study: many runs launched, supervised, recorded, resumed, then analysed"),
     "sweep": ("vit_scale.study.sweep", "a study across Slurm jobs: one per node count, then the analysis job"),
     "prepare": ("vit_scale.study.prepare", "build the JIT kernels a study's strategies need, before any clock starts"),
+    "check": ("vit_scale.check.cli", "preflight: environment, interconnect, every strategy, the meter; check.json"),
 }
 
 

@@ -19,10 +19,11 @@ import time
 from vit_scale.study import launchers, systems
 from vit_scale.study.files import BadInput, home, take_prog, whole
 from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
+from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan, study_file
 from vit_scale.study.supervise import Supervisor
 
-FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--which-env")
+FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--check", "--which-env")
 OWN_OPTIONS = ("--config", "--system", "--out", "--report", "--run-time-limit", "--prog")
 STUDY_OPTIONS = {option: key for key, (option, _) in STUDY_KEYS.items() if option}
 # the plugin comparison's names for two of them
@@ -65,6 +66,8 @@ Where and how:
   --force                  run again what an earlier run already recorded as ok
   --dry-run                print the runs and their launch commands; run nothing
   --analysis-only          only the analysis and the summary of what OUT/STUDY holds
+  --check                  first `vit-scale check --quick` on the study's nodes, strategies and precisions
+                           (OUT/STUDY/check.json); no run starts when a needed line fails
   --no-analysis            skip the analysis at the end
   -h, --help               this text
 Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input."""
@@ -229,6 +232,10 @@ class StudyRun:
         supervisor = None if self.dry_run else Supervisor(GRACE_S)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
         self.prepare_kernels(supervisor, logs)
+        if "--check" in self.opts.flags and p.runs:
+            code = self.check_first(supervisor)
+            if code:
+                return code
         started, failed, done = time.monotonic(), 0, 0
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
@@ -331,12 +338,29 @@ class StudyRun:
         outcome = supervisor.run(launchers.Launch("prepare", [(argv, {})]), log)
         with open(log, errors="replace") as f:
             for line in f:
-                if line.startswith("  ") or "FAILED" in line:
+                # its per-kernel lines, and its one-line errors (e.g. a CUDA toolkit that does not match torch's)
+                if line.startswith(("  ", "vit-scale prepare:")) or "FAILED" in line:
                     print(f"  {line.rstrip()}")
         if outcome.code != 0:
             print(f"{prog()}: some kernels could not be built (see {log}); the runs that need them build or fail "
                   f"on their own", file=sys.stderr)
         sys.stdout.flush()
+
+    def check_first(self, supervisor) -> int:
+        """--check: vit-scale check on what the study is about to use, after the kernels are built.
+        Its exit code: 0 ready, 1 a needed line failed (each printed as one line), 2, 143."""
+        from vit_scale.check.cli import argv_for_study, main as check
+
+        argv = argv_for_study(self, f"{prog()} --check")
+        if supervisor is None:
+            print(f"  check first: vit-scale check {launchers.show_command(argv)}")
+            return 0
+        code = check(argv, supervisor)
+        if code == 1:
+            print(f"{prog()}: the check found the system not ready (the lines above; "
+                  f"{os.path.join(self.study_dir, 'check.json')}); no run was started", file=sys.stderr)
+        print(flush=True)
+        return code
 
     def make_node_dirs(self) -> None:
         """Node-local directories the env script asked for (e.g. MIOpen's cache under /tmp), on every node."""
@@ -363,6 +387,11 @@ class StudyRun:
         if rows:
             print("\n".join(summary(rows, "g" if self.one_machine else "n")))
         print(f"  run records: {self.study_dir}")
+        from vit_scale.check.summary import headline, read_check
+
+        check = read_check(self.study_dir)
+        if check:
+            print(f"  check:       {headline(check)}")
         report_ok = True
         if "--no-analysis" not in self.opts.flags and not interrupted:
             report_ok = self.analysis()
@@ -425,9 +454,11 @@ def main(argv=None) -> int:
             # what the job script sources before it starts the study; nothing for a dry run
             print("none" if study.dry_run else study.system.env_script)
             return 0
-        if not study.analysis_only:
-            study.header()
-        return study.run_all()
+        # a study already running the same runs in this directory: refused here, before any output
+        with StudyLock.for_study(study, PROG, argv):
+            if not study.analysis_only:
+                study.header()
+            return study.run_all()
     except BadInput as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2

@@ -62,10 +62,11 @@ def launch_kind(launcher: str, use_slurm: bool, one_machine: bool, ranks: int) -
 
 def build(kind: str, python: str, args: list, *, system, nodes: int, ranks_per_node: int, nodelist: str,
           master_addr: str, master_port, time_limit_min: int | None, grace_s: int, rdzv_id: str,
-          as_root: bool = False) -> Launch:
-    """The commands of one run; `args` are the trainer's KEY=VALUE."""
+          as_root: bool = False, program: tuple = ("-m", "vit_scale", "train")) -> Launch:
+    """The commands of one run; `args` are the trainer's KEY=VALUE. `program`: what each rank runs
+    (vit-scale check starts its worker module through the same launchers)."""
     ranks = nodes * ranks_per_node
-    train = ["-m", "vit_scale", "train"]
+    train = list(program)
     rendezvous = {"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)}
     where = [f"--nodelist={nodelist}"] if nodelist else []
 

@@ -20,7 +20,7 @@ from vit_scale.study.files import BadInput, as_list, home, load_yaml
 
 SYSTEM_KEYS = ("name", "description", "env_script", "ranks_per_node", "backend", "launcher", "launchers",
                "srun_flags", "torchrun_srun_flags", "mpi_flags", "master_addr", "peak_tflops",
-               "device_memory_gib", "needs_slurm", "default_study", "sbatch_flags")
+               "device_memory_gib", "needs_slurm", "default_study", "sbatch_flags", "inter_node_transport")
 
 
 @dataclass
@@ -41,6 +41,7 @@ class SystemProfile:
     needs_slurm: bool = False
     default_study: str = ""
     sbatch_flags: str = ""
+    inter_node_transport: list = field(default_factory=list)  # what `vit-scale check` expects between nodes
 
     @property
     def one_rank_per_gpu(self) -> bool:
@@ -69,6 +70,7 @@ def read_system(name: str) -> SystemProfile:
     values = {k: v for k, v in data.items() if v is not None or k in ("peak_tflops", "device_memory_gib")}
     values["name"] = name
     values["launchers"] = as_list(values.get("launchers")) or ["srun", "torchrun", "mpi"]
+    values["inter_node_transport"] = as_list(values.get("inter_node_transport"))
     values["ranks_per_node"] = str(values.get("ranks_per_node", 1))
     for key in ("srun_flags", "torchrun_srun_flags", "mpi_flags", "sbatch_flags"):
         values[key] = str(values.get(key) or "")

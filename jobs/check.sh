@@ -1,0 +1,50 @@
+#!/bin/bash
+# Preflight before a study: on the nodes of this allocation, through the same env script, launcher
+# and system profile the study uses, check the environment (versions, GPUs per rank, modules, the
+# network transport between nodes, JIT kernels), the collectives' bandwidth within and across
+# nodes, every strategy label a few steps, and the meter. A few minutes; check.json and a table;
+# exit code 0 when everything needed holds, 1 when something is broken (each failure one line).
+#
+#   sbatch -N 2 -A PROJECT jobs/check.sh                   # Frontier, or the detected system
+#   sbatch -N 2 --gpus-per-node=4 jobs/check.sh --system cuda
+#   bash jobs/check.sh                                     # no Slurm: this machine (emulated nodes on a CPU)
+#   bash jobs/check.sh --help                              # every option
+#
+# The check itself is `python -m vit_scale check` (vit_scale/check/); docs/check.md says what
+# each line means and what check.json holds. Edit the #SBATCH lines for your site, or override them
+# on the sbatch command line.
+#
+#SBATCH --job-name=vit-check
+#SBATCH --nodes=2
+#SBATCH --time=00:20:00
+#SBATCH --exclusive
+# %x-%j.out lands in the directory you submit from, which always exists
+#SBATCH --output=%x-%j.out
+# your project, if the site requires one:
+##SBATCH --account=PROJECT
+
+set -uo pipefail
+PROG=check.sh
+
+# sbatch runs a copy of this script from Slurm's spool directory; Slurm remembers the path submitted
+script=${BASH_SOURCE[0]}
+if [ ! -f "$(dirname "$script")/lib/common.sh" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+  script=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
+fi
+# HOME_DIR, PYTHONPATH, find_helper_python
+# shellcheck source=jobs/lib/common.sh
+source "$(dirname "$script")/lib/common.sh" 2>/dev/null ||
+  { echo "$PROG: cannot find the vit-scale repository; submit jobs/$PROG from its checkout" >&2; exit 2; }
+
+# Every option is checked before anything is set up; the answer is the env script to source.
+helper=$(find_helper_python) || exit 2
+env_script=$("$helper" -m vit_scale check --prog "$PROG" --which-env "$@") || exit
+if [ "$env_script" = none ]; then   # --help
+  exec "$helper" -m vit_scale check --prog "$PROG" "$@"
+fi
+
+# The system's modules, venv and RCCL/NCCL variables, as the study has them
+# shellcheck source=/dev/null
+source "$HOME_DIR/$env_script" ||
+  { echo "$PROG: $env_script could not set up the environment (see above); nothing was checked" >&2; exit 1; }
+exec "${VIT_SCALE_PYTHON:-python}" -m vit_scale check --prog "$PROG" "$@"

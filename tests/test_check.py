@@ -1,0 +1,314 @@
+"""vit-scale check on this CPU, as a user runs it: real ranks over gloo on emulated nodes, through
+the study's launchers, without Slurm and on the local Slurm cluster (tests/slurm_fixture.py).
+
+Failures are injected one of each kind, several in one check: a label the capability table
+refuses (CAI_DDP_FP16 on a CPU), a label that fails in its second step (the worker run through a
+VIT_SCALE_PYTHON that patches the trainer, as tests/jobs_support.py does for the study), a kernel
+that is not built (an empty TORCH_EXTENSIONS_DIR with ZERO1, and a `vit-scale prepare` that
+fails), a transport that is not the expected one (VIT_SCALE_EXPECT_TRANSPORT=ib). What cannot
+exist here, NCCL's log lines and GPUs, is given to the verdict as NCCL prints it and as a GPU
+rank reports it (test_nccl_* and test_gpu_*), on the check.json of a real run.
+"""
+import copy
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import PYTHON, ROOT, require_module
+from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
+
+jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
+
+DOCS = os.path.join(ROOT, "docs", "check.md")
+STUDY = ["--system", "local", "--models", "vit_micro", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
+         "--out", "runs", "--no-analysis", "--check"]
+
+# the worker, with SHARD_GRAD_OP raising in its second step on every rank
+INJECT = '''
+import sys
+
+from vit_scale.recipes import train
+
+real_train = train.Run.train
+
+
+def fails_in_its_second_step(self):
+    if self.cfg.strategy == "SHARD_GRAD_OP":
+        real_setup = self.strategy.setup
+
+        def setup(factory):
+            real_setup(factory)
+            real_step, steps = self.strategy.train_step, []
+
+            def step(images, labels):
+                steps.append(1)
+                if len(steps) == 2:
+                    raise RuntimeError("injected by the test: SHARD_GRAD_OP breaks in its second step")
+                return real_step(images, labels)
+
+            self.strategy.train_step = step
+
+        self.strategy.setup = setup
+    return real_train(self)
+
+
+train.Run.train = fails_in_its_second_step
+from vit_scale.check import worker  # noqa: E402
+sys.exit(worker.main(sys.argv[1:]))
+'''
+# VIT_SCALE_PYTHON: the worker with the injection, a `vit-scale prepare` that cannot build, the rest as is
+WRAPPER = '''#!/bin/bash
+if [ "${{1:-}} ${{2:-}}" = "-m vit_scale.check.worker" ]; then
+  shift 2
+  exec {python} {inject} "$@"
+fi
+if [ "${{1:-}} ${{2:-}} ${{3:-}}" = "-m vit_scale prepare" ]; then
+  echo "vit-scale prepare: injected by the test: no compiler here" >&2
+  exit 1
+fi
+exec {python} "$@"
+'''
+
+
+def docs_schema() -> dict:
+    text = open(DOCS).read()
+    found = re.search(r"<!-- check.json schema: begin[^>]*-->\s*```json\n(.*?)```\s*<!-- check.json schema: end -->",
+                      text, re.S)
+    assert found, "docs/check.md has no check.json schema between its markers"
+    return json.loads(found.group(1))
+
+
+def valid_check(path) -> dict:
+    """check.json, validated against the schema docs/check.md carries."""
+    with open(path) as f:
+        check = json.load(f)
+    jsonschema.validate(check, docs_schema(), cls=jsonschema.Draft202012Validator)
+    return check
+
+
+def lines_of(check: dict) -> dict:
+    return {line["check"]: line for line in check["lines"]}
+
+
+def fail_lines(stderr: str, prog: str) -> list:
+    return [line for line in stderr.splitlines() if line.startswith(f"{prog}: FAIL ")]
+
+
+def run(args, cwd, env=None, timeout=300):
+    return subprocess.run([PYTHON, "-m", "vit_scale", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+# ---------------------------------------------------------------- real checks
+
+@pytest.fixture(scope="module")
+def passing_study(tmp_path_factory):
+    """`vit-scale study --check` on 1 emulated node without Slurm: the check passes, then the run."""
+    work = tmp_path_factory.mktemp("passing")
+    proc = run(["study", *STUDY, "--nodes", "1", "--strategies", "DDP", "--study", "s"], work,
+               env={"VIT_SCALE_PYTHON": PYTHON})
+    return work, proc
+
+
+@pytest.fixture(scope="module")
+def broken_study(tmp_path_factory):
+    """`vit-scale study --check` on 2 emulated nodes with four failures injected."""
+    work = tmp_path_factory.mktemp("broken")
+    inject, wrapper = work / "inject_check.py", work / "python-injecting"
+    inject.write_text(INJECT)
+    wrapper.write_text(WRAPPER.format(python=PYTHON, inject=inject))
+    wrapper.chmod(0o755)
+    (work / "no-kernels").mkdir()
+    proc = run(["study", *STUDY, "--nodes", "2", "--strategies", "DDP,CAI_DDP_FP16,SHARD_GRAD_OP,ZERO1",
+                "--study", "b"], work,
+               env={"VIT_SCALE_PYTHON": str(wrapper), "TORCH_EXTENSIONS_DIR": str(work / "no-kernels"),
+                    "VIT_SCALE_EXPECT_TRANSPORT": "ib", "PYTHONPATH": ROOT})
+    return work, proc
+
+
+def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
+    work, proc = passing_study
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    check = valid_check(work / "runs" / "s" / "check.json")
+    assert check["ok"] and check["nodes"] == 1 and check["ranks_per_node"] == 2 and check["quick"]
+    found = lines_of(check)
+    assert {name: line["status"] for name, line in found.items()} == {
+        "versions": "info", "modules": "info", "devices": "ok", "transport": "ok", "kernels": "ok",
+        "all_reduce": "ok", "all_gather": "ok", "reduce_scatter": "ok", "DDP fp32": "ok",
+        "meter overhead": "info", "meter timing": "ok", "meter memory": "skipped"}
+    facts = check["facts"]
+    assert facts["versions"]["torch"] and facts["world"]["backend"] == "gloo"
+    assert [r["node"] for r in facts["ranks"]] == ["local0", "local0"]
+    assert check["transport"]["observed"] == ["tcp"]
+    # within the node only, each size timed, bus bandwidth as nccl-tests defines it
+    measured = facts["interconnect"]["measurements"]
+    assert {m["scope"] for m in measured} == {"node"}
+    assert {(m["collective"], m["size"]) for m in measured} >= {(c, s) for c in ("all_reduce", "all_gather",
+                                                                                "reduce_scatter")
+                                                               for s in ("latency", "block", "bucket")}
+    for m in measured:
+        assert m["correct"] and m["time_s"] > 0
+        factor = 2 * (m["ranks"] - 1) / m["ranks"] if m["collective"] == "all_reduce" else (m["ranks"] - 1) / m["ranks"]
+        assert m["algbw_gbs"] == pytest.approx(m["bytes"] / m["time_s"] / 1e9)
+        assert m["busbw_gbs"] == pytest.approx(m["algbw_gbs"] * factor)
+    bucket = next(m for m in measured if m["size"] == "bucket")
+    assert bucket["bytes"] == 25 * 2 ** 20
+    meter = facts["meter"]
+    assert meter["ratio"] > 0 and abs(meter["timing_difference"]) <= 0.05 and meter["steps_compared"] > 0
+    # then the study ran, and its summary shows the check
+    assert "[1/1] vit_micro DDP n1 (2 ranks) ... ok" in proc.stdout
+    assert "  check:       ready (" in proc.stdout and "transport tcp, expected tcp" in proc.stdout
+    assert not (work / "runs" / "s" / "check").exists()   # the check's records stay out of the study's
+
+
+def test_report_shows_the_checks_facts(passing_study):
+    work, _ = passing_study
+    sys.path.insert(0, ROOT)
+    from analysis import report
+
+    text = report.to_markdown(report._check_section([str(work / "runs" / "s")]))
+    assert "## System check" in text and "| verdict | ready (" in text
+    assert re.search(r"\| transport between nodes \| tcp, expected tcp \|", text)
+    assert re.search(r"\| all_reduce \| within a node \| 2 \| 25 MiB \(DDP bucket\) \| [0-9.]+ \|", text), text
+    assert report._check_section([str(work / "runs")]) == []   # no check.json there: no section
+
+
+def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_study):
+    work, proc = broken_study
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    prog = "vit-scale study --check"
+    failures = fail_lines(proc.stderr, prog)
+    assert len(failures) == 4, proc.stderr
+    text = "\n".join(failures)
+    assert re.search(r"FAIL transport: tcp between nodes \(gloo: tcp\), expected ib; .*--expect-transport", text)
+    assert re.search(r"FAIL kernel deepspeed\.cpu_adam: not built on local0, local1 .*needed by ZERO1; run: "
+                     r"vit-scale prepare --strategies ZERO1", text)
+    assert "FAIL CAI_DDP_FP16 fp32: strategy: CAI_DDP_FP16 needs a GPU" in text
+    assert re.search(r"FAIL SHARD_GRAD_OP fp32: failed: rank \d: RuntimeError: injected by the test: SHARD_GRAD_OP "
+                     r"breaks in its second step; see .*b\.check/records/", text)
+    assert "vit-scale study: the check found the system not ready" in proc.stderr
+    assert "no run was started" in proc.stderr and " ... ok" not in proc.stdout
+    assert not list((work / "runs" / "b").glob("vit_micro"))
+
+    check = valid_check(work / "runs" / "b" / "check.json")
+    assert not check["ok"] and check["exit_code"] == 1
+    found = lines_of(check)
+    # everything not injected holds, on two emulated nodes
+    assert found["DDP fp32"]["status"] == "ok" and found["ZERO1 fp32"]["status"] == "ok"
+    assert found["devices"]["status"] == "ok" and "(local0, local1)" in found["devices"]["text"]
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert found[collective]["status"] == "ok" and "across nodes (4 ranks)" in found[collective]["text"]
+    assert found["CAI_DDP_FP16 fp32"]["status"] == "refused"
+    # the label after the one that took the ranks down ran in a second launch
+    attempts = check["launch"]["attempts"]
+    assert len(attempts) == 2 and attempts[1]["labels"] == [["ZERO1", "fp32"]], attempts
+    assert "some kernels could not be built" in proc.stderr   # the study's prepare failed; the check said which
+
+
+def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
+    """sbatch -N 2 jobs/check.sh: one srun step over both nodes, through env/local.sh."""
+    job = slurm_cluster.sbatch(["-N", "2", os.path.join(ROOT, "jobs", "check.sh"), "--system", "local", "--quick",
+                                "--strategies", "DDP,HYBRID_2GPU", "--out", "check"], cwd=tmp_path)
+    slurm_cluster.wait([job])
+    output = (tmp_path / f"vit-check-{job}.out").read_text()
+    info = slurm_cluster.job(job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output
+    assert "check.sh: ready -> " in output
+    check = valid_check(tmp_path / "check" / "check.json")
+    assert check["ok"] and check["nodes"] == 2 and check["launch"]["kind"] == "srun"
+    assert check["slurm"]["job_id"] == job
+    assert sorted({r["node"] for r in check["facts"]["ranks"]}) == ["n1", "n2"]
+    assert {m["scope"] for m in check["facts"]["interconnect"]["measurements"]} == {"node", "world"}
+    assert lines_of(check)["HYBRID_2GPU fp32"]["status"] == "ok"
+
+
+# ---------------------------------------------------------------- what needs a GPU, on real check.json
+
+NCCL_IB = """n1:1234:1234 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB ib0:10.0.0.1<0>
+n1:1234:1234 [0] NCCL INFO Using network IB
+n1:1234:1240 [0] NCCL INFO Channel 00/0 : 0[0] -> 4[0] [send] via NET/IB/0/GDRDMA
+n1:1234:1240 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via P2P/IPC
+"""
+NCCL_SOCKET = """n1:1234:1234 [0] NCCL INFO NET/IB : No device found.
+n1:1234:1234 [0] NCCL INFO NET/Socket : Using [0]eth0:10.1.1.1<0>
+n1:1234:1234 [0] NCCL INFO Using network Socket
+n1:1234:1240 [0] NCCL INFO Channel 00/0 : 4[0] -> 0[0] [receive] via NET/Socket/0
+"""
+RCCL_OFI = """frontier00001:555:555 [0] NCCL INFO NET/OFI Selected Provider is cxi (found 4 nics)
+frontier00001:555:555 [0] NCCL INFO Using network AWS Libfabric
+frontier00001:555:560 [0] NCCL INFO Channel 00/0 : 0[c1000] -> 8[c1000] [send] via NET/AWS Libfabric/0/GDRDMA
+"""
+
+
+def as_if(check: dict, **changes) -> dict:
+    changed = copy.deepcopy(check)
+    changed.update(changes)
+    return changed
+
+
+def verdict_of(check: dict) -> dict:
+    from vit_scale.check import verdict
+
+    return {line.check: line for line in verdict.lines(check)}
+
+
+@pytest.mark.parametrize("system, log, nodes, status, text", [
+    ("cuda", NCCL_IB, 2, "ok", "ib between nodes (nccl: IB), expected ib or ofi"),
+    ("cuda", NCCL_SOCKET, 2, "fail", "socket between nodes (nccl: Socket), expected ib or ofi"),
+    # on one node NCCL connects no nodes: what it loaded is said, not failed (Frontier's one-node steps get Socket)
+    ("cuda", NCCL_SOCKET, 1, "warn", "socket for a job over several nodes (nccl: Socket), expected ib or ofi"),
+    ("frontier", RCCL_OFI, 2, "ok", "ofi between nodes (nccl: AWS Libfabric), expected ofi"),
+    ("frontier", NCCL_IB, 2, "fail", "ib between nodes (nccl: IB), expected ofi"),
+    ("frontier", "", 2, "fail", "nccl said nothing about its network (expected ofi)"),
+])
+def test_nccl_transport_from_its_log_lines(passing_study, system, log, nodes, status, text):
+    """NCCL's own lines (mocked: no NCCL here) decide the transport line, as on a GPU cluster."""
+    from vit_scale.check.environment import expected_transport, transport_facts
+    from vit_scale.study.systems import read_system
+
+    work, _ = passing_study
+    real = valid_check(work / "runs" / "s" / "check.json")
+    facts = transport_facts("nccl", log, expected_transport(read_system(system).inter_node_transport, "nccl"))
+    line = verdict_of(as_if(real, system=system, nodes=nodes, ranks_per_node=1,
+                            transport=facts))["transport"]
+    assert (line.status, line.text) == (status, text), line
+    assert line.broken == (status == "fail")
+    if status != "ok":
+        assert line.fix
+
+
+def test_gpu_ranks_sharing_or_missing_a_gpu_fail_the_devices_line(passing_study):
+    """Two ranks of a node reporting one GPU's UUID, or a rank that sees none (mocked GPU ranks)."""
+    work, _ = passing_study
+    real = valid_check(work / "runs" / "s" / "check.json")
+    gpu_ranks = [{**r, "device_type": "cuda", "device_index": 0, "device_name": "NVIDIA H100",
+                  "device_id": "GPU-1234", "visible_devices": {"CUDA_VISIBLE_DEVICES": "0"}}
+                 for r in real["facts"]["ranks"]]
+    shared = as_if(real, backend="nccl")
+    shared["facts"]["ranks"] = gpu_ranks
+    line = verdict_of(shared)["devices"]
+    assert line.status == "fail" and line.text == "ranks 0, 1 on local0 drive the same GPU (GPU-1234)", line
+    blind = as_if(real, backend="nccl")
+    blind["facts"]["ranks"] = [gpu_ranks[0], real["facts"]["ranks"][1]]
+    line = verdict_of(blind)["devices"]
+    assert line.status == "fail" and "1 of 2 ranks see no GPU (first: rank 1 on local0" in line.text, line
+
+
+def test_bad_input_is_one_line(tmp_path):
+    proc = run(["check", "--system", "local", "--precision", "fp8"], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "vit-scale check: --precision: 'fp8' is not allowed; allowed: fp32, bf16, fp16\n"
+    proc = run(["check", "--system", "local", "--strategies", "DDP,NOPE"], tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown strategy 'NOPE'" in proc.stderr
+
+
+def test_the_schema_in_the_docs_is_the_codes():
+    from vit_scale.check.schema import CHECK_SCHEMA
+
+    assert docs_schema() == CHECK_SCHEMA, "regenerate docs/check.md's block: python -m vit_scale.check.schema"
+    jsonschema.Draft202012Validator.check_schema(CHECK_SCHEMA)
+

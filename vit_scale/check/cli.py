@@ -1,0 +1,441 @@
+"""`vit-scale check`: prove a system ready before a study spends its allocation.
+
+jobs/check.sh ends in `exec python -m vit_scale check`, after sourcing env/<system>.sh, which
+`--which-env` names (having checked every option first). The study runs it first with `--check`.
+
+This orchestrator imports no torch: it reads the system profile, starts ONE launch of
+vit_scale.check.worker over every rank of the nodes (the study's launchers: srun in an
+allocation, emulated nodes here), reads what the worker's rank 0 wrote, starts the labels left
+after one that took the ranks down in a new launch, reads the collective library's log lines,
+and turns it all into lines, a table and check.json.
+
+Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from vit_scale.study import launchers, systems
+from vit_scale.study.files import BadInput, as_list, load_yaml, take_prog, whole
+
+PROG = "vit-scale check"
+PROGRAM = ("-m", "vit_scale.check.worker")
+SCHEMA_VERSION = 1
+FLAGS = ("--quick", "--which-env")
+OPTIONS = ("--system", "--nodes", "--ranks-per-node", "--strategies", "--precision", "--model", "--expect-transport",
+           "--launcher", "--out", "--json", "--time-limit")
+GRACE_S = 30                # after one rank ends badly, how long the others get
+PARTS = ("meter", "environment", "interconnect", "strategies")
+NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+USAGE = """usage: vit-scale check [options]
+       sbatch [-N NODES] jobs/check.sh [options]     (bash jobs/check.sh without Slurm)
+
+Checks, on the nodes and through the launcher, env script and system profile a study would use:
+the environment (versions, GPUs per rank and their binding, modules, the network transport the
+collective library really uses between nodes, JIT kernels), all-reduce / all-gather /
+reduce-scatter bandwidth at the strategies' sizes within and across nodes, every strategy label
+a few steps, and the meter. Writes check.json and a table; each failure is one line.
+
+  --system NAME           {systems} (default: detected)
+  --nodes N               nodes (default: the allocation's; 1 without Slurm, where nodes are emulated)
+  --ranks-per-node N      default: the system's (8 on Frontier, the GPUs per node on cuda, 2 locally)
+  --strategies LIST       labels to run (default: every label; those the capability table refuses here
+                          are listed as refused and do not fail the check unless named here)
+  --precision LIST        fp32 bf16 fp16 (default: the system's study file's)
+  --model NAME            whose Block sizes the collectives use (default: the study file's largest model)
+  --expect-transport LIST ib ofi socket tcp: the transport between nodes that is fine here (default:
+                          $VIT_SCALE_EXPECT_TRANSPORT, else frontier ofi, cuda ib or ofi, local tcp)
+  --launcher NAME         srun torchrun mpi (default: the system's)
+  --quick                 fewer sizes, iterations and steps (what `vit-scale study --check` runs)
+  --out DIR               check.json, logs/, records/ (default: runs/check)
+  --json PATH             where check.json goes (default: OUT/check.json)
+  --time-limit MIN        stop a launch of the check after this many minutes (default: 30)
+  -h, --help              this text
+Exit code: 0 every needed line holds, 1 something is broken, 2 bad input."""
+
+
+def usage() -> str:
+    return USAGE.format(systems=" ".join(systems.known_systems()))
+
+
+class Options:
+    def __init__(self):
+        self.flags: set = set()
+        self.values: dict = {}
+        self.help = False
+
+
+def parse(argv: list) -> Options:
+    from vit_scale.study.cli import option_pairs
+
+    opts = Options()
+    for opt, value in option_pairs(argv, ("-h", "--help", *FLAGS)):
+        if opt in ("-h", "--help"):
+            opts.help = True
+        elif value is None:
+            opts.flags.add(opt)
+        elif opt in OPTIONS:
+            opts.values[opt] = value
+        else:
+            raise BadInput(f"unknown option '{opt}'; allowed: {' '.join(OPTIONS + FLAGS[:1])} --help")
+    return opts
+
+
+def minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise BadInput(f"--time-limit: '{text}' is not allowed; allowed: minutes, more than 0 (e.g. 30 or 0.5)")
+    return value
+
+
+class Check:
+    """What is asked, where it runs, and running it."""
+
+    def __init__(self, opts: Options):
+        v = opts.values
+        self.quick = "--quick" in opts.flags
+        self.in_slurm = systems.in_slurm()
+        name = v.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or systems.detect_system()
+        self.system = systems.read_system(name)
+        self.one_machine = not self.in_slurm and self.system.one_rank_per_gpu and not self.system.needs_slurm
+        if self.system.needs_slurm and not self.in_slurm:
+            raise BadInput(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/check.sh, or salloc)")
+        self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1) \
+            if self.in_slurm else 0
+        self.nodes = self._nodes(v.get("--nodes"))
+        self.ranks_per_node = self._ranks_per_node(v.get("--ranks-per-node"), "--which-env" in opts.flags)
+        study = self._study_defaults()
+        self.precisions = self._precisions(v.get("--precision"), study)
+        self.model = self._model(v.get("--model"), study)
+        self.labels = self._labels(v.get("--strategies"))
+        self.expected = self._expected(v.get("--expect-transport") or os.environ.get("VIT_SCALE_EXPECT_TRANSPORT"))
+        self.launcher = v.get("--launcher") or self.system.launcher or "srun"
+        if self.launcher not in self.system.launchers:
+            raise BadInput(f"--launcher: '{self.launcher}' is not allowed on {name}; allowed: "
+                           f"{', '.join(self.system.launchers)}")
+        self.out = os.path.abspath(v.get("--out", os.path.join("runs", "check")))
+        self.json_path = os.path.abspath(v.get("--json") or os.path.join(self.out, "check.json"))
+        self.time_limit_min = minutes(v["--time-limit"]) if "--time-limit" in v else 30.0
+        # the interpreter running the check (the env script's, in a job), unless told otherwise as the study is
+        self.python = os.environ.get("VIT_SCALE_PYTHON") or sys.executable
+        self.use_slurm = self.in_slurm
+        self.kind = launchers.launch_kind(self.launcher, self.use_slurm, self.one_machine,
+                                          self.nodes * self.ranks_per_node)
+
+    # ------------------------------------------------------------ what is asked
+
+    def _nodes(self, given) -> int:
+        if given is None:
+            return self.alloc_nodes or 1
+        nodes = whole("--nodes", given)
+        if self.in_slurm and nodes > self.alloc_nodes:
+            raise BadInput(f"--nodes: {nodes} is more than this allocation's {self.alloc_nodes}; allowed: 1 to "
+                           f"{self.alloc_nodes} (or submit with sbatch -N {nodes})")
+        if self.one_machine and nodes != 1:
+            raise BadInput(f"--nodes: {nodes} is not allowed without Slurm on {self.system.name}; allowed: 1 "
+                           f"(this machine)")
+        return nodes
+
+    def _ranks_per_node(self, given, only_env: bool) -> int:
+        if given is not None:
+            return whole("--ranks-per-node", given)
+        if not self.system.one_rank_per_gpu:
+            return whole(f"configs/systems/{self.system.name}.yaml: ranks_per_node", self.system.ranks_per_node)
+        gpus = (systems.slurm_gpus_per_node() if self.in_slurm else 0) or systems.gpus_here()
+        if not gpus and not only_env:
+            where = "this allocation" if self.in_slurm else "this machine"
+            raise BadInput(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; submit with "
+                           f"--gpus-per-node=N, or give --ranks-per-node")
+        return gpus or 1
+
+    def _study_defaults(self) -> dict:
+        from vit_scale.study.plan import study_file
+
+        try:
+            return load_yaml(study_file(None, self.system), "--system")
+        except BadInput:
+            return {}
+
+    def _precisions(self, given, study: dict) -> list:
+        from vit_scale.config import PRECISIONS
+
+        value = given if given is not None else study.get("precision", "fp32")
+        if isinstance(value, dict):   # a study file's per-strategy table: its values
+            value = list(dict.fromkeys(str(v) for v in value.values()))
+        precisions = list(dict.fromkeys(as_list(value))) or ["fp32"]
+        for p in precisions:
+            if p not in PRECISIONS:
+                raise BadInput(f"--precision: '{p}' is not allowed; allowed: {', '.join(PRECISIONS)}")
+        return precisions
+
+    def _model(self, given, study: dict) -> str:
+        from vit_scale.models import MODELS
+        from vit_scale.planning.shapes import Shape
+
+        if given is not None:
+            if given not in MODELS:
+                raise BadInput(f"--model: unknown model '{given}'; allowed: {', '.join(MODELS)}")
+            return given
+        models = [m for m in as_list(study.get("models") or study.get("model")) if m in MODELS] or ["vit_micro"]
+        return max(models, key=lambda m: Shape.from_spec(MODELS[m]).params)
+
+    def _labels(self, given) -> list[dict]:
+        from vit_scale.check.strategies import concrete
+        from vit_scale.distributed import all_labels, parse_strategy
+        from vit_scale.errors import UserError
+
+        named = given is not None
+        labels = as_list(given) if named else [concrete(label, self.ranks_per_node) for label in all_labels()]
+        if named and not labels:
+            raise BadInput("--strategies: no strategy given")
+        for label in labels:
+            try:
+                parse_strategy(label)
+            except UserError as exc:
+                raise BadInput(f"--strategies: {str(exc).split(': ', 1)[1]}") from None
+        return [{"label": label, "precision": p, "needed": named} for label in dict.fromkeys(labels)
+                for p in self.precisions]
+
+    def _expected(self, given) -> list:
+        from vit_scale.check.environment import TRANSPORTS, expected_transport
+
+        where = "--expect-transport"
+        if not given:
+            given, where = self.system.inter_node_transport, f"configs/systems/{self.system.name}.yaml: inter_node_transport"
+        expected = as_list(given)
+        for t in expected:
+            if t not in TRANSPORTS:
+                raise BadInput(f"{where}: '{t}' is not allowed; allowed: {', '.join(TRANSPORTS)}")
+        return list(expected_transport(expected, self.system.backend))
+
+    # ------------------------------------------------------------ running it
+
+    def header(self) -> None:
+        ranks = self.nodes * self.ranks_per_node
+        labels = list(dict.fromkeys(a["label"] for a in self.labels))
+        print(f"{PROG} on {self.system.name}: {self.nodes} node{'s' if self.nodes > 1 else ''} x "
+              f"{self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''} ({ranks} in all, "
+              f"{self.system.backend}), {'/'.join(self.precisions)}{', quick' if self.quick else ''}")
+        print(f"  strategies: {', '.join(labels)}; collective sizes from {self.model}")
+        print(f"  launcher: {launchers.describe(self.kind, self.system, self.ranks_per_node)}; "
+              f"logs: {os.path.join(self.out, 'logs')}", flush=True)
+
+    def run(self, supervisor=None) -> int:
+        from vit_scale.check import verdict
+        from vit_scale.check.lines import broken, table
+        from vit_scale.study.supervise import Supervisor
+
+        supervisor = supervisor or Supervisor(GRACE_S)
+        for sub in ("logs", "records"):
+            try:
+                os.makedirs(os.path.join(self.out, sub), exist_ok=True)
+            except OSError as exc:
+                raise BadInput(f"--out: cannot create {os.path.join(self.out, sub)}: {exc.strerror}") from None
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+        facts, attempts = self.launch_until_done(supervisor, stamp)
+        if supervisor.interrupted:
+            print(f"{PROG}: stopped by a signal; check.json not written", file=sys.stderr)
+            return 143
+        check = self.assemble(facts, attempts)
+        found = verdict.lines(check)
+        bad = broken(found)
+        check.update(lines=[line.to_dict() for line in found], ok=not bad, exit_code=1 if bad else 0)
+        write_atomically(self.json_path, check)
+        print("\n".join(table(found)))
+        if bad:
+            print(f"{PROG}: {len(bad)} broken -> {self.json_path}")
+            for line in bad:
+                print(f"{PROG}: FAIL {line.one_line()}", file=sys.stderr)
+        else:
+            print(f"{PROG}: ready -> {self.json_path}")
+        sys.stdout.flush()
+        return 1 if bad else 0
+
+    def launch_until_done(self, supervisor, stamp: str) -> tuple[dict, list]:
+        """The first launch does every part; when a label took the ranks down, the labels after it
+        get a launch of their own."""
+        facts: dict = {}
+        attempts: list = []
+        remaining = [(a["label"], a["precision"]) for a in self.labels]
+        parts = list(PARTS)
+        while not supervisor.interrupted:
+            attempt = len(attempts) + 1
+            found, outcome, log = self.launch(supervisor, parts, remaining, attempt, stamp)
+            attempts.append({"attempt": attempt, "parts": parts, "labels": [list(x) for x in remaining],
+                             "code": outcome.code, "seconds": round(outcome.seconds, 1), "log": log,
+                             "timed_out": outcome.timed_out, "last_line": last_line(log)})
+            merge(facts, found)
+            culprit = found.get("in_progress")
+            if culprit:
+                facts["strategies"].append(self.blame(culprit, stamp, attempt, outcome, log))
+            done = {(r["label"], r["precision"]) for r in facts["strategies"]}
+            remaining = [x for x in remaining if x not in done]
+            if not culprit or not remaining or found.get("world") is None:
+                break
+            parts = ["strategies"]
+        return facts, attempts
+
+    def blame(self, culprit: dict, stamp: str, attempt: int, outcome, log: str) -> dict:
+        """The row of the label that was running when the ranks ended: its run record's status and
+        error when it wrote one, else what the launch's end says."""
+        from vit_scale.check.strategies import from_record
+
+        run_dir = self.run_dir_of(stamp, culprit["label"], culprit["precision"], attempt)
+        row = {"label": culprit["label"], "precision": culprit["precision"], "run_dir": run_dir, "log": log,
+               **(from_record(run_dir) if run_dir else {"status": "failed", "error": None})}
+        if outcome.timed_out:
+            row.update(status="timeout", error=f"stopped at --time-limit {self.time_limit_min:g} min during this "
+                                               f"label: {last_line(log)}")
+        elif row["status"] == "ok" or not row.get("error"):
+            row.update(status="failed" if row["status"] == "ok" else row["status"],
+                       error=f"the ranks ended (exit {outcome.code}) during this label: {last_line(log)}")
+        return row
+
+    def launch(self, supervisor, parts: list, labels: list, attempt: int, stamp: str):
+        from vit_scale.launch.world import free_port
+
+        spec_path = os.path.join(self.out, "logs", f"spec.{stamp}.{attempt}.json")
+        result = os.path.join(self.out, "logs", f"facts.{stamp}.{attempt}.json")
+        spec = {"parts": parts, "labels": [list(x) for x in labels], "model": self.model, "precisions": self.precisions,
+                "quick": self.quick, "records": os.path.join(self.out, "records"), "result": result,
+                "run_prefix": stamp, "attempt": attempt}
+        write_atomically(spec_path, spec)
+        nodes_here = systems.allocation_nodes() if self.in_slurm else []
+        addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
+        launch = launchers.build(
+            self.kind, self.python, [f"spec={spec_path}"], system=self.system, nodes=self.nodes,
+            ranks_per_node=self.ranks_per_node, nodelist=",".join(nodes_here[:self.nodes]), master_addr=addr,
+            master_port=free_port(), time_limit_min=math.ceil(self.time_limit_min) if self.use_slurm else None,
+            grace_s=GRACE_S, rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.check{attempt}",
+            as_root=os.geteuid() == 0, program=PROGRAM)
+        if self.system.backend == "nccl":
+            launch.env.update(NCCL_LOGGING)   # the transport is read from these lines
+        log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
+        with open(log, "w") as f:
+            f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
+                    + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
+            f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
+        what = "every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
+        print(f"  launch {attempt}: {what} ... ", end="", flush=True)
+        outcome = supervisor.run(launch, log, self.time_limit_min * 60)
+        print(f"exit {outcome.code} ({outcome.seconds:.0f} s)", flush=True)
+        try:
+            with open(result) as f:
+                found = json.load(f)
+        except (OSError, ValueError):
+            found = {}
+        return found, outcome, log
+
+    def run_dir_of(self, stamp: str, label: str, precision: str, attempt: int) -> str | None:
+        import glob
+
+        from vit_scale.check.strategies import MODEL, run_id
+
+        pattern = os.path.join(self.out, "records", "check", MODEL, label, f"n{self.nodes}",
+                               run_id(stamp, label, precision, attempt) + "*")
+        found = sorted(glob.glob(pattern), key=os.path.getmtime)
+        return found[-1] if found else None
+
+    def assemble(self, facts: dict, attempts: list) -> dict:
+        from vit_scale.check.environment import transport_facts
+
+        logs = ""
+        for attempt in attempts:
+            try:
+                with open(attempt["log"], errors="replace") as f:
+                    logs += f.read()
+            except OSError:
+                pass
+        world = facts.get("world") or {}
+        backend = world.get("backend") or self.system.backend
+        return {
+            "schema": SCHEMA_VERSION, "tool": PROG, "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "system": self.system.name, "backend": self.system.backend, "nodes": self.nodes,
+            "ranks_per_node": self.ranks_per_node, "precisions": self.precisions, "model": self.model,
+            "quick": self.quick, "parts": list(PARTS), "labels": self.labels, "expected_transport": self.expected,
+            "slurm": {"job_id": os.environ.get("SLURM_JOB_ID"), "nodelist": os.environ.get("SLURM_JOB_NODELIST")}
+            if self.in_slurm else None,
+            "launch": {"kind": self.kind, "description": launchers.describe(self.kind, self.system, self.ranks_per_node),
+                       "attempts": attempts},
+            "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
+            "facts": facts, "out": self.out,
+        }
+
+
+def argv_for_study(study, prog: str) -> list[str]:
+    """`vit-scale check --quick` on what a study (vit_scale.study.cli.StudyRun) is about to use: its
+    system, largest node count, ranks per node, launcher, strategies, precisions and largest model;
+    check.json into the study's directory (the report shows it), the rest beside that directory
+    (its records must not read as the study's runs)."""
+    from vit_scale.models import MODELS
+    from vit_scale.planning.shapes import Shape
+
+    plan = study.plan
+    precisions = [s.split("=", 1)[1] for run in plan.runs for s in run.settings if s.startswith("train.precision=")]
+    model = max(plan.models, key=lambda m: Shape.from_spec(MODELS[m]).params)
+    return ["--system", study.system.name, "--nodes", str(max(plan.nodes or [1])),
+            "--ranks-per-node", str(plan.ranks_per_node), "--launcher", plan.launcher,
+            "--strategies", ",".join(plan.strategies), "--precision", ",".join(dict.fromkeys(precisions)) or "fp32",
+            "--model", model, "--quick", "--out", os.path.join(study.out, f"{plan.name}.check"),
+            "--json", os.path.join(study.study_dir, "check.json"), "--prog", prog]
+
+
+def merge(facts: dict, found: dict) -> None:
+    """A later launch adds its strategy rows (and whatever part it did) to what the first found."""
+    rows = facts.get("strategies", []) + found.get("strategies", [])
+    for key, value in found.items():
+        if key == "parts_done":
+            facts["parts_done"] = list(dict.fromkeys(facts.get("parts_done", []) + value))
+        elif key not in ("strategies", "in_progress") and key not in facts:
+            facts[key] = value
+    facts["strategies"] = rows
+
+
+def last_line(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line.strip() for line in f if line.strip() and not line.startswith("#")
+                     and "NCCL INFO" not in line]
+    except OSError:
+        return "(no log)"
+    return lines[-1][:300] if lines else "(empty)"
+
+
+def write_atomically(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def main(argv=None, supervisor=None) -> int:
+    global PROG
+    PROG, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
+    try:
+        opts = parse(argv)
+        if opts.help:
+            print("none" if "--which-env" in opts.flags else usage())
+            return 0
+        check = Check(opts)
+        if "--which-env" in opts.flags:
+            print(check.system.env_script)
+            return 0
+        check.header()
+        return check.run(supervisor)
+    except BadInput as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""What the ranks run on: versions, devices and their binding, modules, JIT kernels; and the
+network transport the collective library really chose, read from its own log lines.
+
+The transport: NCCL and RCCL print, with NCCL_DEBUG=INFO (the orchestrator sets it with
+NCCL_DEBUG_SUBSYS=INIT,NET for the check's launch), the network they loaded,
+  "NCCL INFO Using network IB" | "Using network Socket" | "Using network AWS Libfabric"
+(src/init.cc: INFO(NCCL_INIT, "Using network %s", ...)), and for each connection to a rank on
+another node the transport it goes through,
+  "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0" | "via NET/Socket/0" | "via NET/AWS Libfabric/0/GDRDMA"
+(src/transport/net.cc: INFO(NCCL_INIT|NCCL_NET, "... via NET/%s/%d..."); within a node, P2P or
+SHM). gloo has one transport on Linux, TCP. The parsing here is torch-free; the orchestrator
+runs it on the launch's log.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+# what a profile without `inter_node_transport` expects between nodes, by its backend
+EXPECTED_BY_BACKEND = {"nccl": ("ib", "ofi"), "gloo": ("tcp",)}
+TRANSPORTS = ("ib", "ofi", "socket", "tcp")
+USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
+VIA_NET = re.compile(r"via NET/([^/\n]+)/")
+
+
+def transport_class(network: str) -> str:
+    """A network's name as NCCL prints it -> ib, ofi, socket (or the name itself, lower case)."""
+    name = network.strip().lower()
+    if "socket" in name:
+        return "socket"
+    if "libfabric" in name or "ofi" in name:
+        return "ofi"
+    if name.startswith("ib"):
+        return "ib"   # NCCL's verbs transport, and IBext (SHARP's collnet) alike
+    return name
+
+
+def expected_transport(profile: list, backend: str) -> tuple:
+    """The system profile's `inter_node_transport`, else what its backend should use."""
+    return tuple(profile) or EXPECTED_BY_BACKEND.get(backend, ())
+
+
+def nccl_transport(log_text: str) -> dict:
+    """What NCCL's INFO lines in a launch's log say: the network it loaded, and the transports its
+    connections between nodes went through (empty when every peer was on the rank's node)."""
+    networks, between_nodes, evidence = {}, {}, []
+    for line in log_text.splitlines():
+        found = USING_NETWORK.search(line)
+        if found:
+            networks.setdefault(found.group(1), None)
+            if len(evidence) < 4 and line.strip() not in evidence:
+                evidence.append(line.strip())
+            continue
+        found = VIA_NET.search(line)
+        if found:
+            if found.group(1) not in between_nodes and len(evidence) < 8:
+                evidence.append(line.strip())
+            between_nodes[found.group(1)] = None
+    return {"networks": list(networks), "between_nodes": list(between_nodes), "evidence": evidence}
+
+
+def transport_facts(backend: str, log_text: str, expected: tuple, gloo_transport: str = "tcp") -> dict:
+    """The transport between nodes as observed, beside what is expected."""
+    if backend == "gloo":
+        observed = [gloo_transport.lower()]
+        return {"backend": "gloo", "observed": observed, "networks": [], "between_nodes": observed,
+                "expected": list(expected), "source": "gloo (TCP is its one transport on Linux)", "evidence": []}
+    seen = nccl_transport(log_text)
+    used = seen["between_nodes"] or seen["networks"]
+    return {"backend": backend, "observed": list(dict.fromkeys(transport_class(n) for n in used)),
+            "networks": seen["networks"], "between_nodes": seen["between_nodes"], "expected": list(expected),
+            "source": "NCCL_DEBUG=INFO lines" + ("" if seen["between_nodes"] else " ('Using network', no connection "
+                                                                                  "between nodes seen)"),
+            "evidence": seen["evidence"]}
+
+
+# ---------------------------------------------------------------- on the ranks (torch from here on)
+
+VISIBLE_DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+
+
+def cpu_list(cpus) -> str:
+    """{0,1,2,5} -> "0-2,5"."""
+    cpus = sorted(cpus)
+    runs, start = [], None
+    for i, cpu in enumerate(cpus):
+        if start is None:
+            start = cpu
+        if i + 1 == len(cpus) or cpus[i + 1] != cpu + 1:
+            runs.append(f"{start}" if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(runs)
+
+
+def rank_facts(world) -> dict:
+    """This rank: where it runs, which device it drives, what it may see, which cores it is bound to."""
+    facts = {"rank": world.rank, "node": world.node_name, "local_rank": world.local_rank,
+             "device_type": world.device_type, "device_index": world.device_index, "device_name": None,
+             "device_id": None, "visible_devices": {k: os.environ[k] for k in VISIBLE_DEVICE_VARIABLES if k in os.environ},
+             "cpus": cpu_list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    if world.device_type != "cpu":
+        import torch
+
+        props = torch.cuda.get_device_properties(world.device_index)
+        facts["device_name"] = props.name
+        # the same GPU seen by two ranks on one node has the same UUID (PCI bus id where there is none)
+        uuid = getattr(props, "uuid", None)
+        facts["device_id"] = str(uuid) if uuid is not None else f"pci {getattr(props, 'pci_bus_id', '?')}"
+    return facts
+
+
+def driver_version(device_type: str) -> str | None:
+    """The kernel driver's version, from the files the drivers publish (no nvidia-smi/rocm-smi)."""
+    paths = {"cuda": "/proc/driver/nvidia/version", "rocm": "/sys/module/amdgpu/version"}
+    path = paths.get(device_type)
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    found = re.search(r"Kernel Module(?: for \S+)?\s+([0-9][0-9.]*)", text) if device_type == "cuda" else None
+    return found.group(1) if found else (text.split()[0] if text.split() else None)
+
+
+def loaded_modules() -> list[str]:
+    """Lmod's and Environment Modules' list of what is loaded."""
+    return [m for m in os.environ.get("LOADEDMODULES", "").split(":") if m]
+
+
+def host_facts(world) -> dict:
+    """Rank 0's view: software versions, the driver, modules."""
+    from vit_scale.record.versions import software_versions
+
+    versions = software_versions()
+    versions["driver"] = driver_version(world.device_type)
+    return {"versions": versions, "modules": loaded_modules()}
+
+
+def kernel_facts(labels: list, device_kind: str) -> list[dict]:
+    """Each JIT kernel the labels need on this device kind, whether it is built where this rank
+    looks for it ($TORCH_EXTENSIONS_DIR or ~/.cache/torch_extensions), and which labels need it."""
+    from vit_scale.distributed.kernels import kernels_for
+
+    users: dict = {}
+    for label in labels:
+        for kernel in kernels_for([label], device_kind):
+            users.setdefault(kernel.key, (kernel, []))[1].append(label)
+    facts = []
+    for key, (kernel, labels_) in users.items():
+        try:
+            built, where, error = kernel.built(), kernel.build_dir(), None
+        except ImportError as exc:
+            built, where, error = False, None, f"{exc.name or kernel.package} is not installed"
+        facts.append({"key": key, "labels": labels_, "built": built, "build_dir": where, "error": error})
+    return facts

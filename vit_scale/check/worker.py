@@ -1,0 +1,175 @@
+"""The rank side of `vit-scale check`: started on every rank by the study's launchers
+(`python -m vit_scale.check.worker system.launcher=KIND spec=PATH`).
+
+Order: the meter first, on rank 0 alone in a process group of its own (the other ranks wait at
+the world's rendezvous meanwhile), then the world's process group: environment, kernels, the
+collectives, the strategy labels. Rank 0 rewrites the facts file (spec's `result`) after each
+part, atomically, so that a launch that dies half-way still leaves what it found, and names the
+label it is running (`in_progress`) so the orchestrator can blame the right one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+WORLD_TIMEOUT_S = 1800   # the other ranks wait this long at the rendezvous while rank 0 meters
+
+
+class Facts:
+    """What rank 0 found so far, written after every change (other ranks write nothing)."""
+
+    def __init__(self, path: str, writes: bool):
+        self.path, self.writes = path, writes
+        self.data: dict = {"parts_done": [], "in_progress": None, "strategies": []}
+
+    def set(self, **values) -> None:
+        self.data.update(values)
+        self.save()
+
+    def done(self, part: str) -> None:
+        self.data["parts_done"].append(part)
+        self.save()
+
+    def save(self) -> None:
+        if not self.writes:
+            return
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.data, f, indent=1, default=str)
+        os.replace(tmp, self.path)
+
+
+def short_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:600]
+
+
+def parse(argv: list) -> dict:
+    args = {}
+    for item in argv:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise SystemExit(f"vit_scale.check.worker: expected KEY=VALUE, got {item!r}")
+        args[key] = value
+    return args
+
+
+def main(argv=None) -> int:
+    from vit_scale.errors import UserError
+    from vit_scale.launch.world import choose_device, detect_world, leave
+
+    args = parse(sys.argv[1:] if argv is None else argv)
+    with open(args["spec"]) as f:
+        spec = json.load(f)
+    try:
+        world = choose_device(detect_world(args.get("system.launcher", "auto")), spec.get("device", "auto"))
+    except UserError as exc:  # e.g. more ranks on a node than GPUs it shows
+        from vit_scale.run.session import launch_rank_guess
+
+        if launch_rank_guess() == 0:
+            Facts(spec["result"], True).set(fatal=str(exc))
+        leave(1)
+    facts = Facts(spec["result"], world.rank == 0)
+    facts.set(world={"world_size": world.world_size, "nodes": world.nodes, "ranks_per_node": world.local_world_size,
+                     "backend": world.backend, "device_type": world.device_type, "launcher": world.launcher,
+                     "gloo_transport": os.environ.get("GLOO_DEVICE_TRANSPORT", "tcp").lower()})
+    parts = spec["parts"]
+    same_network_as_the_world(world)
+    if "meter" in parts and world.rank == 0:
+        meter(world, spec, facts)
+    join_world(world)
+    if "environment" in parts:
+        environment(world, spec, facts)
+    if "interconnect" in parts:
+        interconnect(world, spec, facts)
+    if "strategies" in parts:
+        strategies(world, spec, facts)
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+    leave(0)
+
+
+def same_network_as_the_world(world) -> None:
+    """The network choice the world's process group will make (init_distributed sets NCCL_NET for a
+    run over several nodes where the env script asks for it), made before the meter's one-rank
+    group, so that NCCL names one network in the log, the one the check reports."""
+    import vit_scale.launch.world as launch_world
+
+    requirement = getattr(launch_world, "network_requirement", None)
+    if requirement is not None:
+        os.environ.update(requirement(world))
+
+
+def join_world(world) -> None:
+    from vit_scale.launch.world import init_distributed
+
+    init_distributed(world, WORLD_TIMEOUT_S)
+
+
+def meter(world, spec: dict, facts: Facts) -> None:
+    from vit_scale.check.meter import MeterSettings, measure_alone, settings_for
+
+    settings = MeterSettings(**spec["meter"]) if spec.get("meter") else settings_for(world.device_type, spec["quick"])
+    try:
+        found = measure_alone(world, settings, spec["records"])
+    except Exception as exc:  # noqa: BLE001 - a meter that breaks is a line, not the end of the check
+        traceback.print_exc()
+        found = {"error": short_error(exc), "settings": vars(settings)}
+    facts.set(meter=found)
+    facts.done("meter")
+
+
+def environment(world, spec: dict, facts: Facts) -> None:
+    import torch.distributed as dist
+
+    from vit_scale.check.environment import host_facts, kernel_facts, rank_facts
+    from vit_scale.distributed.capabilities import refusal
+
+    runnable = list(dict.fromkeys(label for label, precision in spec["labels"]
+                                  if refusal(label, precision, world.device_type) is None))
+    ranks = [None] * world.world_size
+    dist.all_gather_object(ranks, rank_facts(world))
+    # kernels are looked for on each node (a node-local $TORCH_EXTENSIONS_DIR differs between nodes)
+    mine = None
+    if world.local_rank == 0:
+        try:
+            mine = {"node": world.node_name, "kernels": kernel_facts(runnable, world.device_type)}
+        except Exception as exc:  # noqa: BLE001
+            mine = {"node": world.node_name, "error": short_error(exc)}
+    by_node = [None] * world.world_size
+    dist.all_gather_object(by_node, mine)
+    if world.rank == 0:
+        facts.set(ranks=ranks, kernels=[k for k in by_node if k], **host_facts(world))
+    facts.done("environment")
+
+
+def interconnect(world, spec: dict, facts: Facts) -> None:
+    from vit_scale.check.collectives import FULL, QUICK, measure_all, sizes_for
+
+    sizes = sizes_for(spec["model"], spec["precisions"][0], spec["quick"])
+    try:
+        found = {"model": spec["model"], "measurements": measure_all(world, sizes, QUICK if spec["quick"] else FULL),
+                 "error": None}
+    except Exception as exc:  # noqa: BLE001 - said in the check's lines; the strategies may still run
+        traceback.print_exc()
+        found = {"model": spec["model"], "measurements": [], "error": short_error(exc)}
+    facts.set(interconnect=found)
+    facts.done("interconnect")
+
+
+def strategies(world, spec: dict, facts: Facts) -> None:
+    from vit_scale.check.strategies import run_label
+
+    for label, precision in spec["labels"]:
+        facts.set(in_progress={"label": label, "precision": precision})
+        row = run_label(label, precision, world, spec, spec.get("attempt", 1))
+        facts.data["strategies"].append(row)
+        facts.set(in_progress=None)
+    facts.done("strategies")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
