@@ -7,7 +7,8 @@ from conftest import load_runs
 
 # The trainer itself, with one change: when WHEN holds (evaluated on the run), its second
 # training step does ACTION instead (after one step's collectives, as a real failure would). The
-# failure then goes through the trainer's real paths under whatever launcher started it.
+# failure then goes through the trainer's real paths under whatever launcher started it. ENTRY is
+# what the process runs: the trainer (TRAINER), or another program that trains (vit-scale check).
 INJECT = '''
 import signal, subprocess, sys, time
 
@@ -37,8 +38,9 @@ def second_step_goes_wrong(self):
 
 
 train.Run.train = second_step_goes_wrong
-sys.exit(train.main(sys.argv[1:]))
+{entry}
 '''
+TRAINER = "sys.exit(train.main(sys.argv[1:]))"
 
 # VIT_SCALE_PYTHON for a job script: the real python, except for the trainer's runs that CONDITION
 # (bash) picks, which run the trainer with the injected change
@@ -54,7 +56,7 @@ exec {python} "$@"
 def python_injecting(tmp_dir, name: str, when: str, action: str, condition: str = "true") -> str:
     inject = os.path.join(str(tmp_dir), f"inject_{name}.py")
     with open(inject, "w") as f:
-        f.write(INJECT.format(when=when, action=action))
+        f.write(INJECT.format(when=when, action=action, entry=TRAINER))
     wrapper = os.path.join(str(tmp_dir), f"python-{name}")
     with open(wrapper, "w") as f:
         f.write(WRAPPER.format(condition=condition, python=sys.executable, inject=inject))

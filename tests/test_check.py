@@ -18,6 +18,7 @@ import sys
 
 import pytest
 
+import jobs_support
 from conftest import PYTHON, ROOT, require_module
 from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 
@@ -28,38 +29,10 @@ STUDY = ["--system", "local", "--models", "vit_micro", "--steps", "3", "--warmup
          "--out", "runs", "--no-analysis", "--check"]
 
 # the worker, with SHARD_GRAD_OP raising in its second step on every rank
-INJECT = '''
-import sys
-
-from vit_scale.recipes import train
-
-real_train = train.Run.train
-
-
-def fails_in_its_second_step(self):
-    if self.cfg.strategy == "SHARD_GRAD_OP":
-        real_setup = self.strategy.setup
-
-        def setup(factory):
-            real_setup(factory)
-            real_step, steps = self.strategy.train_step, []
-
-            def step(images, labels):
-                steps.append(1)
-                if len(steps) == 2:
-                    raise RuntimeError("injected by the test: SHARD_GRAD_OP breaks in its second step")
-                return real_step(images, labels)
-
-            self.strategy.train_step = step
-
-        self.strategy.setup = setup
-    return real_train(self)
-
-
-train.Run.train = fails_in_its_second_step
-from vit_scale.check import worker  # noqa: E402
-sys.exit(worker.main(sys.argv[1:]))
-'''
+INJECT = jobs_support.INJECT.format(
+    when='self.cfg.strategy == "SHARD_GRAD_OP"',
+    action='raise RuntimeError("injected by the test: SHARD_GRAD_OP breaks in its second step")',
+    entry="from vit_scale.check import worker  # noqa: E402\nsys.exit(worker.main(sys.argv[1:]))")
 # VIT_SCALE_PYTHON: the worker with the injection, a `vit-scale prepare` that cannot build, the rest as is
 WRAPPER = '''#!/bin/bash
 if [ "${{1:-}} ${{2:-}}" = "-m vit_scale.check.worker" ]; then

@@ -20,7 +20,7 @@ import sys
 import time
 
 from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, as_list, load_yaml, take_prog, whole
+from vit_scale.study.files import BadInput, as_list, load_yaml, minutes, take_prog, whole
 
 PROG = "vit-scale check"
 PROGRAM = ("-m", "vit_scale.check.worker")
@@ -86,16 +86,6 @@ def parse(argv: list) -> Options:
     return opts
 
 
-def minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < float("inf"):
-        raise BadInput(f"--time-limit: '{text}' is not allowed; allowed: minutes, more than 0 (e.g. 30 or 0.5)")
-    return value
-
-
 class Check:
     """What is asked, where it runs, and running it."""
 
@@ -123,7 +113,7 @@ class Check:
                            f"{', '.join(self.system.launchers)}")
         self.out = os.path.abspath(v.get("--out", os.path.join("runs", "check")))
         self.json_path = os.path.abspath(v.get("--json") or os.path.join(self.out, "check.json"))
-        self.time_limit_min = minutes(v["--time-limit"]) if "--time-limit" in v else 30.0
+        self.time_limit_min = minutes(v["--time-limit"], "--time-limit") if "--time-limit" in v else 30.0
         # the interpreter running the check (the env script's, in a job), unless told otherwise as the study is
         self.python = os.environ.get("VIT_SCALE_PYTHON") or sys.executable
         self.use_slurm = self.in_slurm

@@ -17,7 +17,7 @@ import sys
 import time
 
 from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, home, take_prog, whole
+from vit_scale.study.files import BadInput, home, minutes, take_prog, whole
 from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
 from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan, study_file
@@ -125,16 +125,6 @@ def parse(argv: list) -> Options:
     return opts
 
 
-def minutes(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value != value or value == float("inf"):
-        raise BadInput(f"--run-time-limit: '{text}' is not allowed; allowed: minutes, more than 0 (e.g. 30 or 0.5)")
-    return value
-
-
 def usage() -> str:
     from vit_scale.distributed import all_labels
     from vit_scale.models import MODELS
@@ -160,7 +150,8 @@ class StudyRun:
             raise BadInput(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/weak_scaling.sh, or "
                            f"salloc); without Slurm allowed: "
                            f"{', '.join(s for s in systems.known_systems() if not systems.read_system(s).needs_slurm)}")
-        self.time_limit = minutes(opts.own["--run-time-limit"]) if "--run-time-limit" in opts.own else None
+        limit = opts.own.get("--run-time-limit")
+        self.time_limit = minutes(limit, "--run-time-limit") if limit is not None else None
         ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:

@@ -73,3 +73,14 @@ FALSE = ("false", "off", "no", "0")
 
 def normalise_bool(value) -> str:
     return "true" if str(value).lower() in TRUE else "false"
+
+
+def minutes(text: str, option: str) -> float:
+    """A time limit in minutes (fractions allowed), or one line naming `option`."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise BadInput(f"{option}: '{text}' is not allowed; allowed: minutes, more than 0 (e.g. 30 or 0.5)")
+    return value
