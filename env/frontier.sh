@@ -13,10 +13,9 @@
 #                           rccl-net-plugin module is loaded, which brings the plugin and its variables
 #   VIT_SCALE_REQUIRE_NET_PLUGIN  1 (default): RCCL between nodes goes through the plugin or fails; a
 #                           job over several nodes without a plugin stops here, and every run over
-#                           more than one node gets NCCL_NET=OFI, so RCCL fails instead of quietly
-#                           using TCP sockets. 0: RCCL may fall back to sockets. An NCCL_NET you set
-#                           wins (for a plugin that does not answer to OFI: aws-ofi-nccl <= 1.11 is
-#                           "AWS Libfabric").
+#                           more than one node gets NCCL_NET="AWS Libfabric" (every plugin release
+#                           answers to it), so RCCL fails instead of quietly using TCP sockets.
+#                           0: RCCL may fall back to sockets. An NCCL_NET you set wins.
 #
 # mpi4py (--launcher mpi) must be built against Cray MPICH, not taken as a wheel: env/setup_venv.sh
 # frontier --extras mpi does it with OLCF's recipe, PrgEnv loaded:
@@ -130,7 +129,7 @@ vs_frontier_env() {
   fi
   vs_check_modules "${modules[@]}" || return 1
   if [ -n "${VIT_SCALE_AWS_OFI_RCCL:-}" ]; then
-    if ! compgen -G "$VIT_SCALE_AWS_OFI_RCCL/lib/librccl-net*.so" >/dev/null; then
+    if [ ! -f "$VIT_SCALE_AWS_OFI_RCCL/lib/librccl-net.so" ]; then
       vs_fail "VIT_SCALE_AWS_OFI_RCCL=$VIT_SCALE_AWS_OFI_RCCL has no lib/librccl-net.so; point it at the plugin's install prefix or unset it"
       return 1
     fi
@@ -170,10 +169,11 @@ vs_frontier_env() {
   [ -z "$plugin_dir" ] || vs_frontier_plugin_variables "$plugin_dir"
   if [ -n "$plugin_dir" ] || vs_plugin_module_loaded; then
     if [ "$require" = 1 ]; then
-      # the trainer gives a run over more than one node NCCL_NET=OFI (the plugin answers to that
-      # name: aws-ofi-nccl's nvidia_plugin_name_fixup), so RCCL fails rather than use sockets;
-      # single-node runs keep RCCL's default: the network is not set up for one node (OLCF)
-      export VIT_SCALE_NCCL_NET_ACROSS_NODES=OFI
+      # the trainer gives a run over more than one node NCCL_NET="AWS Libfabric", so RCCL fails
+      # rather than use sockets. That name, not "OFI": plugins up to 1.11.0 (and aws-ofi-rccl builds
+      # of them) answer to it alone, later ones to both (aws-ofi-nccl's nvidia_plugin_name_fixup).
+      # Single-node runs keep RCCL's default: the network is not set up for one node (OLCF)
+      export VIT_SCALE_NCCL_NET_ACROSS_NODES="AWS Libfabric"
     fi
   else
     echo "$VS_ENV_SCRIPT: note: no RCCL network plugin (module rccl-net-plugin, or VIT_SCALE_AWS_OFI_RCCL); RCCL will use TCP sockets between nodes, which is much slower" >&2

@@ -98,7 +98,8 @@ def test_frontier_loads_olcfs_rccl_net_plugin_module_after_rocm(tmp_path):
     assert env["FI_CXI_RDZV_PROTO"] == "alt_read" and env["NCCL_NET_GDR_LEVEL"] == "PHB"
     assert "FI_CXI_DEFAULT_TX_SIZE" not in env and "NCCL_NET_PLUGIN" not in env, "the module's settings are its own"
     # runs over more than one node must use it (the trainer sets NCCL_NET from this)
-    assert env["VIT_SCALE_NCCL_NET_ACROSS_NODES"] == "OFI" and "NCCL_NET" not in env
+    # the name every aws-ofi-nccl/rccl release answers to (1.11 and older: only this one)
+    assert env["VIT_SCALE_NCCL_NET_ACROSS_NODES"] == "AWS Libfabric" and "NCCL_NET" not in env
     assert "plugin" not in err
 
     status, env, err = source("frontier.sh", tmp_path, tree, SLURM_JOB_NUM_NODES="4", VIT_SCALE_REQUIRE_NET_PLUGIN="0")
@@ -125,7 +126,7 @@ def test_frontier_sets_olcfs_variables_for_a_plugin_built_by_hand(tmp_path):
         "FI_CXI_RX_MATCH_MODE": "hybrid", "FI_CXI_RDZV_PROTO": "alt_read", "FI_CXI_RDZV_EAGER_SIZE": "0",
         "FI_CXI_RDZV_THRESHOLD": "0", "FI_CXI_RDZV_GET_MIN": "0"}
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd", "a value already set is kept"
-    assert env["VIT_SCALE_NCCL_NET_ACROSS_NODES"] == "OFI"
+    assert env["VIT_SCALE_NCCL_NET_ACROSS_NODES"] == "AWS Libfabric"
     assert "plugin" not in err
 
 

@@ -121,5 +121,30 @@ def test_fsdp2_fp16_with_cpu_offload_is_refused_on_a_gpu_in_one_line():
     check("strategy=FULL_SHARD", "fsdp.version=2", "fsdp.cpu_offload=false")
 
 
+def test_fsdp1_offload_in_fp16_steps_with_an_optimizer_that_waits_for_the_scale():
+    """FSDP1 with offloaded parameters steps on the host; the fused AdamW would take GradScaler's
+    device scale and flag through copies its CPU kernel does not wait for (a GPU world is
+    described, not used: no GPU here). auto picks the plain AdamW there; asking for fused is refused."""
+    import pytest
+
+    from vit_scale.config import load_config
+    from vit_scale.distributed import parse_strategy
+    from vit_scale.distributed.fsdp import FSDPStrategy
+    from vit_scale.errors import UserError
+
+    def strategy(*overrides):
+        cfg = load_config(None, [*FAST, "strategy=FULL_SHARD", "fsdp.version=1", *overrides])
+        label, world = parse_strategy(cfg.strategy), _gpu_world()
+        FSDPStrategy.check(cfg, label, world)
+        return FSDPStrategy(cfg, label, world)
+
+    assert strategy("train.precision=fp16", "fsdp.cpu_offload=true").auto_optimizer() == "default"
+    assert strategy("train.precision=bf16", "fsdp.cpu_offload=true").auto_optimizer() == "fused"
+    assert strategy("train.precision=fp16").auto_optimizer() == "fused"
+    with pytest.raises(UserError, match=r"^train.optimizer: fused with FSDP1 parameter offload and fp16 .*"
+                                        r"use train.optimizer=auto"):
+        strategy("train.precision=fp16", "fsdp.cpu_offload=true", "train.optimizer=fused")
+
+
 if __name__ == "__main__":
     sys.exit(rank_main())

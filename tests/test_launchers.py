@@ -131,6 +131,9 @@ def test_device_is_the_local_rank_when_the_node_gpus_are_visible(monkeypatch):
     with pytest.raises(UserError, match=r"system.device: 8 ranks a node but each sees 4 GPUs, so ranks would "
                                         r"share GPUs; run at most 4 ranks a node"):
         device_index_for(5, 8, 4)
+    # torchrun's local rank 7 with system.ranks_per_node=4 on 4 GPUs: no GPU 7 to drive
+    with pytest.raises(UserError, match=r"system.device: 8 ranks a node but each sees 4 GPUs"):
+        device_index_for(7, 4, 4)
 
 
 def test_mpi_rendezvous_is_an_address_other_nodes_reach(monkeypatch):
@@ -164,8 +167,8 @@ def test_runs_over_several_nodes_must_use_the_network_plugin(monkeypatch):
     def world(nodes, backend="nccl"):
         return World("srun", 0, 8 * nodes, 0, 8, nodes, "f1", "10.0.0.1", 29400, "rocm", 0, backend)
 
-    env = {"VIT_SCALE_NCCL_NET_ACROSS_NODES": "OFI"}
-    assert network_requirement(world(2), env) == {"NCCL_NET": "OFI"}
+    env = {"VIT_SCALE_NCCL_NET_ACROSS_NODES": "AWS Libfabric"}
+    assert network_requirement(world(2), env) == {"NCCL_NET": "AWS Libfabric"}
     assert network_requirement(world(1), env) == {}  # the plugin does not start on one node (OLCF)
     assert network_requirement(world(2, "gloo"), env) == {}
     assert network_requirement(world(2), {**env, "NCCL_NET": "Socket"}) == {}  # the user's choice wins

@@ -40,6 +40,10 @@ class FSDPStrategy(Strategy):
         if cfg.fsdp.cpu_offload and world.device_type == "cpu" and cfg.fsdp.version == 1:
             raise UserError("fsdp.cpu_offload: FSDP1 parameter offload needs a GPU (it pins host memory); "
                             "set fsdp.cpu_offload=false on a CPU")
+        if cfg.train.optimizer == "fused" and cls._offloads_fp16_on_fsdp1(cfg, label, world):
+            raise UserError("train.optimizer: fused with FSDP1 parameter offload and fp16 would read the loss scale and "
+                            "overflow flag through device-to-host copies its CPU kernel does not wait for; use "
+                            "train.optimizer=auto (not fused here), train.precision=bf16, or fsdp.cpu_offload=false")
         # offloaded FSDP2 gradients live on the host; GradScaler's overflow check on them is reduced by
         # DTensor over the mesh's NCCL/RCCL group (torch/distributed/tensor/_dispatch.py:
         # found_inf_reduce_handler), which has no CPU backend, so the first fp16 step would fail
@@ -48,6 +52,21 @@ class FSDPStrategy(Strategy):
             raise UserError(f"fsdp.cpu_offload: {label.label} on FSDP2 cannot offload with train.precision=fp16 (the "
                             "loss scaler's overflow check would all-reduce host tensors over NCCL); use bf16, "
                             "fsdp.version=1 (not HYBRID_1GPU), or fsdp.cpu_offload=false")
+
+    @classmethod
+    def _offloads_fp16_on_fsdp1(cls, cfg, label, world) -> bool:
+        """FSDP1 with parameters (and so gradients and the optimizer step) on the host, an fp16 loss
+        scaler and a GPU: where GradScaler's device tensors meet CPU kernels."""
+        return (cfg.fsdp.cpu_offload and cfg.train.precision == "fp16" and world.device_type != "cpu"
+                and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1")
+
+    def auto_optimizer(self) -> str:
+        # the fused AdamW copies GradScaler's scale and overflow flag from the GPU to the host
+        # asynchronously and starts its CPU kernel at once (torch/optim/adam.py: _fused_adam,
+        # .to(device, non_blocking=True)), so it may step on values not yet landed
+        if self._offloads_fp16_on_fsdp1(self.cfg, self.label, self.world):
+            return "default"
+        return super().auto_optimizer()
 
     def options(self) -> dict:
         opts = super().options()
@@ -105,7 +124,8 @@ class FSDPStrategy(Strategy):
         self.scaler = None
         if self.cfg.train.precision == "fp16":
             if self.implementation_version == 1:
-                self.scaler = _rank_agreeing_sharded_grad_scaler(self.world.torch_device_type)
+                self.scaler = _rank_agreeing_sharded_grad_scaler(self.world.torch_device_type,
+                                                                 offload=self.cfg.fsdp.cpu_offload)
             else:
                 # its overflow check on DTensor gradients is all-reduced by DTensor itself
                 # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
@@ -292,7 +312,7 @@ class FSDPStrategy(Strategy):
             self.load_checkpoint_state(state)
 
 
-def _rank_agreeing_sharded_grad_scaler(device_type: str):
+def _rank_agreeing_sharded_grad_scaler(device_type: str, offload: bool = False):
     """FSDP1's ShardedGradScaler, made to skip a step on every rank or on none.
 
     torch 2.13's ShardedGradScaler shares the overflow flag only in `unscale_`, as a SUM of shape
@@ -306,13 +326,20 @@ def _rank_agreeing_sharded_grad_scaler(device_type: str):
 
     So the flag is shared where every path computes it, `_unscale_grads_` (called by `unscale_` and
     by `_check_inf_per_device`), with MAX, which keeps it 0 or 1; and `unscale_` is GradScaler's
-    own, whose flag is 0-d and needs no second reduction."""
+    own, whose flag is 0-d and needs no second reduction.
+
+    `offload` (gradients on the host): the scale and the flag are handed over already on the host.
+    ShardedGradScaler would copy them there with `non_blocking=True` (_MultiDeviceReplicator.get)
+    and run the CPU unscale kernel at once, on a scale not yet landed and a flag the late copy of 0
+    then overwrites (pytorch/pytorch#176429, not in 2.13)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
     class RankAgreeingShardedGradScaler(ShardedGradScaler):
         def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+            if offload:
+                inv_scale, found_inf = inv_scale.cpu(), found_inf.cpu()  # blocking copies
             flags = super()._unscale_grads_(optimizer, inv_scale, found_inf, True)  # FSDP may hold fp16 gradients
             for flag in flags.values():
                 # NCCL reduces device tensors only; offloaded gradients give a host flag

@@ -279,7 +279,10 @@ def device_index_for(local_rank: int, local_world_size: int, visible: int) -> in
     as NCCL needs to find NVLink between them: the one at the rank's place on its node."""
     if visible <= 1:
         return 0
-    if local_world_size > visible:
+    # the launcher's local rank beyond the GPUs seen (torchrun --nproc_per_node above them, with
+    # system.ranks_per_node set lower) would name a GPU that is not there
+    if local_world_size > visible or local_rank >= visible:
+        local_world_size = max(local_world_size, local_rank + 1)
         raise UserError(f"system.device: {local_world_size} ranks a node but each sees {visible} GPUs, so ranks "
                         f"would share GPUs; run at most {visible} ranks a node (--ranks-per-node) or make every GPU "
                         f"of the node visible to each rank")
