@@ -28,11 +28,29 @@ DOCS = os.path.join(ROOT, "docs", "check.md")
 STUDY = ["--system", "local", "--models", "vit_micro", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
          "--out", "runs", "--no-analysis", "--check"]
 
-# the worker, with SHARD_GRAD_OP raising in its second step on every rank
+# the worker, with SHARD_GRAD_OP raising in its second step on every rank, the meter's trainer run
+# raising in its second step on rank 0, and rank 3 alone getting a wrong reduce-scatter across nodes
+WRONG_ON_RANK_3 = """
+from vit_scale.check import collectives, worker  # noqa: E402
+
+real_result_is_right = collectives.result_is_right
+
+
+def wrong_on_rank_3_across_nodes(collective, recv, ranks, piece):
+    import torch.distributed as dist
+
+    if collective == "reduce_scatter" and ranks == 4 and dist.get_rank() == 3:
+        return False
+    return real_result_is_right(collective, recv, ranks, piece)
+
+
+collectives.result_is_right = wrong_on_rank_3_across_nodes
+sys.exit(worker.main(sys.argv[1:]))"""
 INJECT = jobs_support.INJECT.format(
-    when='self.cfg.strategy == "SHARD_GRAD_OP"',
-    action='raise RuntimeError("injected by the test: SHARD_GRAD_OP breaks in its second step")',
-    entry="from vit_scale.check import worker  # noqa: E402\nsys.exit(worker.main(sys.argv[1:]))")
+    when='self.cfg.strategy == "SHARD_GRAD_OP" or self.cfg.output.study == "meter"',
+    action='raise RuntimeError("injected by the test: " + ("the meter\'s run" if self.cfg.output.study == "meter" '
+           'else "SHARD_GRAD_OP") + " breaks in its second step")',
+    entry=WRONG_ON_RANK_3)
 # VIT_SCALE_PYTHON: the worker with the injection, a `vit-scale prepare` that cannot build, the rest as is
 WRAPPER = '''#!/bin/bash
 if [ "${{1:-}} ${{2:-}}" = "-m vit_scale.check.worker" ]; then
@@ -89,7 +107,7 @@ def passing_study(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def broken_study(tmp_path_factory):
-    """`vit-scale study --check` on 2 emulated nodes with four failures injected."""
+    """`vit-scale study --check` on 2 emulated nodes with six failures injected."""
     work = tmp_path_factory.mktemp("broken")
     inject, wrapper = work / "inject_check.py", work / "python-injecting"
     inject.write_text(INJECT)
@@ -112,9 +130,11 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
     assert {name: line["status"] for name, line in found.items()} == {
         "versions": "info", "modules": "info", "devices": "ok", "transport": "ok", "kernels": "ok",
         "all_reduce": "ok", "all_gather": "ok", "reduce_scatter": "ok", "DDP fp32": "ok",
-        "meter overhead": "info", "meter timing": "ok", "meter memory": "skipped"}
+        "meter overhead": "info", "meter timing": "info", "meter memory": "skipped"}
     facts = check["facts"]
     assert facts["versions"]["torch"] and facts["world"]["backend"] == "gloo"
+    # the world's collectives wait minutes, not the rendezvous' half hour
+    assert facts["world"]["collective_timeout_s"] == 300
     assert [r["node"] for r in facts["ranks"]] == ["local0", "local0"]
     assert check["transport"]["observed"] == ["tcp"]
     # within the node only, each size timed, bus bandwidth as nccl-tests defines it
@@ -131,7 +151,7 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
     bucket = next(m for m in measured if m["size"] == "bucket")
     assert bucket["bytes"] == 25 * 2 ** 20
     meter = facts["meter"]
-    assert meter["ratio"] > 0 and abs(meter["timing_difference"]) <= 0.05 and meter["steps_compared"] > 0
+    assert meter["ratio"] > 0 and meter["event_step_s"] > 0 and meter["host_step_s"] > 0 and meter["steps_compared"] > 0
     # then the study ran, and its summary shows the check
     assert "[1/1] vit_micro DDP n1 (2 ranks) ... ok" in proc.stdout
     assert "  check:       ready (" in proc.stdout and "transport tcp, expected tcp" in proc.stdout
@@ -155,7 +175,7 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     prog = "vit-scale study --check"
     failures = fail_lines(proc.stderr, prog)
-    assert len(failures) == 4, proc.stderr
+    assert len(failures) == 6, proc.stderr
     text = "\n".join(failures)
     assert re.search(r"FAIL transport: tcp between nodes \(gloo: tcp\), expected ib; .*--expect-transport", text)
     assert re.search(r"FAIL kernel deepspeed\.cpu_adam: not built on local0, local1 .*needed by ZERO1; run: "
@@ -163,6 +183,11 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
     assert "FAIL CAI_DDP_FP16 fp32: strategy: CAI_DDP_FP16 needs a GPU" in text
     assert re.search(r"FAIL SHARD_GRAD_OP fp32: failed: rank \d: RuntimeError: injected by the test: SHARD_GRAD_OP "
                      r"breaks in its second step; see .*b\.check/records/", text)
+    # the meter's failed trainer run is a line, and the check goes on
+    assert re.search(r"FAIL meter: RuntimeError: the trainer's DDP run failed: RuntimeError: injected by the test: "
+                     r"the meter's run breaks in its second step \(record: .*/records/meter/", text), text
+    # a wrong result seen on rank 3 alone is reported
+    assert re.search(r"FAIL reduce_scatter: wrong result across nodes at .* \(4 ranks\)", text), text
     assert "vit-scale study: the check found the system not ready" in proc.stderr
     assert "no run was started" in proc.stderr and " ... ok" not in proc.stdout
     assert not list((work / "runs" / "b").glob("vit_micro"))
@@ -173,7 +198,7 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
     # everything not injected holds, on two emulated nodes
     assert found["DDP fp32"]["status"] == "ok" and found["ZERO1 fp32"]["status"] == "ok"
     assert found["devices"]["status"] == "ok" and "(local0, local1)" in found["devices"]["text"]
-    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+    for collective in ("all_reduce", "all_gather"):
         assert found[collective]["status"] == "ok" and "across nodes (4 ranks)" in found[collective]["text"]
     assert found["CAI_DDP_FP16 fp32"]["status"] == "refused"
     # the label after the one that took the ranks down ran in a second launch
@@ -285,3 +310,133 @@ def test_the_schema_in_the_docs_is_the_codes():
     assert docs_schema() == CHECK_SCHEMA, "regenerate docs/check.md's block: python -m vit_scale.check.schema"
     jsonschema.Draft202012Validator.check_schema(CHECK_SCHEMA)
 
+
+
+# ---------------------------------------------------------------- the decisions, without a launch
+
+def ring_sum(values, dtype):
+    """What a ring all-reduce computes: each hop adds one rank's value to the partial sum and
+    rounds it to the buffer's type (as NCCL's reduction kernels do)."""
+    import numpy
+    import torch
+
+    if dtype == torch.float32:   # numpy's float32 rounds each addition the same way, much faster
+        total = numpy.float32(values[0])
+        for value in values[1:]:
+            total = numpy.float32(total + numpy.float32(value))
+        return torch.tensor(total)
+    total = torch.tensor(values[0], dtype=dtype)
+    for value in values[1:]:
+        total = (total + torch.tensor(value, dtype=dtype)).to(dtype)
+    return total.float()
+
+
+def test_collective_check_is_exact_where_a_bf16_ring_is_not():
+    """384 ranks: a bf16 ring's per-hop rounding puts a right sum more than 1% off n(n+1)/2 (the old
+    rule failed it); the check sums in fp32, exact up to its limit, and still catches a lost rank."""
+    import torch
+
+    from vit_scale.check.collectives import CHECK_EXACT_UP_TO, result_is_right
+
+    n = 384
+    values = [float(rank + 1) for rank in range(n)]
+    bf16 = ring_sum(values, torch.bfloat16)
+    assert not torch.allclose(bf16, torch.tensor(n * (n + 1) / 2), rtol=1e-2)   # why the check left bf16
+    for ranks in (n, CHECK_EXACT_UP_TO):
+        exact = ring_sum([float(rank + 1) for rank in range(ranks)], torch.float32)
+        assert result_is_right("all_reduce", exact.repeat(ranks), ranks, 1)
+    lost_one = ring_sum(values[:-1], torch.float32)
+    assert not result_is_right("all_reduce", lost_one.repeat(n), n, 1)
+    assert not result_is_right("reduce_scatter", (exact + 1).repeat(3), CHECK_EXACT_UP_TO, 3)
+    gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(2)
+    assert result_is_right("all_gather", gathered, n, 2)
+    assert not result_is_right("all_gather", gathered.flip(0), n, 2)
+
+
+def test_scopes_come_from_every_ranks_node_and_uneven_placement_is_refused():
+    from vit_scale.check.collectives import scopes_for
+    from vit_scale.errors import UserError
+
+    assert scopes_for(["a", "b", "a", "b"]) == [("node", 2), ("world", 4)]   # cyclic placement
+    assert scopes_for(["a", "b"]) == [("world", 2)]
+    assert scopes_for(["a", "a"]) == [("node", 2)]
+    with pytest.raises(UserError) as refused:
+        scopes_for(["a", "a", "b"])   # rank 2 alone would skip the within-a-node collectives and hang the rest
+    assert str(refused.value).startswith("ranks per node: uneven placement (a 2, b 1); allowed: the same number")
+    assert "\n" not in str(refused.value)
+
+
+def test_nccl_lines_are_read_from_their_files(tmp_path):
+    """NCCL_DEBUG_FILE's files (one per process, as NCCL names them) decide the transport, with the
+    launch's log read too (mocked lines: no NCCL here)."""
+    from vit_scale.check.cli import collective_log_text, nccl_log_name
+    from vit_scale.check.environment import transport_facts
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    stamp = "20260101-000000-1"
+    (logs / nccl_log_name(stamp, 1).replace("%h", "n1").replace("%p", "1234")).write_text(NCCL_IB)
+    (logs / nccl_log_name("20250101-000000-9", 1).replace("%h", "n1").replace("%p", "9")).write_text(NCCL_SOCKET)
+    rank_log = logs / f"check.{stamp}.1.log"
+    rank_log.write_text("rank output, NCCL's lines lost to os._exit\n")
+    text = collective_log_text(str(tmp_path), stamp, [str(rank_log)])
+    assert "Socket" not in text and "rank output" in text   # another check's file is not read
+    facts = transport_facts("nccl", text, ("ib", "ofi"))
+    assert facts["observed"] == ["ib"], facts
+    assert nccl_log_name(stamp, 2) == f"nccl.{stamp}.2.%h.%p.log"
+
+
+class Props:
+    def __init__(self, uuid, domain=None, bus=None, device=None):
+        self.uuid, self.pci_domain_id, self.pci_bus_id, self.pci_device_id = uuid, domain, bus, device
+
+
+def test_gpu_identity_is_the_pci_address_and_never_a_placeholder_uuid():
+    """Device properties as torch reports them on ROCm and CUDA (mocked: no GPU here)."""
+    from vit_scale.check.environment import gpu_identity
+
+    assert gpu_identity(Props("GPU-XX", 0, 0xc1, 0)) == "pci 0000:c1:00"
+    assert gpu_identity(Props("GPU-XX", 0, 0xd1, 0)) != gpu_identity(Props("GPU-XX", 0, 0xc1, 0))
+    assert gpu_identity(Props("GPU-XX")) is None
+    assert gpu_identity(Props("00000000-0000-0000-0000-000000000000")) is None
+    real = "8c1bd5e2-4a1f-7b3c-9d0e-112233445566"
+    assert gpu_identity(Props(real)) == real
+
+
+class FakeOutcome:
+    def __init__(self, code, timed_out, seconds):
+        self.code, self.timed_out, self.seconds, self.interrupted = code, timed_out, seconds, False
+
+
+def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_launch(tmp_path, monkeypatch):
+    """The relaunch decisions, with the launches faked: a meter that took rank 0 down, then a label
+    that ran out of the one --time-limit every launch shares."""
+    from vit_scale.check import cli
+
+    check = cli.Check(cli.parse(["--system", "local", "--strategies", "DDP,ZERO1", "--out", str(tmp_path),
+                                 "--time-limit", "0.05"]))
+    clock = [1000.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    launches = []
+
+    def launch(supervisor, parts, labels, attempt, stamp, left_s):
+        launches.append((parts, left_s))
+        clock[0] += 2.0
+        world = {"world": {"world_size": 2}}
+        if attempt == 1:
+            return {**world, "in_progress": {"part": "meter", "settings": {"model": "vit_micro"}}}, \
+                FakeOutcome(1, False, 2.0), "log"
+        clock[0] += left_s
+        return {**world, "parts_done": ["environment", "interconnect"],
+                "in_progress": {"label": "DDP", "precision": "fp32"}}, FakeOutcome(124, True, left_s), "log"
+
+    monkeypatch.setattr(check, "launch", launch)
+    monkeypatch.setattr(cli, "last_line", lambda log: "the last line")
+    facts, attempts = check.launch_until_done(type("S", (), {"interrupted": False})(), "stamp")
+    assert [parts for parts, _ in launches] == [list(cli.PARTS), ["environment", "interconnect", "strategies"]]
+    assert launches[0][1] == pytest.approx(3.0) and launches[1][1] == pytest.approx(1.0)
+    assert facts["meter"] == {"error": "failed: the trainer's run ended the ranks (exit 1): the last line",
+                              "settings": {"model": "vit_micro"}}
+    rows = {r["label"]: r for r in facts["strategies"]}
+    assert rows["DDP"]["status"] == "timeout" and rows["ZERO1"]["status"] == "timeout"
+    assert "used all of --time-limit 0.05 min" in rows["ZERO1"]["error"]

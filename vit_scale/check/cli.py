@@ -54,7 +54,7 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
   --quick                 fewer sizes, iterations and steps (what `vit-scale study --check` runs)
   --out DIR               check.json, logs/, records/ (default: runs/check)
   --json PATH             where check.json goes (default: OUT/check.json)
-  --time-limit MIN        stop a launch of the check after this many minutes (default: 30)
+  --time-limit MIN        stop the check after this many minutes, every launch together (default: 30)
   -h, --help              this text
 Exit code: 0 every needed line holds, 1 something is broken, 2 bad input."""
 
@@ -234,7 +234,7 @@ class Check:
         if supervisor.interrupted:
             print(f"{PROG}: stopped by a signal; check.json not written", file=sys.stderr)
             return 143
-        check = self.assemble(facts, attempts)
+        check = self.assemble(facts, attempts, stamp)
         found = verdict.lines(check)
         bad = broken(found)
         check.update(lines=[line.to_dict() for line in found], ok=not bad, exit_code=1 if bad else 0)
@@ -252,26 +252,57 @@ class Check:
     def launch_until_done(self, supervisor, stamp: str) -> tuple[dict, list]:
         """The first launch does every part; when a label took the ranks down, the labels after it
         get a launch of their own."""
-        facts: dict = {}
+        facts: dict = {"strategies": []}
         attempts: list = []
         remaining = [(a["label"], a["precision"]) for a in self.labels]
         parts = list(PARTS)
+        deadline = time.monotonic() + self.time_limit_min * 60   # one limit for every launch together
         while not supervisor.interrupted:
+            left_s = deadline - time.monotonic()
+            if left_s < 1:
+                facts["strategies"] += [out_of_time(label, precision, self.time_limit_min)
+                                        for label, precision in remaining]
+                break
             attempt = len(attempts) + 1
-            found, outcome, log = self.launch(supervisor, parts, remaining, attempt, stamp)
+            started = time.time()
+            found, outcome, log = self.launch(supervisor, parts, remaining, attempt, stamp, left_s)
             attempts.append({"attempt": attempt, "parts": parts, "labels": [list(x) for x in remaining],
                              "code": outcome.code, "seconds": round(outcome.seconds, 1), "log": log,
                              "timed_out": outcome.timed_out, "last_line": last_line(log)})
             merge(facts, found)
             culprit = found.get("in_progress")
-            if culprit:
+            if culprit and culprit.get("part") == "meter":
+                facts["meter"] = self.meter_failure(culprit, started, outcome, log)
+            elif culprit:
                 facts["strategies"].append(self.blame(culprit, stamp, attempt, outcome, log))
             done = {(r["label"], r["precision"]) for r in facts["strategies"]}
             remaining = [x for x in remaining if x not in done]
-            if not culprit or not remaining or found.get("world") is None:
+            if outcome.timed_out:
+                facts["strategies"] += [out_of_time(label, precision, self.time_limit_min)
+                                        for label, precision in remaining]
                 break
-            parts = ["strategies"]
+            if not culprit or found.get("world") is None:
+                break
+            parts = [p for p in parts if p != "meter" and p not in found.get("parts_done", [])]
+            if not remaining:
+                parts = [p for p in parts if p != "strategies"]
+            if not parts:
+                break
         return facts, attempts
+
+    def meter_failure(self, culprit: dict, since: float, outcome, log: str) -> dict:
+        """The meter's facts when its trainer run took rank 0 down: that run's recorded error (its
+        newest run under records/meter, started by this launch), else the launch's last line."""
+        import glob
+
+        from vit_scale.check.strategies import from_record
+
+        runs = [d for d in glob.glob(os.path.join(self.out, "records", "meter", "*", "DDP", "*", "*"))
+                if os.path.getmtime(d) >= since - 1]
+        error = from_record(max(runs, key=os.path.getmtime)).get("error") if runs else None
+        return {"error": f"failed: the trainer's run ended the ranks (exit {outcome.code}): "
+                         f"{' '.join(str(error or last_line(log)).split())[:300]}",
+                "settings": culprit.get("settings") or {}}
 
     def blame(self, culprit: dict, stamp: str, attempt: int, outcome, log: str) -> dict:
         """The row of the label that was running when the ranks ended: its run record's status and
@@ -289,7 +320,7 @@ class Check:
                        error=f"the ranks ended (exit {outcome.code}) during this label: {last_line(log)}")
         return row
 
-    def launch(self, supervisor, parts: list, labels: list, attempt: int, stamp: str):
+    def launch(self, supervisor, parts: list, labels: list, attempt: int, stamp: str, left_s: float):
         from vit_scale.launch.world import free_port
 
         spec_path = os.path.join(self.out, "logs", f"spec.{stamp}.{attempt}.json")
@@ -303,19 +334,23 @@ class Check:
         launch = launchers.build(
             self.kind, self.python, [f"spec={spec_path}"], system=self.system, nodes=self.nodes,
             ranks_per_node=self.ranks_per_node, nodelist=",".join(nodes_here[:self.nodes]), master_addr=addr,
-            master_port=free_port(), time_limit_min=math.ceil(self.time_limit_min) if self.use_slurm else None,
+            master_port=free_port(), time_limit_min=math.ceil(left_s / 60) if self.use_slurm else None,
             grace_s=GRACE_S, rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.check{attempt}",
             as_root=os.geteuid() == 0, program=PROGRAM)
         if self.system.backend == "nccl":
-            launch.env.update(NCCL_LOGGING)   # the transport is read from these lines
+            # the transport is read from these lines: NCCL writes them unbuffered to a file per
+            # process (src/debug.cc: ncclDebugInit), where stdout would lose the last ones to the
+            # ranks' os._exit and interleave ranks sharing a log
+            launch.env.update(NCCL_LOGGING, NCCL_DEBUG_FILE=os.path.join(self.out, "logs", nccl_log_name(stamp, attempt)))
         log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
         with open(log, "w") as f:
             f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
                     + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
             f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
-        what = "every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
+        what = ("every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
+                if parts == ["strategies"] else f"{', '.join(parts)} (without the meter)")
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)
-        outcome = supervisor.run(launch, log, self.time_limit_min * 60)
+        outcome = supervisor.run(launch, log, left_s)
         print(f"exit {outcome.code} ({outcome.seconds:.0f} s)", flush=True)
         try:
             with open(result) as f:
@@ -334,16 +369,10 @@ class Check:
         found = sorted(glob.glob(pattern), key=os.path.getmtime)
         return found[-1] if found else None
 
-    def assemble(self, facts: dict, attempts: list) -> dict:
+    def assemble(self, facts: dict, attempts: list, stamp: str = "") -> dict:
         from vit_scale.check.environment import transport_facts
 
-        logs = ""
-        for attempt in attempts:
-            try:
-                with open(attempt["log"], errors="replace") as f:
-                    logs += f.read()
-            except OSError:
-                pass
+        logs = collective_log_text(self.out, stamp, [a["log"] for a in attempts])
         world = facts.get("world") or {}
         backend = world.get("backend") or self.system.backend
         return {
@@ -358,6 +387,32 @@ class Check:
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
             "facts": facts, "out": self.out,
         }
+
+
+def nccl_log_name(stamp: str, attempt: int) -> str:
+    """NCCL_DEBUG_FILE's name: NCCL puts the host for %h and the process id for %p."""
+    return f"nccl.{stamp}.{attempt}.%h.%p.log"
+
+
+def collective_log_text(out: str, stamp: str, rank_logs: list) -> str:
+    """NCCL's lines of this check: its files (one per process), then the launches' logs, where they
+    land when NCCL could not open the file."""
+    import glob
+
+    paths = sorted(glob.glob(os.path.join(out, "logs", f"nccl.{glob.escape(stamp)}.*.log"))) + list(rank_logs)
+    text = ""
+    for path in paths:
+        try:
+            with open(path, errors="replace") as f:
+                text += f.read()
+        except OSError:
+            pass
+    return text
+
+
+def out_of_time(label: str, precision: str, limit_min: float) -> dict:
+    return {"label": label, "precision": precision, "status": "timeout", "run_dir": None,
+            "error": f"not started: the launches before it used all of --time-limit {limit_min:g} min"}
 
 
 def argv_for_study(study, prog: str) -> list[str]:

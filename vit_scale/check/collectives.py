@@ -12,10 +12,17 @@ Bandwidths, as nccl-tests' PERFORMANCE.md defines them, for S bytes in t seconds
   busbw = algbw * (n-1)/n    all-gather, reduce-scatter
 busbw is what each rank's link carries, comparable across rank counts and with the link's speed.
 
-Each measurement: warm-up (the first call also checks the result), an agreed number of timed
+Each measurement: a checking call, warm-up, an agreed number of timed
 iterations (from the warm-up's time, so that a slow 25 MiB all-gather on a CPU takes a fraction
 of a second and a fast one on a GPU gets many iterations), device events on a GPU and
 perf_counter after a barrier on a CPU, the slowest rank's time.
+
+The checking call runs the collective once on an fp32 buffer of the same length, whatever the
+timed precision: each rank sends its group rank + 1, so a sum is n(n+1)/2, exact in fp32 (integers
+up to 2**24) for every n up to CHECK_EXACT_UP_TO ranks, in any order and grouping of the additions.
+In bf16 the library rounds each ring hop's partial sum to 8 significant bits: from 24 ranks on the
+true sum is off by more than 1% although nothing is wrong (fp16 overflows past 362 ranks). The
+comparison is exact; a wrong result on any rank makes the measurement wrong on every rank.
 
 The size arithmetic here is torch-free; torch is imported inside the functions that measure.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
@@ -33,6 +41,9 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DDP_BUCKET_BYTES = 25 * 2 ** 20       # torch DistributedDataParallel's bucket_cap_mb default
 LATENCY_SIZES = (8, 64, 512, 4096)
 QUICK_LATENCY_SIZES = (8, 4096)
+# after the world's rendezvous, how long any collective of the check may wait for its peers
+COLLECTIVE_TIMEOUT_S = 300
+CHECK_EXACT_UP_TO = 5792              # n(n+1)/2 <= 2**24: every partial sum an exact fp32 integer
 
 
 @dataclass(frozen=True)
@@ -101,22 +112,37 @@ def elements(nbytes: int, element_bytes: int, ranks: int) -> int:
 
 # ---------------------------------------------------------------- measuring (torch from here on)
 
-def node_groups(world):
-    """(my node's group or None, the node names in rank order): one group per node, made on every
-    rank (torch needs every rank in every new_group call), from the node names the ranks report,
-    so that a cyclic placement of ranks still groups each node's own."""
+def scopes_for(names: list) -> list[tuple[str, int]]:
+    """(scope, ranks in it) for the node names of every rank in rank order: the same list on every
+    rank, so that all of them run the same collectives (a rank deciding from its own node's size
+    would wait in a collective its peers never call). Uneven placement is refused."""
+    from vit_scale.errors import UserError
+
+    counts = dict(Counter(names))
+    if len(set(counts.values())) > 1:
+        placed = ", ".join(f"{node} {n}" for node, n in counts.items())
+        raise UserError(f"ranks per node: uneven placement ({placed}); allowed: the same number of ranks on every "
+                        f"node, as the study runs them (check the launcher's --ntasks-per-node)")
+    per_node, nodes = counts[names[0]], len(counts)
+    scopes = [("node", per_node)] if per_node > 1 else []
+    return scopes + ([("world", len(names))] if nodes > 1 else [])
+
+
+def node_groups(world, names: list):
+    """My node's group: one group per node, made on every rank (torch needs every rank in every
+    new_group call), from the node names the ranks report, so that a cyclic placement of ranks
+    still groups each node's own."""
+    from datetime import timedelta
+
     import torch.distributed as dist
 
-    names = [None] * world.world_size
-    dist.all_gather_object(names, world.node_name)
-    nodes = list(dict.fromkeys(names))
     mine = None
-    for node in nodes:
-        ranks = [r for r, name in enumerate(names) if name == node]
-        group = dist.new_group(ranks)
+    for node in dict.fromkeys(names):
+        group = dist.new_group([r for r, name in enumerate(names) if name == node],
+                               timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
         if world.node_name == node:
-            mine = (group, ranks)
-    return mine, names
+            mine = group
+    return mine
 
 
 def measure_all(world, sizes: list[Size], settings: Settings) -> list[dict]:
@@ -124,15 +150,14 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> list[dict]:
     nodes (when there are several): a list of measurements, the same on every rank."""
     import torch.distributed as dist
 
-    (group, node_ranks), names = node_groups(world)
+    names = [None] * world.world_size
+    dist.all_gather_object(names, world.node_name)
+    scopes = scopes_for(names)
     nodes = len(set(names))
-    scopes = []
-    if len(node_ranks) > 1:
-        scopes.append(("node", group if nodes > 1 else None, len(node_ranks)))
-    if nodes > 1:
-        scopes.append(("world", None, world.world_size))
+    group = node_groups(world, names) if nodes > 1 and scopes[0][0] == "node" else None
     results = []
-    for scope, scope_group, ranks in scopes:
+    for scope, ranks in scopes:
+        scope_group = group if scope == "node" else None
         for collective in COLLECTIVES:
             for size in sizes:
                 one = measure(world, collective, size, scope_group, ranks, settings)
@@ -154,6 +179,28 @@ def slowest_node(world, one: dict) -> dict:
     return {**one, "time_s": seconds, "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": not wrong}
 
 
+def buffers(collective: str, numel: int, piece: int, dtype, device, fill: float):
+    """(send, receive) for one call; an in-place all-reduce sends and receives in one buffer."""
+    import torch
+
+    send = torch.full((piece if collective == "all_gather" else numel,), fill, dtype=dtype, device=device)
+    if collective == "all_reduce":
+        return send, send
+    return send, torch.empty(numel if collective == "all_gather" else piece, dtype=dtype, device=device)
+
+
+def call(collective: str, send, recv, group):
+    import torch.distributed as dist
+
+    if collective == "all_reduce":
+        return lambda: dist.all_reduce(send, group=group)
+    if collective == "all_gather":
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name, where torch has it
+        return lambda: gather(recv, send, group=group)
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return lambda: scatter(recv, send, group=group)
+
+
 def measure(world, collective: str, size: Size, group, ranks: int, settings: Settings) -> dict:
     import torch
     import torch.distributed as dist
@@ -163,30 +210,14 @@ def measure(world, collective: str, size: Size, group, ranks: int, settings: Set
     me = dist.get_rank(group) if group is not None else dist.get_rank()
     numel = elements(size.nbytes, ELEMENT_BYTES[size.precision], ranks)
     piece = numel // ranks
-    if collective == "all_reduce":
-        send = torch.full((numel,), float(me + 1), dtype=dtype, device=device)
-        recv = send
-
-        def op():
-            dist.all_reduce(send, group=group)
-    elif collective == "all_gather":
-        send = torch.full((piece,), float(me + 1), dtype=dtype, device=device)
-        recv = torch.empty(numel, dtype=dtype, device=device)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name, where torch has it
-
-        def op():
-            gather(recv, send, group=group)
-    else:
-        send = torch.full((numel,), float(me + 1), dtype=dtype, device=device)
-        recv = torch.empty(piece, dtype=dtype, device=device)
-        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-        def op():
-            scatter(recv, send, group=group)
-
-    op()
-    correct = result_is_right(collective, recv, ranks, piece)
-    send.zero_()   # an in-place all-reduce repeated on zeros stays finite in any precision
+    send, recv = buffers(collective, numel, piece, torch.float32, device, float(me + 1))
+    call(collective, send, recv, group)()
+    right = result_is_right(collective, recv, ranks, piece)
+    # a rank that got a wrong result makes it wrong for all: rank 0 alone writes the facts
+    correct = agreed_max(0.0 if right else 1.0, group, device) == 0.0
+    del send, recv
+    # zeros: an all-reduce repeated in place stays finite in any precision
+    op = call(collective, *buffers(collective, numel, piece, dtype, device, 0.0), group)
     sync = torch.cuda.synchronize if world.device_type != "cpu" else (lambda: None)
     for _ in range(settings.warmup):
         op()
@@ -235,12 +266,12 @@ def agreed_max(seconds: float, group, device) -> float:
 
 
 def result_is_right(collective: str, recv, ranks: int, piece: int) -> bool:
-    """Each rank sent its group rank + 1: a sum is n(n+1)/2, a gather is 1, 2, ... n in order."""
+    """The checking call's fp32 result, compared exactly: each rank sent its group rank + 1, so a
+    sum is n(n+1)/2 and a gather is 1, 2, ... n in order."""
     import torch
 
-    values = recv.float()
     if collective == "all_gather":
         expected = torch.arange(1, ranks + 1, dtype=torch.float32, device=recv.device).repeat_interleave(piece)
     else:
-        expected = torch.full_like(values, ranks * (ranks + 1) / 2)
-    return bool(torch.allclose(values, expected, rtol=1e-2))
+        expected = torch.full_like(recv, ranks * (ranks + 1) / 2, dtype=torch.float32)
+    return recv.dtype == torch.float32 and bool(torch.equal(recv, expected))

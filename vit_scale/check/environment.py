@@ -103,10 +103,27 @@ def rank_facts(world) -> dict:
 
         props = torch.cuda.get_device_properties(world.device_index)
         facts["device_name"] = props.name
-        # the same GPU seen by two ranks on one node has the same UUID (PCI bus id where there is none)
-        uuid = getattr(props, "uuid", None)
-        facts["device_id"] = str(uuid) if uuid is not None else f"pci {getattr(props, 'pci_bus_id', '?')}"
+        facts["device_id"] = gpu_identity(props)
     return facts
+
+
+def gpu_identity(props) -> str | None:
+    """What tells two GPUs of a node apart: the PCI address (domain:bus:device, as torch's own
+    torch/numa/binding.py reads it from the device properties), else the UUID when it looks real.
+    ROCr can report a placeholder UUID such as "GPU-XX" for every device, which would make all of
+    a node's ranks look like one GPU."""
+    address = [getattr(props, f"pci_{part}_id", None) for part in ("domain", "bus", "device")]
+    if all(isinstance(n, int) for n in address) and any(address):
+        domain, bus, device = address
+        return f"pci {domain:04x}:{bus:02x}:{device:02x}"
+    uuid = str(getattr(props, "uuid", None) or "")
+    return uuid if real_uuid(uuid) else None
+
+
+def real_uuid(uuid: str) -> bool:
+    """A UUID with at least 8 hex digits, not all zeros ("GPU-XX" and empty ones are placeholders)."""
+    digits = [c for c in uuid.lower().removeprefix("gpu-") if c in "0123456789abcdef"]
+    return len(digits) >= 8 and any(c != "0" for c in digits)
 
 
 def driver_version(device_type: str) -> str | None:

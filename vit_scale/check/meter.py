@@ -3,10 +3,13 @@
 - the trainer against a bare PyTorch loop (same model, batch, data, precision, strategy DDP):
   images/s trainer / bare; the bare loop is benchmarks/trainer_overhead.py's (it imports it from
   here). On a CPU informational only: runs there differ by about ±15% from one to the next.
-- event-timed against host-synchronised step times on the same steps: the trainer's own step
-  times (device events on a GPU, no host synchronisation inside the timed window) beside the host
-  clock around the same steps, each bracketed by a device synchronisation. They must agree within
-  TIMING_TOLERANCE. On a CPU both are host clocks; they agree unless the meter itself costs time.
+- event-timed against host-synchronised step times: the mean step time the trainer books in its
+  normal run (device events on a GPU, no host synchronisation anywhere in the step) against the
+  host clock's mean in a second run whose every step is bracketed by device synchronisations. Two
+  runs, so that the synchronisation cannot shape the event-timed steps (timed inside one window,
+  both clocks would agree by construction). On a GPU they must agree within TIMING_TOLERANCE; on
+  a CPU both are host clocks of two runs, which differ by more than that from run to run, so the
+  line is informational there.
 - on a GPU, the planner's predicted peak allocated memory (the start record's plan) against the
   measured (the end record's): the planner's error.
 
@@ -115,9 +118,13 @@ def trainer(label, settings, world, out_dir, run_class=None, study=None):
     from vit_scale.recipes.train import Run
 
     run = (run_class or Run)(trainer_config(label, settings, out_dir, study or label), world)
-    code = run.execute(keep_process_group=True)
+    # the meter's group is this rank alone: a failed run cannot leave it broken, so the run returns
+    # and its failure becomes the meter's line
+    code = run.execute(keep_process_group=True, return_on_failure=world.world_size == 1)
     if code != 0:
-        raise RuntimeError(f"the trainer's {label} run ended with exit code {code} (record: {run.run_dir})")
+        record = read_run_dir(run.run_dir) if run.run_dir else None
+        error = ((record.end or {}).get("error") if record else None) or f"exit code {code}"
+        raise RuntimeError(f"the trainer's {label} run failed: {error} (record: {run.run_dir})")
     if not world.is_main:
         return None, run
     return read_run_dir(run.run_dir).end["images_per_s"]["mean"], run
@@ -178,8 +185,8 @@ def measure(world, settings: MeterSettings, out_dir: str) -> dict:
         ours.append(ips)
     ratio = statistics.median(o / b for o, b in zip(ours, bare))
     _, timed = trainer("DDP", settings, world, out_dir, host_timed_run_class(), study="meter")
-    event = timed.step_times                              # the timed steps, as the trainer booked them
-    host = timed.host_step_s[len(timed.host_step_s) - len(event):]
+    event = run.step_times      # the normal run's timed steps, as the trainer booked them
+    host = timed.host_step_s[len(timed.host_step_s) - len(timed.step_times):]   # the same steps of the synchronised run
     event_mean, host_mean = statistics.fmean(event), statistics.fmean(host)
     return {"settings": dataclasses.asdict(settings), "strategy": "DDP", "device_type": world.device_type,
             "bare_images_per_s": statistics.median(bare), "trainer_images_per_s": statistics.median(ours),

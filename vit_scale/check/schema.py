@@ -65,7 +65,7 @@ FACTS = {
         "fatal": {"type": "string"},
         "parts_done": {"type": "array", "items": {"enum": ["meter", "environment", "interconnect", "strategies"]}},
         "world": {"type": "object", "required": ["world_size", "nodes", "ranks_per_node", "backend", "device_type"],
-                  "properties": {"backend": {"enum": ["nccl", "gloo"]}}},
+                  "properties": {"backend": {"enum": ["nccl", "gloo"]}, "collective_timeout_s": NUM_OR_NULL}},
         "versions": {"type": "object", "required": ["python", "torch", "cuda", "hip", "nccl", "driver"]},
         "modules": {"type": "array", "items": {"type": "string"}},
         "ranks": {"type": "array", "items": RANK},

@@ -79,6 +79,8 @@ def main(argv=None) -> int:
     if "meter" in parts and world.rank == 0:
         meter(world, spec, facts)
     join_world(world)
+    facts.data["world"]["collective_timeout_s"] = collective_timeout_s(world)
+    facts.save()
     if "environment" in parts:
         environment(world, spec, facts)
     if "interconnect" in parts:
@@ -104,21 +106,46 @@ def same_network_as_the_world(world) -> None:
 
 
 def join_world(world) -> None:
+    """The world's process group: its rendezvous may wait WORLD_TIMEOUT_S (rank 0 meters first),
+    its collectives afterwards COLLECTIVE_TIMEOUT_S, so that a rank stuck behind a broken peer
+    ends the launch in minutes. The trainer's runs reuse this group (their
+    system.collective_timeout_s applies only to a group they create themselves)."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
     from vit_scale.launch.world import init_distributed
 
     init_distributed(world, WORLD_TIMEOUT_S)
+    c10d._set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))   # gloo and NCCL: the default group's
+
+
+def collective_timeout_s(world) -> float | None:
+    """The world group's collective timeout as its backend holds it (None where torch hides it)."""
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        device = torch.device("cpu" if world.device_type == "cpu" else "cuda")
+        return c10d._get_default_group()._get_backend(device).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def meter(world, spec: dict, facts: Facts) -> None:
     from vit_scale.check.meter import MeterSettings, measure_alone, settings_for
 
     settings = MeterSettings(**spec["meter"]) if spec.get("meter") else settings_for(world.device_type, spec["quick"])
+    # a trainer's run that fails leaves the process (RunSession.execute ends in os._exit): this
+    # names the meter, so that the orchestrator says so and starts the rest without it
+    facts.set(in_progress={"part": "meter", "settings": vars(settings)})
     try:
         found = measure_alone(world, settings, spec["records"])
     except Exception as exc:  # noqa: BLE001 - a meter that breaks is a line, not the end of the check
         traceback.print_exc()
         found = {"error": short_error(exc), "settings": vars(settings)}
-    facts.set(meter=found)
+    facts.set(meter=found, in_progress=None)
     facts.done("meter")
 
 
@@ -148,11 +175,14 @@ def environment(world, spec: dict, facts: Facts) -> None:
 
 def interconnect(world, spec: dict, facts: Facts) -> None:
     from vit_scale.check.collectives import FULL, QUICK, measure_all, sizes_for
+    from vit_scale.errors import UserError
 
     sizes = sizes_for(spec["model"], spec["precisions"][0], spec["quick"])
     try:
         found = {"model": spec["model"], "measurements": measure_all(world, sizes, QUICK if spec["quick"] else FULL),
                  "error": None}
+    except UserError as exc:   # e.g. uneven placement: the same one line on every rank
+        found = {"model": spec["model"], "measurements": [], "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - said in the check's lines; the strategies may still run
         traceback.print_exc()
         found = {"model": spec["model"], "measurements": [], "error": short_error(exc)}
@@ -168,7 +198,20 @@ def strategies(world, spec: dict, facts: Facts) -> None:
         row = run_label(label, precision, world, spec, spec.get("attempt", 1))
         facts.data["strategies"].append(row)
         facts.set(in_progress=None)
+        release_memory(world)
     facts.done("strategies")
+
+
+def release_memory(world) -> None:
+    """A label's model, optimizer and cached device blocks, freed before the next label, so that a
+    label does not fail for the memory its predecessor left behind."""
+    import gc
+
+    gc.collect()
+    if world.device_type != "cpu":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":

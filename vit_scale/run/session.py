@@ -484,9 +484,11 @@ class RunSession:
         lines.append(f"  record: {os.path.join(self.run_dir, 'metrics.jsonl')}")
         print("\n".join(lines), flush=True)
 
-    def execute(self, keep_process_group: bool = False) -> int:
+    def execute(self, keep_process_group: bool = False, return_on_failure: bool = False) -> int:
         """Run it: every status ends in one end record and an exit code. `keep_process_group`
-        lets a caller run several in one launch."""
+        lets a caller run several in one launch. `return_on_failure` returns a failed run's code
+        instead of leaving the process: only for a process group of one rank (the check's meter),
+        which has no peer to leave it broken."""
         world = self.world
         # every rank: a kernel this run builds or loads is the one `vit-scale prepare` built (the venv's ninja)
         use_venv_tools()
@@ -547,6 +549,8 @@ class RunSession:
             dist.barrier()
             if not keep_process_group:
                 dist.destroy_process_group()
+            return code
+        if return_on_failure:
             return code
         leave(code)  # a broken process group can hang in its destructor
 
