@@ -16,6 +16,8 @@ import stat
 
 import pytest
 
+from conftest import require_module, require_package
+
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.errors import UserError
@@ -48,7 +50,7 @@ class _CountingAccelerator:
 def _synchronizations(ds_config: dict, monkeypatch, steps=6) -> int:
     """Device synchronisations DeepSpeed's ThroughputTimer makes over `steps` engine steps under
     `ds_config`, driven as the engine drives it (start in forward, stop in step)."""
-    timer_module = pytest.importorskip("deepspeed.utils.timer")
+    timer_module = require_module("deepspeed.utils.timer", "pip install 'vit-scale[deepspeed]'")
     from deepspeed.utils.config import get_timers_config
 
     accelerator = _CountingAccelerator()
@@ -92,7 +94,7 @@ def test_qgz_is_refused_unless_each_rank_sees_its_nodes_gpus():
 
 def test_zeropp_check_refuses_qgz_with_one_gpu_per_rank(monkeypatch):
     """torch.cuda.device_count() is replaced: there is no GPU here."""
-    pytest.importorskip("deepspeed")  # check() ends by importing it
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")  # check() ends by importing it
     import torch
     from vit_scale.distributed.deepspeed import DeepSpeedStrategy, qgz_refusal
 
