@@ -151,13 +151,17 @@ def test_mpi_rendezvous_is_an_address_other_nodes_reach(monkeypatch):
     assert mpi_master_addr(["h1", "h2"]) == "localhost"
     monkeypatch.delenv("SLURMD_NODENAME")
     addresses = interface_ipv4s()
-    if not addresses:
-        pytest.skip("this machine has no network interface besides the loopback")
+    if addresses:
+        # a peer on the network: the address of the interface that routes to it
+        assert routed_ipv4(addresses[0]) in addresses
+    else:  # a machine with the loopback alone: an interface stands in (a mock, said here)
+        import vit_scale.launch.world as world_module
+
+        addresses = ["10.9.8.7"]
+        monkeypatch.setattr(world_module, "interface_ipv4s", lambda: addresses)
     # a peer only reachable through the loopback says nothing: an interface's address is taken
     published = mpi_master_addr([socket.gethostname(), "localhost"])
     assert published in addresses and not published.startswith("127.")
-    # a peer on the network: the address of the interface that routes to it
-    assert routed_ipv4(addresses[0]) in addresses
 
 
 def test_runs_over_several_nodes_must_use_the_network_plugin(monkeypatch):

@@ -131,8 +131,8 @@ def trainer(label, settings, world, out_dir, run_class=None, study=None):
 
 
 def host_timed_run_class():
-    """The trainer's Run with a host clock around each step as well, each step bracketed by a device
-    synchronisation: the same steps timed both ways."""
+    """The trainer's Run with each step bracketed by device synchronisations and timed by the host
+    clock (`host_step_s`): the reference the normal run's event-timed steps are compared with."""
     from vit_scale.recipes.train import Run
 
     class HostTimedRun(Run):

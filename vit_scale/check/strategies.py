@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import time
 
+from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
+
 # a few steps: enough for each family's first step (where most failures are) and a timed one
 STEPS = {"quick": (3, 1), "full": (6, 2)}     # (steps, warm-up steps)
 MODEL = "vit_micro"
 BATCH_SIZE = 4
-# for the record's config only: the runs reuse the check's world group, whose timeout
-# (collectives.COLLECTIVE_TIMEOUT_S, set after its rendezvous) is the one that applies
-COLLECTIVE_TIMEOUT_S = 120
 
 
 def concrete(label: str, ranks_per_node: int) -> str:
@@ -36,6 +35,7 @@ def overrides(label: str, precision: str, world, spec: dict, run_id: str, needs:
     steps, warmup = STEPS["quick" if spec["quick"] else "full"]
     return [f"model={MODEL}", f"strategy={label}", f"train.precision={precision}", f"train.steps={steps}",
             f"train.warmup_steps={warmup}", f"train.batch_size={BATCH_SIZE}", "train.print_every=1000000",
+            # the runs reuse the check's world group: the record names the timeout that group holds
             f"system.launcher={world.launcher}", f"system.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
             f"output.dir={spec['records']}", "output.study=check", f"output.run_id={run_id}", *needs]
 

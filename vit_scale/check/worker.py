@@ -98,11 +98,9 @@ def same_network_as_the_world(world) -> None:
     """The network choice the world's process group will make (init_distributed sets NCCL_NET for a
     run over several nodes where the env script asks for it), made before the meter's one-rank
     group, so that NCCL names one network in the log, the one the check reports."""
-    import vit_scale.launch.world as launch_world
+    from vit_scale.launch.world import network_requirement
 
-    requirement = getattr(launch_world, "network_requirement", None)
-    if requirement is not None:
-        os.environ.update(requirement(world))
+    os.environ.update(network_requirement(world))
 
 
 def join_world(world) -> None:
