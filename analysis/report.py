@@ -98,7 +98,7 @@ def _figure_block(plot, images: set) -> list:
 
 
 def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, missing: list) -> list:
-    from .plots import scaling_runs, single_point_lines
+    from .figures import model_order, scaling_runs, single_point_lines
 
     runs = scaling_runs(results)
     if runs.empty:
@@ -117,9 +117,7 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
         more = f" and {len(alone) - 12} more" if len(alone) > 12 else ""
         blocks.append(Block("p", f"Not drawn as lines, having run at one size only: {named}{more}. "
                                  "They are in results.csv and the best-run table."))
-    from .plots import _models
-
-    for model in _models(runs):
+    for model in model_order(runs):
         t = tbl.scaling_table(runs, model)
         xname = tbl.x_axis(runs[runs["model"] == model])[1]
         blocks.append(Block("h3", f"{model}: images/s (scaling efficiency) by {xname}"))
@@ -439,7 +437,7 @@ def _check_bandwidths(check: dict) -> list:
 
 def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
     """The planner's predicted peak memory against the measured: the figure file and every residual."""
-    from .plots import prediction_rows, residual_summary
+    from .figures import prediction_rows, residual_summary
 
     runs = prediction_rows(results)
     if runs.empty:

@@ -19,7 +19,7 @@ if __package__ in (None, ""):
     # package imports below resolve and no module here shadows one of the same name elsewhere.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from analysis import plots as plots_mod  # noqa: E402
+from analysis import figures  # noqa: E402
 from analysis import report  # noqa: E402
 from vit_scale.record import reader as records  # noqa: E402
 from analysis import table as tbl  # noqa: E402
@@ -54,7 +54,7 @@ def parse_args(argv):
     p.add_argument("--dpi", type=_dpi, default=300, help="PNG resolution (default: 300, print)")
     p.add_argument("--width", type=_width, default="column", metavar="column|page|INCHES",
                    help="the width the figures are drawn at, and so printed at without scaling their text: "
-                        f"column ({plots_mod.COLUMN_WIDTH} in, default), page ({plots_mod.PAGE_WIDTH} in) "
+                        f"column ({figures.COLUMN_WIDTH} in, default), page ({figures.PAGE_WIDTH} in) "
                         f"or inches from {MIN_WIDTH:g} to {MAX_WIDTH:g}")
     p.add_argument("--no-plots", action="store_true", help="tables and report only")
     p.add_argument("--quiet", action="store_true", help="only warnings and errors")
@@ -83,7 +83,7 @@ MIN_WIDTH, MAX_WIDTH = 2.5, 20.0  # narrower cannot hold a panel's labels; wider
 
 
 def _width(text):
-    named = {"column": plots_mod.COLUMN_WIDTH, "page": plots_mod.PAGE_WIDTH}
+    named = {"column": figures.COLUMN_WIDTH, "page": figures.PAGE_WIDTH}
     if text in named:
         return named[text]
     try:
@@ -217,7 +217,7 @@ def run(args) -> int:
     # Resolve the grid choice before writing anything, so a bad --grid-model leaves no half output.
     if not args.no_plots:
         try:
-            plots_mod.pick_grid(results, args.grid_model, args.grid_nodes)
+            figures.pick_grid(results, args.grid_model, args.grid_nodes)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
 
@@ -238,19 +238,17 @@ def run(args) -> int:
     except OSError as exc:
         raise UsageError(f"--out: cannot write in {args.out}: {exc.strerror or exc}") from None
 
-    figures, missing = [], []
+    drawn, missing = [], []
     if not args.no_plots:
         t_plot = time.perf_counter()
-        figures, missing = plots_mod.all_plots(results, args.grid_model, args.grid_nodes, args.width)
-        if not breakdown.empty:
-            figures.append(plots_mod.time_breakdown(breakdown, args.width))
-        for fig in figures:
+        drawn, missing = figures.all_plots(results, args.grid_model, args.grid_nodes, args.width, breakdown)
+        for fig in drawn:
             for fmt in args.formats:
                 fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
-        _say(args, f"drew {len(figures)} figures in {time.perf_counter() - t_plot:.1f} s")
+        _say(args, f"drew {len(drawn)} figures in {time.perf_counter() - t_plot:.1f} s")
         for m in missing:
             _say(args, f"  not drawn: {m}")
-    blocks = report.build(results, set_aside, coll, figures, missing, writer.written, breakdown)
+    blocks = report.build(results, set_aside, coll, drawn, missing, writer.written, breakdown)
     with open(writer.path("report.md"), "w") as f:
         f.write(report.to_markdown(blocks))
     with open(writer.path("report.html"), "w") as f:

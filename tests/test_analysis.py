@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from analysis import plots, report, table  # noqa: E402
+from analysis import figures, report, table  # noqa: E402
 from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import default_options, write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
@@ -156,7 +156,7 @@ def test_single_node_rank_ladder_uses_ranks(tmp_path):
     assert sorted(df["efficiency"]) == pytest.approx([0.75, 1.0])
     assert table.x_axis(df) == ("world_size", "ranks")
     assert set(df["memory_measure"]) == {"rss"}
-    plot = plots.memory(df)
+    plot = figures.memory(df)
     assert plot.figure.axes[0].get_ylabel() == "peak RSS per rank (GiB), CPU"
 
 
@@ -167,7 +167,7 @@ def _lines(ax, style):
 
 
 def test_weak_scaling_plot_has_one_line_and_one_ideal_per_strategy(results):
-    plot = plots.weak_scaling(results)
+    plot = figures.weak_scaling(results)
     assert plot.drawn["vit_base"] == {"measured": 3, "ideal": 3, "failed": 2}
     # vit_3b DDP ran at one node count only: a single run is no scaling line, so it is left out
     assert plot.drawn["vit_3b"] == {"measured": 1, "ideal": 1, "failed": 0}
@@ -175,14 +175,14 @@ def test_weak_scaling_plot_has_one_line_and_one_ideal_per_strategy(results):
     assert len(_lines(ax, "-")) == 3 and len(_lines(ax, "--")) == 3
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "nodes"
     # the ideal FULL_SHARD line starts at its 2-node run: 200 → 400 at 4 nodes, and spans the OOM at 1
-    color = plots.series_colors(results)["FULL_SHARD"]
+    color = figures.series_colors(results)["FULL_SHARD"]
     ideal = next(ln for ln in _lines(ax, "--") if ln.get_color() == color)
     assert list(ideal.get_xdata()) == [1, 2, 4] and list(ideal.get_ydata()) == pytest.approx([100, 200, 400])
     assert len(ax.collections) == 2  # an × for the OOM and one for the timeout
 
 
 def test_predicted_against_measured_memory_has_a_point_per_ok_gpu_run(results):
-    plot = plots.predicted_memory(results)
+    plot = figures.predicted_memory(results)
     assert plot is not None
     # ok runs with a measured peak: vit_base DDP x3, FULL_SHARD x2 (+ vit_3b x2), HYBRID_2GPU x2
     assert plot.drawn == {"DDP": 3, "FULL_SHARD": 4, "HYBRID_2GPU": 2}
@@ -191,7 +191,7 @@ def test_predicted_against_measured_memory_has_a_point_per_ok_gpu_run(results):
 
 
 def test_memory_plot_keeps_full_shard_apart_with_capacity(results):
-    plot = plots.memory(results)
+    plot = figures.memory(results)
     assert plot.drawn[("vit_base", "FULL_SHARD")] == {"measured": 1, "capacity": 1, "failed": 1}
     assert plot.drawn[("vit_base", "other strategies")] == {"measured": 2, "capacity": 1, "failed": 1}
     ax = next(a for a in plot.figure.axes if a.get_title().endswith("FULL_SHARD") and "vit_base" in a.get_title())
@@ -201,7 +201,7 @@ def test_memory_plot_keeps_full_shard_apart_with_capacity(results):
 
 
 def test_efficiency_heat_map_values(results):
-    plot = plots.efficiency(results)
+    plot = figures.efficiency(results)
     base = plot.drawn["vit_base"]
     assert list(base.columns) == [1, 2, 4]
     assert base.loc["DDP"].tolist() == pytest.approx([1.0, 0.9, 0.75])
@@ -229,7 +229,7 @@ def _grid_study(root, oom=("FULL_SHARD", "none", False)):
 def test_config_grid_bars(tmp_path):
     _grid_study(tmp_path)
     df = table.build(records.collect([str(tmp_path)])).results
-    plot = plots.config_grid(df)
+    plot = figures.config_grid(df)
     d = plot.drawn
     assert (d["model"], d["nodes"], d["batch"]) == ("vit_5b", 8, 32)
     assert d["bars"] == 17 and d["failed"] == [("FULL_SHARD", "none", False, "oom")]
@@ -237,12 +237,12 @@ def test_config_grid_bars(tmp_path):
     ax = plot.figure.axes[0]
     assert len(ax.patches) == 17 and [t.get_text() for t in ax.get_xticklabels()] == [
         "HYBRID_2GPU", "FULL_SHARD", "SHARD_GRAD_OP"]
-    small = plots.config_grid(df, model="vit_base")
+    small = figures.config_grid(df, model="vit_base")
     assert small.drawn["bars"] == 2
     with pytest.raises(ValueError, match="--grid-model.*vit_5b"):
-        plots.config_grid(df, model="vit_15b")
+        figures.config_grid(df, model="vit_15b")
     with pytest.raises(ValueError, match="--grid-nodes.*8"):
-        plots.config_grid(df, model="vit_5b", nodes=4)
+        figures.config_grid(df, model="vit_5b", nodes=4)
 
 
 def test_plugin_comparison_found_by_data(tmp_path):
@@ -253,11 +253,11 @@ def test_plugin_comparison_found_by_data(tmp_path):
                       ips=None if bad else ips * batch / 8, status="oom" if bad else "ok", steps=4, warmup=1,
                       memory_gib=None if bad else batch / 8, run_id=f"b{batch}")
     df = table.build(records.collect([str(tmp_path)])).results
-    plot = plots.plugin_comparison(df)
+    plot = figures.plugin_comparison(df)
     assert plot.drawn == {("anything", "vit_base"): {"ips_lines": 3, "memory_lines": 3, "failed": 1, "capacity": 1}}
     assert len(_lines(plot.figure.axes[0], "-")) == 3
-    assert plots.weak_scaling(df) is None  # one world size: no scaling plot, and all_plots says why
-    _, missing = plots.all_plots(df)
+    assert figures.weak_scaling(df) is None  # one world size: no scaling plot, and all_plots says why
+    _, missing = figures.all_plots(df)
     assert any(m.startswith("weak scaling") for m in missing)
 
 
@@ -545,7 +545,7 @@ def _black(color) -> bool:
 
 
 def test_colours_never_fall_back_to_black(tmp_path, results):
-    colors = plots.series_colors(results)
+    colors = figures.series_colors(results)
     known = {colors[s] for s in ("DDP", "FULL_SHARD", "HYBRID_2GPU")}
     # a strategy or series the map was not built from gets the next colour, also through .get
     for name in ("ZERO3", "CAI_GEMINI", "FULL_SHARD [prefetch=post]"):
@@ -560,21 +560,21 @@ def test_colours_never_fall_back_to_black(tmp_path, results):
                   run_id=prefetch, device="cuda")
     write_run(root, strategy="ZERO3", ips=10.0, memory_gib=8.0, predicted_gib=7.9, run_id="z", device="cuda")
     df = table.build(records.collect([root])).results
-    plot = plots.predicted_memory(df)
+    plot = figures.predicted_memory(df)
     faces = [tuple(c.get_facecolors()[0][:3]) for c in plot.figure.axes[0].collections[:2]]
     assert all(face != (0.0, 0.0, 0.0) for face in faces) and faces[0] != faces[1]
-    for maker in (plots.weak_scaling, plots.memory):
+    for maker in (figures.weak_scaling, figures.memory):
         plot = maker(results)
         for ax in plot.figure.axes:
             assert not any(_black(ln.get_color()) for ln in ax.get_lines())
 
 
 def test_weak_scaling_has_error_bars_labels_and_facts(results):
-    plot = plots.weak_scaling(results)
+    plot = figures.weak_scaling(results)
     # one bar per ok run on a line: vit_base DDP x3, FULL_SHARD x2, HYBRID_2GPU x2; vit_3b FULL_SHARD x2
     assert plot.extra["errorbars"] == {"vit_base": 7, "vit_3b": 2}
     ax = next(a for a in plot.figure.axes if a.get_title().startswith("vit_base"))
-    colors = plots.series_colors(results)
+    colors = figures.series_colors(results)
     from matplotlib.colors import to_hex
 
     assert {to_hex(p.get_edgecolor()) for p in ax.patches} == {colors[s] for s in ("DDP", "FULL_SHARD",
@@ -585,16 +585,16 @@ def test_weak_scaling_has_error_bars_labels_and_facts(results):
     facts = " ".join(plot.figure.get_suptitle().split())
     assert "8 × AMD Instinct MI250X per node" in facts and "batch 32 per device" in facts and "bf16" in facts
     assert "6 timed steps after 2 warm-up" in facts
-    assert plot.figure.get_size_inches()[0] == pytest.approx(plots.COLUMN_WIDTH)
-    assert plots.weak_scaling(results, width=plots.PAGE_WIDTH).figure.get_size_inches()[0] == \
-        pytest.approx(plots.PAGE_WIDTH)
+    assert plot.figure.get_size_inches()[0] == pytest.approx(figures.COLUMN_WIDTH)
+    assert figures.weak_scaling(results, width=figures.PAGE_WIDTH).figure.get_size_inches()[0] == \
+        pytest.approx(figures.PAGE_WIDTH)
     legend = plot.figure.legends[0] if plot.figure.legends else next(a.get_legend() for a in plot.figure.axes
                                                                       if a.get_legend())
     assert [t.get_text() for t in legend.get_texts()][:3] == ["DDP", "HYBRID_2GPU", "FULL_SHARD"]
 
 
 def test_memory_plot_has_headroom_and_shows_equal_series(results, tmp_path):
-    plot = plots.memory(results)
+    plot = figures.memory(results)
     for ax in plot.figure.axes:
         if not ax.get_visible() or not ax.get_lines():
             continue
@@ -612,7 +612,7 @@ def test_memory_plot_has_headroom_and_shows_equal_series(results, tmp_path):
             write_run(root, strategy=strategy, nodes=nodes, ips=10.0 * nodes, memory_gib=12.0 / (nodes if
                       strategy == "FULL_SHARD" else 1), run_id=f"{strategy}{nodes}", device_memory_gib=None)
     df = table.build(records.collect([root])).results
-    plot = plots.memory(df)
+    plot = figures.memory(df)
     other = next(a for a in plot.figure.axes if a.get_title().endswith("other strategies"))
     xs = [tuple(ln.get_xdata()) for ln in _lines(other, "-")]
     assert len(xs) == 2 and xs[0] != xs[1]
@@ -622,13 +622,13 @@ def test_memory_plot_has_headroom_and_shows_equal_series(results, tmp_path):
 
 def test_cpu_memory_plot_says_it_is_process_rss(tmp_path):
     df = table.build(records.collect([_emulated_cpu_study(tmp_path)])).results
-    plot = plots.memory(df)
+    plot = figures.memory(df)
     assert "not the sharded model state" in " ".join(plot.figure.get_suptitle().split())
     assert "says nothing about what sharding saves" in plot.caption
 
 
 def test_efficiency_heat_map_states_its_definition(results):
-    plot = plots.efficiency(results)
+    plot = figures.efficiency(results)
     definition = " ".join(plot.figure.get_suptitle().split())
     # FULL_SHARD's baseline is its 2-node run (it ran out of memory on one), so the general form
     assert definition.startswith("efficiency = ips(N) / (N/N₀ × ips(N₀))") and "N₀" in plot.caption
@@ -644,8 +644,8 @@ def test_one_point_per_series_is_not_drawn_and_the_report_says_why(tmp_path):
         write_run(root, strategy=strategy, nodes=2, ips=None, status="oom", error="out of memory", memory_gib=None,
                   run_id=f"{strategy}2")
     df = table.build(records.collect([root])).results
-    assert plots.weak_scaling(df) is None and plots.memory(df) is None and plots.efficiency(df) is None
-    _, missing = plots.all_plots(df)
+    assert figures.weak_scaling(df) is None and figures.memory(df) is None and figures.efficiency(df) is None
+    _, missing = figures.all_plots(df)
     assert any(m.startswith("weak scaling: every strategy has at most one run") for m in missing)
     out = tmp_path / "o"
     assert main([root, "--out", str(out), "--quiet", "--dpi", "50", "--formats", "png"]) == 0

@@ -1,0 +1,84 @@
+"""Figures 2 and 3 of seed 003: images/s of the whole job against nodes, one panel per model,
+measured lines with error bars and each strategy's ideal linear scaling."""
+from __future__ import annotations
+
+from typing import Optional
+
+import pandas as pd
+
+from .. import table as tbl
+from ._axes import error_bars, log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
+from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, legend_height, legend_in_slot,
+                      new_figure, panel_grid, title_height)
+from ._runs import (labeller, lines, model_order, model_title, not_ok, run_facts, scaling_runs, scaling_support,
+                    series_items)
+from ._spec import Figure
+from ._style import COLUMN_WIDTH, IDEAL, NOT_OK, style, styles_for
+
+
+def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
+                 markers: Optional[dict] = None) -> Optional[Plot]:
+    runs = scaling_runs(df)
+    if runs.empty or scaling_support(df) is not None:
+        return None
+    colors, markers = styles_for(df, colors, markers)
+    models = model_order(runs)
+    nrows, ncols = panel_grid(len(models), width, max_cols=3)
+    label = labeller(runs)
+    legend_labels = sorted({label(k) for k, _ in lines(runs)}) + [IDEAL[0], NOT_OK[0]]
+    facts = run_facts(runs) + " · bars: ± 1 s.d. of per-step images/s"
+    panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
+    slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)
+    extra_h = (0 if slot else legend_height(legend_labels, width)) + title_height(facts, width) + 0.1
+    fig, axes = new_figure(nrows, ncols, width, panel_h, extra_h)
+    handles, drawn, bars = {}, {}, {}
+    with style():
+        for i, model in enumerate(models):
+            ax = axes[i // ncols][i % ncols]
+            sub = runs[runs["model"] == model]
+            xcol, xname = tbl.x_axis(sub)
+            counts = {"measured": 0, "ideal": 0, "failed": 0}
+            slots: dict = {}
+            n_bars = 0
+            for key, line in lines(sub):
+                color, marker = colors[key[1]], markers[key[1]]
+                ok = tbl.usable(line)
+                if not ok.empty:
+                    handles.setdefault(key, measured_line(ax, ok[xcol], ok["ips_mean"], color, marker))
+                    counts["measured"] += 1
+                    n_bars += error_bars(ax, ok[xcol].to_numpy(float), ok["ips_mean"].to_numpy(float),
+                                         ok["ips_std"].to_numpy(float), color, log_y=True)
+                    base = ok.iloc[0]
+                    ideal_x = line[xcol].to_numpy()
+                    ideal_y = base["ips_mean"] * line["world_size"].to_numpy() / base["world_size"]
+                    ax.plot(ideal_x, ideal_y, "--", color=color, lw=0.7, alpha=0.6, zorder=2)
+                    counts["ideal"] += 1
+                counts["failed"] += mark_failures(ax, list(not_ok(line)[xcol]), color, slots)
+            log2_x(ax, sub[xcol])
+            ax.set_yscale("log")
+            reserve_bottom_log(ax, slots)
+            log_ticks(ax)
+            ax.set_title(model_title(df, model))
+            ax.set_xlabel(xname)
+            if i % ncols == 0:
+                ax.set_ylabel("images/s, all ranks (log)")
+            ax.grid(True, which="major", alpha=0.3)
+            drawn[model] = counts
+            bars[model] = n_bars
+        hide_unused(axes, len(models))
+        extra = mark_entries(drawn.values(), ideal=IDEAL, failed=NOT_OK)
+        facts_title(fig, facts, width)
+        if slot:
+            legend_in_slot(axes[slot[0]][slot[1]], series_items(handles, label) + extra)
+        else:
+            legend_below(fig, series_items(handles, label) + extra, width)
+    return Plot("weak_scaling_ips", "Weak scaling: images/s", fig, drawn,
+                "Images/s of the whole job (all ranks together), log scale, against nodes (log2): measured "
+                "(solid, ± one standard deviation of the per-step images/s over the timed steps, often hidden by "
+                "the marker) and ideal linear scaling from each strategy's smallest run (dashed); "
+                "× marks a run that did not finish ok.",
+                extra={"errorbars": bars, "facts": facts})
+
+
+FIGURE = Figure("weak scaling", lambda i: weak_scaling(i.results, i.colors, i.width, i.markers),
+                lambda i: scaling_support(i.results))
