@@ -261,6 +261,26 @@ def test_plugin_comparison_found_by_data(tmp_path):
     assert any(m.startswith("weak scaling") for m in missing)
 
 
+def test_figure_modules_share_only_the_private_modules():
+    """Each figure family stands alone: a figure module imports the private helpers (_style,
+    _layout, ...) and the analysis' tables, never another figure module, and every one of them is
+    in the registry."""
+    import ast
+
+    package = os.path.join(ROOT, "analysis", "figures")
+    modules = sorted(f[:-3] for f in os.listdir(package) if f.endswith(".py") and not f.startswith("_"))
+    assert len(modules) >= 7
+    for name in modules:
+        tree = ast.parse(open(os.path.join(package, f"{name}.py")).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                targets = [node.module] if node.module else [a.name for a in node.names]
+                assert all(t.startswith("_") for t in targets), (name, targets)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert not node.module.startswith("analysis.figures"), (name, node.module)
+    assert sorted(f.draw.__module__.rsplit(".", 1)[-1] for f in figures.FIGURES) == modules
+
+
 # ----------------------------------------------------------------------------- bad input
 
 def _one(path):
