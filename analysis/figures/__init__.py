@@ -7,7 +7,7 @@ legend, facts title, saving), _axes (log ticks, failure marks, error bars), _run
 figure draws and the words for them). No figure module imports another.
 
 FIGURES is the registry: the figures a report draws, in order. Adding a figure is one module
-that defines FIGURE (a _spec.Figure) and one line here.
+that defines FIGURE (a _spec.FigureSpec) and one line here.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pandas as pd
 from . import breakdown, heat_map, memory_prediction, memory_scaling, plugins, prefetch_grid, scaling
 from ._layout import Plot
 from ._runs import model_order, run_facts, scaling_runs, scaling_support, single_point_lines
-from ._spec import Figure, Inputs
+from ._spec import FigureSpec, Inputs
 from ._style import COLUMN_WIDTH, PAGE_WIDTH, SeriesStyle, series_colors, series_markers
 from .breakdown import time_breakdown
 from .heat_map import efficiency, efficiency_definition
@@ -57,7 +57,7 @@ def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Op
 
 
 __all__ = [
-    "COLUMN_WIDTH", "FIGURES", "PAGE_WIDTH", "Figure", "Inputs", "Plot", "SeriesStyle", "all_plots", "config_grid",
+    "COLUMN_WIDTH", "FIGURES", "PAGE_WIDTH", "FigureSpec", "Inputs", "Plot", "SeriesStyle", "all_plots", "config_grid",
     "efficiency", "efficiency_definition", "memory", "model_order", "pick_grid", "plugin_comparison",
     "plugin_groups", "plugin_support", "predicted_memory", "prediction_rows", "residual_summary", "run_facts",
     "scaling_runs", "scaling_support", "series_colors", "series_markers", "single_point_lines", "time_breakdown",

@@ -1,4 +1,4 @@
-"""What a figure module declares to the registry: a Figure, made from the Inputs every figure of
+"""What a figure module declares to the registry: a FigureSpec, made from the Inputs every figure of
 one report shares."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ class Inputs:
 
 
 @dataclass(frozen=True)
-class Figure:
+class FigureSpec:
     """One registry entry. draw gives the Plot or None; why_not then says why, in a line the
     report and the terminal show after the name; a why_not that returns None keeps quiet (a
     figure only some studies ask for)."""

@@ -13,7 +13,7 @@ from .. import table as tbl
 from .. import traces
 from ._axes import bar_x
 from ._layout import Plot, hide_unused, legend_below, legend_height, new_figure, panel_grid
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, SMALL_PT, style
 
 # compute_ms holds the hidden communication too (it is time the step computes): the bar splits it
@@ -83,6 +83,6 @@ def time_breakdown(bd: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Pl
 
 
 # Only profiled runs have traces: a study without them misses nothing, so no line says so.
-FIGURE = Figure("time breakdown",
+FIGURE = FigureSpec("time breakdown",
                 lambda i: time_breakdown(i.breakdown, i.width) if i.breakdown is not None else None,
                 lambda i: None)

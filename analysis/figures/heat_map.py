@@ -11,7 +11,7 @@ import pandas as pd
 from .. import table as tbl
 from ._layout import Plot, facts_title, hide_unused, new_figure, text_width, ticks, title_height
 from ._runs import labeller, lines, model_order, model_title, scaling_runs, scaling_support
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, SMALL_PT, style
 
 # A status too wide for its cell is written as its code, explained above the figure.
@@ -129,4 +129,4 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
                 extra={"definition": efficiency_definition(runs), "status_codes": status_codes})
 
 
-FIGURE = Figure("efficiency", lambda i: efficiency(i.results, i.width), lambda i: scaling_support(i.results))
+FIGURE = FigureSpec("efficiency", lambda i: efficiency(i.results, i.width), lambda i: scaling_support(i.results))

@@ -16,7 +16,7 @@ from .. import table as tbl
 from ._axes import log_axis_ticks
 from ._layout import Plot, facts_title, legend_below, legend_height, new_figure, text_width, ticks, title_height
 from ._runs import model_order, run_facts
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, SMALL_PT, style, styles_for
 
 FAMILY_NAMES = {"ddp": "DDP and FSDP", "fsdp": "DDP and FSDP", "deepspeed": "DeepSpeed ZeRO",
@@ -179,5 +179,5 @@ def _label_points(ax, runs: pd.DataFrame, log: bool, axes_size: tuple) -> None:
                     arrowprops=dict(arrowstyle="-", lw=0.4, color="0.55", shrinkA=0.5, shrinkB=2.5))
 
 
-FIGURE = Figure("predicted against measured memory",
+FIGURE = FigureSpec("predicted against measured memory",
                 lambda i: predicted_memory(i.results, i.colors, i.width, i.markers), lambda i: NO_PREDICTION)

@@ -12,7 +12,7 @@ from ._axes import capacity_line, log2_x, mark_entries, mark_failures, measured_
 from ._layout import Plot, facts_title, hide_unused, legend_below, legend_height, new_figure, panel_grid, title_height
 from ._runs import (RSS_NOTE, labeller, line_order, lines, memory_label, model_order, model_title, run_facts,
                     scaling_runs, scaling_support, series_items)
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import CAPACITY, COLUMN_WIDTH, MIN_PANEL_WIDTH, NOT_OK, style, styles_for
 
 
@@ -142,5 +142,5 @@ def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUM
                 extra={"shifted": shifted, "ylim_top": tops, "facts": facts})
 
 
-FIGURE = Figure("memory", lambda i: memory(i.results, i.colors, i.width, i.markers),
+FIGURE = FigureSpec("memory", lambda i: memory(i.results, i.colors, i.width, i.markers),
                 lambda i: scaling_support(i.results, "memory_gib"))

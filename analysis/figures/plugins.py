@@ -11,7 +11,7 @@ from .. import table as tbl
 from ._axes import capacity_line, error_bars, log2_x, mark_entries, mark_failures, measured_line
 from ._layout import Plot, facts_title, legend_below, legend_height, new_figure, title_height
 from ._runs import memory_label, not_ok, run_facts, series_items
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import CAPACITY, COLUMN_WIDTH, NOT_OK, style, styles_for
 
 
@@ -100,5 +100,5 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
                 "batch size, one line per strategy (seeds 000/001).", extra={"facts": facts})
 
 
-FIGURE = Figure("plugin comparison", lambda i: plugin_comparison(i.results, i.colors, i.width, i.markers),
+FIGURE = FigureSpec("plugin comparison", lambda i: plugin_comparison(i.results, i.colors, i.width, i.markers),
                 lambda i: plugin_support(i.results))

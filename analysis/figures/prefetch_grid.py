@@ -13,7 +13,7 @@ from .. import table as tbl
 from ._axes import bar_x
 from ._layout import Plot, facts_title, legend_below, legend_height, new_figure, title_height
 from ._runs import model_title, run_facts
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, FAIL_MARK, SMALL_PT, style
 
 GRID_STRATEGIES = ("HYBRID_2GPU", "FULL_SHARD", "SHARD_GRAD_OP")  # Figure 1's order
@@ -131,5 +131,5 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
                 extra={"facts": facts})
 
 
-FIGURE = Figure("configuration grid", lambda i: config_grid(i.results, i.grid_model, i.grid_nodes, i.width),
+FIGURE = FigureSpec("configuration grid", lambda i: config_grid(i.results, i.grid_model, i.grid_nodes, i.width),
                 lambda i: NO_GRID)

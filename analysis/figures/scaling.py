@@ -12,7 +12,7 @@ from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, l
                       new_figure, panel_grid, title_height)
 from ._runs import (labeller, lines, model_order, model_title, not_ok, run_facts, scaling_runs, scaling_support,
                     series_items)
-from ._spec import Figure
+from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, IDEAL, NOT_OK, style, styles_for
 
 
@@ -80,5 +80,5 @@ def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float =
                 extra={"errorbars": bars, "facts": facts})
 
 
-FIGURE = Figure("weak scaling", lambda i: weak_scaling(i.results, i.colors, i.width, i.markers),
+FIGURE = FigureSpec("weak scaling", lambda i: weak_scaling(i.results, i.colors, i.width, i.markers),
                 lambda i: scaling_support(i.results))
