@@ -4,9 +4,16 @@ import math
 import os
 
 import pytest
-
 from conftest import ROOT
-from vit_scale.planning.alpha_beta import (Link, Network, bus_factor, fit, network_from_profile, read_network)
+
+from vit_scale.planning.alpha_beta import (
+    Link,
+    Network,
+    bus_factor,
+    fit,
+    network_from_profile,
+    read_network,
+)
 
 SIZES = [8, 1024, 16 * 1024, 131072, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
@@ -99,7 +106,8 @@ def test_profiles_carry_documented_defaults():
         net = read_network(path)
         assert (net.intra.bus_gbps, net.inter.bus_gbps) == (intra, inter)
         assert net.intra.alpha_us > 0 and net.inter.alpha_us > 0
-        text = open(path, encoding="utf-8").read()
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
         section = text[text.index("# What a collective costs"):]
         assert "\nnetwork:" in section and section.count("#") >= 4, f"{name}: the figures need their sources"
 

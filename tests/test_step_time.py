@@ -9,8 +9,17 @@ from vit_scale.config import DeepSpeedConfig, FSDPConfig
 from vit_scale.planning import communication
 from vit_scale.planning.alpha_beta import Link, Network
 from vit_scale.planning.scenario import Scenario, layout
-from vit_scale.planning.step_time import (Coll, Compute, Unit, _buckets, _unit_plan, predict_curve, predict_step,
-                                          timeline, train_flops_per_image)
+from vit_scale.planning.step_time import (
+    Coll,
+    Compute,
+    Unit,
+    _buckets,
+    _unit_plan,
+    predict_curve,
+    predict_step,
+    timeline,
+    train_flops_per_image,
+)
 
 # simple figures so that hand arithmetic is easy: 1 GB/s, no latency, inside and across nodes alike
 FLAT = Network(Link(0.0, 1.0), Link(0.0, 1.0), source="test")
@@ -124,7 +133,8 @@ def test_fsdp_options_choose_the_rules():
     assert plan(forward_prefetch=True)[1].forward_ahead == 2
     assert plan(limit_all_gathers=False)[1].forward_ahead == 4
     assert plan(backward_prefetch="none")[1].backward_prefetch == "none"
-    assert (lambda q: (q.forward_ahead, q.backward_prefetch))(plan(version=2, backward_prefetch="none")[1]) == (1, "pre")
+    fsdp2 = plan(version=2, backward_prefetch="none")[1]
+    assert (fsdp2.forward_ahead, fsdp2.backward_prefetch) == (1, "pre")
     assert all(u.gather_backward is None for u in plan("SHARD_GRAD_OP")[1].units)
     sc, _ = plan()
     comp = Compute.measured(0.03, 0.0, "test")

@@ -133,7 +133,7 @@ def fit(collective: str, scope: str, ranks: int, points, min_sizes: int = MIN_SI
         bus = math.inf
     else:
         bus = 1.0 / slope / GB
-    residual = max(abs(alpha + slope * x - t) / t for x, t in zip(xs, ts) if t > 0) if any(t > 0 for t in ts) else math.inf
+    residual = max((abs(alpha + slope * x - t) / t for x, t in zip(xs, ts) if t > 0), default=math.inf)
     if residual > max_residual:
         flags.append(f"large residual: {residual:.0%} > {max_residual:.0%}")
     backwards = _backwards(pts, noise)
@@ -194,7 +194,7 @@ class Network:
     def seconds(self, collective: str, size_bytes: float, n: int, spans_nodes: bool) -> float:
         return self.link(collective, spans_nodes).seconds(collective, size_bytes, n)
 
-    def with_fits(self, fits) -> "Network":
+    def with_fits(self, fits) -> Network:
         """These defaults, replaced per collective and scope by every usable fit; marked fits are not used."""
         table = dict(self.per_collective)
         for f in fits:

@@ -16,7 +16,6 @@ reports); times from vit_scale.planning.alpha_beta. Torch-free. Model and limits
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from vit_scale.planning import communication, memory
 from vit_scale.planning.alpha_beta import Network
@@ -58,14 +57,14 @@ class Compute:
 
     @classmethod
     def measured(cls, forward_backward_s: float, optimizer_s: float, source: str,
-                 activation_checkpointing: bool = False) -> "Compute":
+                 activation_checkpointing: bool = False) -> Compute:
         """From a measured step (a run record, the study's 1-node rung): forward and backward split
         as their FLOPs are, 1:2 (1:3 with activation checkpointing, which recomputes the forward)."""
         back = 3 if activation_checkpointing else 2
         return cls(forward_backward_s / (1 + back), forward_backward_s * back / (1 + back), optimizer_s, source)
 
     @classmethod
-    def from_flops(cls, sc: Scenario, peak_tflops: float, efficiency: float, optimizer_s: float = 0.0) -> "Compute":
+    def from_flops(cls, sc: Scenario, peak_tflops: float, efficiency: float, optimizer_s: float = 0.0) -> Compute:
         """The counted FLOPs over peak x efficiency (efficiency stated by the caller: MFU of a run)."""
         if not peak_tflops > 0 or not 0 < efficiency <= 1:
             raise ValueError("compute: peak_tflops must be positive and efficiency in (0, 1]")
@@ -103,8 +102,8 @@ class Unit:
     """A stretch of compute and the collectives tied to it (a wrapped Block, a bucket's span)."""
     forward_s: float
     backward_s: float
-    gather_forward: Optional[Coll] = None     # needed before the unit's forward
-    gather_backward: Optional[Coll] = None    # needed before the unit's backward
+    gather_forward: Coll | None = None     # needed before the unit's forward
+    gather_backward: Coll | None = None    # needed before the unit's backward
     after_backward: tuple = ()                # issued when the unit's backward ends, in order
 
 
@@ -122,7 +121,8 @@ class Breakdown:
         return self.forward_s + self.backward_s + self.optimizer_s + self.exposed_intra_s + self.exposed_inter_s
 
     def as_dict(self) -> dict:
-        r = lambda x: round(x, 9)  # noqa: E731
+        def r(x):
+            return round(x, 9)
         return {"step_s": r(self.step_s), "forward_s": r(self.forward_s), "backward_s": r(self.backward_s),
                 "optimizer_s": r(self.optimizer_s), "exposed_intra_s": r(self.exposed_intra_s),
                 "exposed_inter_s": r(self.exposed_inter_s),
@@ -135,7 +135,7 @@ class _Clock:
         self.free: dict = {}           # stream -> when its last collective ends
         self.out = Breakdown()
 
-    def issue(self, c: Optional[Coll], ready: float):
+    def issue(self, c: Coll | None, ready: float):
         """Start `c` once it is ready and its stream is free; (end, scope)."""
         if c is None:
             return None
@@ -224,7 +224,7 @@ def timeline(units: list, forward_ahead: int = 1, backward_prefetch: str = "pre"
 # ---------------------------------------------------------------- a scenario's units
 
 def _group_coll(sc: Scenario, net: Network, collective: str, size: float, group: tuple, stream: str,
-                name: str = "", chained: bool = False) -> Optional[Coll]:
+                name: str = "", chained: bool = False) -> Coll | None:
     n, kind, param = group
     if n < 2 or size <= 0:
         return None
@@ -274,7 +274,7 @@ class UnitPlan:
 
 def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> UnitPlan:
     shape = sc.shape
-    W, L = sc.world, shape.L
+    W = sc.world
     c = 4 if sc.precision == "fp32" else 2
     units = [Unit(f, b) for f, b in _unit_compute(sc, compute)]
     world = (W, "block", W)
@@ -368,8 +368,8 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         for i, size in enumerate(sizes):
             coll = _group_coll(sc, net, "all_reduce", size, world, "world", "all-reduce")
             units[i].after_backward = (coll,) if coll else ()
-        return UnitPlan(units, rules=[f"FSDP{version} {sharding}: each unit's gradients all-reduced when its backward "
-                                      "ends; the root's (the last) exposed"])
+        return UnitPlan(units, rules=[(f"FSDP{version} {sharding}: each unit's gradients all-reduced when its backward "
+                                      "ends; the root's (the last) exposed")])
     colls = communication.per_unit(sc, lay, sc.shape)
     # FSDP1 all-gathers and reduce-scatters share the shard process group, so its one NCCL stream
     # (the unshard and post-backward CUDA streams both feed it); HSDP's all-reduce runs on its own
@@ -439,8 +439,8 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     small = sum(n for n in communication._numels(shape.block_tensors()) if n <= ds.param_persistence_threshold)
     gathered = max(1, shape.block_params - small)
     ahead = max(1, ds.prefetch_bucket_size // gathered)
-    rules = [f"ZeRO-3: all-gathers prefetched {ahead} Block(s) ahead (stage3_prefetch_bucket_size "
-             f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward",
+    rules = [(f"ZeRO-3: all-gathers prefetched {ahead} Block(s) ahead (stage3_prefetch_bucket_size "
+             f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward"),
              f"gradients reduce-scattered in buckets of {ds.reduce_bucket_size:,} elements during the backward"]
     if lay.hpz:
         rules.append(f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
@@ -457,8 +457,8 @@ def _gemini_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPl
     # (zero/gemini/gemini_ddp.py grad_handle, enable_async_reduce) of the same group
     _per_unit_colls(sc, lay, net, units, colls, {"gather": "world", "reduce": "world"})
     return UnitPlan(units, forward_ahead=0, backward_prefetch="none",
-                    rules=["Gemini: no prefetch (max_prefetch=0): every gather exposed; chunks' reduce-scatter "
-                           "overlaps the backward"])
+                    rules=[("Gemini: no prefetch (max_prefetch=0): every gather exposed; chunks' reduce-scatter "
+                           "overlaps the backward")])
 
 
 # ---------------------------------------------------------------- the prediction
@@ -469,14 +469,14 @@ class StepPrediction:
     strategy: str
     nodes: int
     gpus_per_node: int
-    fits: Optional[bool]
-    breakdown: Optional[Breakdown]
-    images_per_s_per_gpu: Optional[float]
-    images_per_s: Optional[float]
+    fits: bool | None
+    breakdown: Breakdown | None
+    images_per_s_per_gpu: float | None
+    images_per_s: float | None
     rules: list
     compute_source: str
     network_source: str
-    scaling_efficiency: Optional[float] = None
+    scaling_efficiency: float | None = None
 
     def as_dict(self) -> dict:
         return {"model": self.model, "strategy": self.strategy, "nodes": self.nodes,
@@ -496,8 +496,8 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
     fits = None
     if sc.device_memory_gib is not None:
         fits = bool(memory.predict(sc, lay).total <= sc.device_memory_gib * memory.GIB)
-    common = dict(model=sc.model, strategy=sc.strategy, nodes=sc.nodes, gpus_per_node=sc.gpus_per_node,
-                  compute_source=compute.source, network_source=network.source)
+    common = {"model": sc.model, "strategy": sc.strategy, "nodes": sc.nodes, "gpus_per_node": sc.gpus_per_node,
+              "compute_source": compute.source, "network_source": network.source}
     if fits is False:
         return StepPrediction(fits=False, breakdown=None, images_per_s_per_gpu=None, images_per_s=None,
                               rules=["does not fit in device memory: no speed predicted"], **common)
