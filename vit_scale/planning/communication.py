@@ -120,3 +120,76 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         ledger.add("all_gather", 2 * c * P, W)
         ledger.add("reduce_scatter", c * P, W)
     return ledger.result()
+
+
+# ---------------------------------------------------------------- per unit, for the step time model
+
+def spans_nodes(sc: Scenario, n: int, kind: str = "block", group_param: int = 0) -> bool:
+    """Whether a group of this kind has ranks on more than one node (some of its ring's hops cross)."""
+    return n > 1 and _crossing_share(sc.world, sc.gpus_per_node, kind, group_param or n) > 0
+
+
+def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
+    """The sharded strategies' collectives unit by unit, at the sizes `predict` sums: the root unit
+    (index 0: patch embedding, tokens, final norm, head) then one per Block. Each entry is a whole
+    tensor in bytes (all-gather output, reduce-scatter input, all-reduce input) or 0.
+
+    {"gather": group, "units": [{"gather_forward", "gather_backward", "reduce_scatter", "all_reduce"}],
+     "reduce": group, "replicate": group} with group = (ranks, kind, group_param).
+    Only FSDP (FULL_SHARD, SHARD_GRAD_OP, HYBRID_*), CAI_FSDP, ZeRO-3/ZeRO++ and Gemini have units;
+    the bucketed strategies (DDP, NO_SHARD, ZeRO-1/2, LowLevelZero) return None.
+    """
+    shape = shape or sc.shape
+    W, L = sc.world, shape.L
+    c = 4 if sc.precision == "fp32" else 2
+    label, g = lay.label, lay.shard
+
+    def padded(n: int, k: int) -> int:
+        return -(-n // k) * k
+
+    units = []
+    if lay.family == "fsdp" or label == "CAI_FSDP":
+        sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
+        if sharding == "NO_SHARD" or g == 1:
+            return None
+        root, block = c * padded(shape.root_params, g), c * padded(shape.block_params, g)
+        regather = sharding != "SHARD_GRAD_OP"
+        rep = lay.replicate
+        for i in range(L + 1):
+            whole = root if i == 0 else block
+            units.append({"gather_forward": whole, "gather_backward": whole if (regather and i) else 0,
+                          "reduce_scatter": whole, "all_reduce": whole / g if rep > 1 else 0})
+        return {"gather": (g, "block", g), "reduce": (g, "block", g), "replicate": (rep, "strided", g),
+                "units": units}
+    if lay.family == "deepspeed" and lay.sharding == "ZERO3":
+        ds = sc.deepspeed
+        small = ds.param_persistence_threshold
+        root_g = shape.root_params - sum(n for n in _numels(shape.root_tensors()) if n <= small)
+        block_g = shape.block_params - sum(n for n in _numels(shape.block_tensors()) if n <= small)
+        weight_bytes = (1 if ds.quantized_weights else c) if lay.hpz else c
+        quantised = lay.hpz and ds.quantized_gradients and W > sc.gpus_per_node
+        grad_bytes = 0.5 if quantised else c
+        for i in range(L + 1):
+            gathered, params = (root_g, shape.root_params) if i == 0 else (block_g, shape.block_params)
+            units.append({"gather_forward": weight_bytes * gathered,
+                          "gather_backward": c * gathered, "reduce_scatter": grad_bytes * params, "all_reduce": 0})
+        backward_group = (lay.hpz, "block", lay.hpz) if lay.hpz else (W, "block", W)
+        return {"gather": (W, "block", W), "gather_backward": backward_group, "reduce": (W, "block", W),
+                "replicate": (1, "block", 1), "units": units}
+    if label == "CAI_GEMINI":
+        for i in range(L + 1):
+            params = shape.root_params if i == 0 else shape.block_params
+            units.append({"gather_forward": c * params, "gather_backward": c * params,
+                          "reduce_scatter": c * params, "all_reduce": 0})
+        return {"gather": (W, "block", W), "reduce": (W, "block", W), "replicate": (1, "block", 1), "units": units}
+    return None
+
+
+def _numels(tensors) -> list[int]:
+    out = []
+    for s in tensors:
+        n = 1
+        for d in s:
+            n *= d
+        out.append(n)
+    return out

@@ -20,7 +20,7 @@ from vit_scale.study.files import BadInput, as_list, home, load_yaml
 
 SYSTEM_KEYS = ("name", "description", "env_script", "ranks_per_node", "backend", "launcher", "launchers",
                "srun_flags", "torchrun_srun_flags", "mpi_flags", "master_addr", "peak_tflops",
-               "device_memory_gib", "needs_slurm", "default_study", "sbatch_flags", "inter_node_transport")
+               "device_memory_gib", "needs_slurm", "default_study", "sbatch_flags", "inter_node_transport", "network")
 
 
 @dataclass
@@ -42,6 +42,7 @@ class SystemProfile:
     default_study: str = ""
     sbatch_flags: str = ""
     inter_node_transport: list = field(default_factory=list)  # what `vit-scale check` expects between nodes
+    network: object = None               # collective cost defaults: vit_scale.planning.alpha_beta.read_network
 
     @property
     def one_rank_per_gpu(self) -> bool:

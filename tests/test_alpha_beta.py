@@ -1,0 +1,122 @@
+"""The alpha-beta model of a collective: the fit recovers a known line, marks the fits it cannot
+vouch for, and the system profiles' documented defaults read back. Torch-free, in-process."""
+import math
+import os
+
+import pytest
+from conftest import ROOT
+
+from vit_scale.planning.alpha_beta import (
+    Link,
+    Network,
+    bus_factor,
+    fit,
+    network_from_profile,
+    read_network,
+)
+
+SIZES = [8, 1024, 16 * 1024, 131072, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def exact(collective, n, alpha_us, bus_gbps, sizes=SIZES):
+    return [(s, alpha_us * 1e-6 + s * bus_factor(collective, n) / (bus_gbps * 1e9)) for s in sizes]
+
+
+def test_bus_factors_are_nccl_tests():
+    """nccl-tests PERFORMANCE.md: all_reduce 2(n-1)/n, all_gather and reduce_scatter (n-1)/n.
+    n = 8: 2*7/8 = 1.75 and 7/8 = 0.875; one rank moves nothing."""
+    assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
+    assert bus_factor("all_gather", 8) == pytest.approx(0.875)
+    assert bus_factor("reduce_scatter", 8) == pytest.approx(0.875)
+    assert bus_factor("all_reduce", 1) == 0.0
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_fit_recovers_alpha_and_bandwidth_from_exact_points(collective):
+    """Points on t = 20 us + S f(8) / 10 GB/s. By hand for all_reduce at 64 MiB:
+    20e-6 + 67108864 * 1.75 / 1e10 = 0.011764 s. The fit must give back 20 us and 10 GB/s with
+    no residual and no flag."""
+    f = fit(collective, "inter", 8, exact(collective, 8, 20.0, 10.0))
+    assert f.alpha_us == pytest.approx(20.0, rel=1e-6)
+    assert f.bus_gbps == pytest.approx(10.0, rel=1e-6)
+    assert f.max_rel_residual < 1e-9
+    assert f.usable and f.flags == () and f.sizes == 8
+    assert f.link().seconds("all_reduce", 64 << 20, 8) == pytest.approx(0.011764, rel=1e-3) \
+        if collective == "all_reduce" else True
+
+
+def test_too_few_points_says_how_many():
+    """Three sizes on an exact line still fit, but a fit needs 4 distinct sizes: flagged with the number."""
+    f = fit("all_gather", "intra", 4, exact("all_gather", 4, 5.0, 100.0, [8, 1 << 20, 64 << 20]))
+    assert not f.usable
+    assert any("too few points: 3 distinct size(s)" in x and "at least 4" in x for x in f.flags)
+    # repeats of one size do not count as more sizes
+    pts = exact("all_gather", 4, 5.0, 100.0, [8, 8, 8, 1 << 20, 1 << 20])
+    assert "2 distinct size(s)" in " ".join(fit("all_gather", "intra", 4, pts).flags)
+
+
+def test_large_residual_is_flagged():
+    """One point (4 MiB) measured three times slower than the line: the weighted fit cannot pass
+    within 25% of every point, so the largest relative residual is above 25% and it is marked."""
+    pts = exact("all_reduce", 2, 50.0, 1.0)
+    pts[5] = (pts[5][0], pts[5][1] * 3)
+    f = fit("all_reduce", "intra", 2, pts)
+    assert f.max_rel_residual > 0.25
+    assert not f.usable and any(x.startswith("large residual") for x in f.flags)
+
+
+def test_latency_points_running_backwards_are_flagged():
+    """What quick mode's two iterations gave on a CPU: 8 B slower than 131 KiB. The line is
+    250 us + S / 10 GB/s, so 131072 B takes 250 + 13.1 = 263.1 us; 8 B is set to 400 us. Without
+    spreads the slack is 10% of the smaller size's time (40 us): 263.1 + 40 < 400, not monotone.
+    With spreads of 100 us on both the slack is 200 us: 263.1 + 200 > 400, within noise."""
+    pts = exact("all_reduce", 2, 250.0, 10.0, [8, 131072, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
+    pts[0] = (8, 400e-6)
+    f = fit("all_reduce", "intra", 2, pts)
+    assert any(x.startswith("not monotone: 128 KiB took 263.1 us") and "than 8 B's 400.0 us" in x
+               for x in f.flags), f.flags
+    noisy = [(s, t, 100e-6 if s in (8, 131072) else 0.0) for s, t in pts]
+    f2 = fit("all_reduce", "intra", 2, noisy)
+    assert not any(x.startswith("not monotone") for x in f2.flags)
+
+
+def test_network_spanning_group_runs_at_slowest_hop():
+    """Across nodes: the across-nodes latency, and the smaller of the two bandwidths (a ring is as
+    slow as its slowest hop). all_gather of 1 GB over 4 ranks spanning nodes with intra 100 GB/s,
+    inter 25 GB/s, 30 us: 30e-6 + 1e9 * 0.75 / 25e9 = 0.03003 s; inside a node with 5 us:
+    5e-6 + 0.75e9 / 100e9 = 0.007505 s. A usable fit replaces its collective and scope only;
+    a marked one is not used."""
+    net = Network(Link(5.0, 100.0), Link(30.0, 25.0))
+    assert net.seconds("all_gather", 1e9, 4, True) == pytest.approx(0.03003)
+    assert net.seconds("all_gather", 1e9, 4, False) == pytest.approx(0.007505)
+    slow_inter = Network(Link(5.0, 10.0), Link(30.0, 25.0))
+    assert slow_inter.seconds("all_gather", 1e9, 4, True) == pytest.approx(30e-6 + 0.075)
+    good = fit("all_gather", "inter", 4, exact("all_gather", 4, 10.0, 50.0))
+    bad = fit("all_reduce", "inter", 4, exact("all_reduce", 4, 10.0, 50.0, [8, 1024]))
+    fitted = net.with_fits([good, bad])
+    assert fitted.seconds("all_gather", 1e9, 4, True) == pytest.approx(10e-6 + 0.75e9 / 50e9)
+    assert fitted.seconds("all_reduce", 1e9, 4, True) == net.seconds("all_reduce", 1e9, 4, True)
+    assert "all_gather/inter" in fitted.source and "all_reduce" not in fitted.source
+
+
+def test_profiles_carry_documented_defaults():
+    """Every system profile has its network section, each figure with a comment saying its source."""
+    for name, intra, inter in (("frontier", 50, 12.5), ("cuda", 450, 50), ("local", 1.3, 1.3)):
+        path = os.path.join(ROOT, "configs", "systems", f"{name}.yaml")
+        net = read_network(path)
+        assert (net.intra.bus_gbps, net.inter.bus_gbps) == (intra, inter)
+        assert net.intra.alpha_us > 0 and net.inter.alpha_us > 0
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+        section = text[text.index("# What a collective costs"):]
+        assert "\nnetwork:" in section and section.count("#") >= 4, f"{name}: the figures need their sources"
+
+
+def test_bad_network_section_names_the_key():
+    with pytest.raises(ValueError, match=r"x.yaml: network.inter_node.bus_gbps must be a positive number"):
+        network_from_profile({"network": {"intra_node": {"bus_gbps": 1, "latency_us": 1},
+                                          "inter_node": {"bus_gbps": -1, "latency_us": 1}}}, "x.yaml")
+    with pytest.raises(ValueError, match="network needs exactly the keys inter_node, intra_node"):
+        network_from_profile({"network": {"intra_node": {"bus_gbps": 1, "latency_us": 1}}}, "x.yaml")
+    assert network_from_profile({}, "x.yaml") is None
+    assert math.isfinite(read_network(os.path.join(ROOT, "configs", "systems", "local.yaml")).intra.alpha_us)

@@ -1,0 +1,525 @@
+"""How long one training step takes, strategy by strategy: compute, the optimizer, and the part of
+each collective that compute does not hide (exposed communication within a node and across nodes).
+
+    step = predict_step(Scenario(model="vit_base", strategy="FULL_SHARD", nodes=2), network, compute)
+
+A per-unit timeline, not a simulator: one compute stream runs the units' forwards, then their
+backwards in reverse, then the optimizer; collectives run on one stream per process group (NCCL and
+RCCL serialise a group's collectives on its stream), each starting when its data is ready, the
+library has issued it, and its group's previous collective is done. Compute waits only where it
+needs a collective's result; what it waits is the exposed communication. The rules for when each
+library issues what are in `_unit_plan` and its helpers, each naming the function it follows.
+
+Sizes and group layouts come from vit_scale.planning.communication (the bytes `vit-scale plan`
+reports); times from vit_scale.planning.alpha_beta. Torch-free. Model and limits: docs/plan.md.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vit_scale.planning import communication, memory
+from vit_scale.planning.alpha_beta import Network
+from vit_scale.planning.scenario import CAI_REDUCE_BUCKET, Layout, Scenario, layout
+from vit_scale.planning.shapes import Shape
+
+MIB = 1024 * 1024
+# torch/nn/parallel/distributed.py: _BucketCapacityConfig.create, 25 MiB buckets, the first (the
+# gradients ready first in backward) capped at dist._DEFAULT_FIRST_BUCKET_BYTES when no cap is given
+DDP_BUCKET_BYTES = 25 * MIB
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+PREFETCH_MODES = ("pre", "post", "none")
+
+
+# ---------------------------------------------------------------- compute
+
+def forward_flops_per_image(shape: Shape) -> dict:
+    """Forward FLOPs (2 per multiply-add, matmuls and the patch convolution only) per image:
+    {"stem": patch embedding, "block": one Block, "head": the classifier on the class token}."""
+    D, M, T, p = shape.D, shape.M, shape.T, shape.patch
+    block = 2 * T * (4 * D * D + 2 * D * M) + 2 * 2 * T * T * D   # qkv, proj, fc1, fc2; q.k^T and attn.v
+    return {"stem": 2 * (T - 1) * D * 3 * p * p, "block": block, "head": 2 * D * shape.C}
+
+
+def train_flops_per_image(shape: Shape, activation_checkpointing: bool = False) -> float:
+    """Forward + backward (backward twice the forward; a checkpointed Block recomputes its forward)."""
+    f = forward_flops_per_image(shape)
+    total = 3 * (f["stem"] + shape.L * f["block"] + f["head"])
+    return total + (shape.L * f["block"] if activation_checkpointing else 0)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """One device's compute for one step of the scenario's model, batch and precision."""
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    source: str
+
+    @classmethod
+    def measured(cls, forward_backward_s: float, optimizer_s: float, source: str,
+                 activation_checkpointing: bool = False) -> Compute:
+        """From a measured step (a run record, the study's 1-node rung): forward and backward split
+        as their FLOPs are, 1:2 (1:3 with activation checkpointing, which recomputes the forward)."""
+        back = 3 if activation_checkpointing else 2
+        return cls(forward_backward_s / (1 + back), forward_backward_s * back / (1 + back), optimizer_s, source)
+
+    @classmethod
+    def from_flops(cls, sc: Scenario, peak_tflops: float, efficiency: float, optimizer_s: float = 0.0) -> Compute:
+        """The counted FLOPs over peak x efficiency (efficiency stated by the caller: MFU of a run)."""
+        if not peak_tflops > 0 or not 0 < efficiency <= 1:
+            raise ValueError("compute: peak_tflops must be positive and efficiency in (0, 1]")
+        rate = peak_tflops * 1e12 * efficiency
+        f = forward_flops_per_image(sc.shape)
+        forward = sc.batch_size * (f["stem"] + sc.shape.L * f["block"] + f["head"]) / rate
+        total = sc.batch_size * train_flops_per_image(sc.shape, sc.activation_checkpointing) / rate
+        return cls(forward, total - forward, optimizer_s,
+                   f"FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%})")
+
+
+def _unit_compute(sc: Scenario, compute: Compute) -> list[tuple[float, float]]:
+    """(forward, backward) seconds of the units in forward order: stem, Blocks, head, by FLOPs share."""
+    shape = sc.shape
+    f = forward_flops_per_image(shape)
+    flops = [f["stem"]] + [f["block"]] * shape.L + [f["head"]]
+    total = sum(flops)
+    return [(compute.forward_s * x / total, compute.backward_s * x / total) for x in flops]
+
+
+# ---------------------------------------------------------------- the timeline
+
+@dataclass(frozen=True)
+class Coll:
+    """One collective as the timeline sees it: how long it runs, where, on which group's stream."""
+    seconds: float
+    scope: str              # "intra": the group is inside one node; "inter": it spans nodes
+    stream: str             # the process group: its collectives run one after another
+    name: str = ""
+    chained: bool = False   # after_backward only: ready when the previous entry ends (HSDP's all-reduce)
+
+
+@dataclass
+class Unit:
+    """A stretch of compute and the collectives tied to it (a wrapped Block, a bucket's span)."""
+    forward_s: float
+    backward_s: float
+    gather_forward: Coll | None = None     # needed before the unit's forward
+    gather_backward: Coll | None = None    # needed before the unit's backward
+    after_backward: tuple = ()                # issued when the unit's backward ends, in order
+
+
+@dataclass
+class Breakdown:
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    optimizer_s: float = 0.0
+    exposed_intra_s: float = 0.0
+    exposed_inter_s: float = 0.0
+    communication_s: dict = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})  # busy, hidden or not
+
+    @property
+    def step_s(self) -> float:
+        return self.forward_s + self.backward_s + self.optimizer_s + self.exposed_intra_s + self.exposed_inter_s
+
+    def as_dict(self) -> dict:
+        def r(x):
+            return round(x, 9)
+        return {"step_s": r(self.step_s), "forward_s": r(self.forward_s), "backward_s": r(self.backward_s),
+                "optimizer_s": r(self.optimizer_s), "exposed_intra_s": r(self.exposed_intra_s),
+                "exposed_inter_s": r(self.exposed_inter_s),
+                "communication_s": {k: r(v) for k, v in self.communication_s.items()}}
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0                   # the compute stream
+        self.free: dict = {}           # stream -> when its last collective ends
+        self.out = Breakdown()
+
+    def issue(self, c: Coll | None, ready: float):
+        """Start `c` once it is ready and its stream is free; (end, scope)."""
+        if c is None:
+            return None
+        start = max(ready, self.free.get(c.stream, 0.0))
+        end = start + c.seconds
+        self.free[c.stream] = end
+        self.out.communication_s[c.scope] += c.seconds
+        return end, c.scope
+
+    def wait(self, *handles) -> None:
+        """Compute waits for these collectives; the wait is exposed, charged to the last one's scope."""
+        handles = [h for h in handles if h is not None]
+        if not handles:
+            return
+        end, scope = max(handles)
+        if end > self.t:
+            if scope == "inter":
+                self.out.exposed_inter_s += end - self.t
+            else:
+                self.out.exposed_intra_s += end - self.t
+            self.t = end
+
+    def run(self, seconds: float, phase: str) -> None:
+        self.t += seconds
+        setattr(self.out, phase, getattr(self.out, phase) + seconds)
+
+
+def timeline(units: list, forward_ahead: int = 1, backward_prefetch: str = "pre", optimizer_s: float = 0.0,
+             after_step: tuple = (), blocking: bool = False) -> Breakdown:
+    """One step through `units` (forward order). Rules:
+
+    forward_ahead = k: unit i's forward all-gather is issued when unit i-k starts its forward
+      (k = 0: when unit i itself is due, so it is exposed; units before the k-th are gathered at
+      the start of the step).
+    backward_prefetch: the next unit's backward all-gather (next in backward order) is issued
+      "pre": when this unit's backward starts, ahead of this unit's reduce-scatter;
+      "post": when this unit's backward ends, still ahead of its reduce-scatter;
+      "none": when the next unit is due, behind this unit's reduce-scatter on the same stream.
+    after_backward collectives start when the unit's backward ends (chained ones when the one
+      before them ends); the optimizer waits for all of them; after_step collectives run after it,
+      exposed. blocking: every collective the units issue is waited for at once (gloo on a CPU,
+      where the library's call returns when the collective is done).
+    """
+    if backward_prefetch not in PREFETCH_MODES:
+        raise ValueError(f"backward_prefetch: {backward_prefetch!r} is not one of {', '.join(PREFETCH_MODES)}")
+    if blocking:
+        forward_ahead, backward_prefetch = 0, "none"
+    clock = _Clock()
+    n = len(units)
+    starts = []
+    for i, u in enumerate(units):
+        if forward_ahead == 0 or i - forward_ahead >= 0:
+            ready = clock.t if forward_ahead == 0 else starts[i - forward_ahead]
+        else:
+            ready = 0.0
+        clock.wait(clock.issue(u.gather_forward, ready))
+        starts.append(clock.t)
+        clock.run(u.forward_s, "forward_s")
+    pending, gathered = [], {}
+    order = list(reversed(range(n)))
+    for j, i in enumerate(order):
+        u, nxt = units[i], (order[j + 1] if j + 1 < n else None)
+        if u.gather_backward is not None and i not in gathered:
+            gathered[i] = clock.issue(u.gather_backward, clock.t)
+        clock.wait(gathered.get(i))
+        prefetch = nxt is not None and units[nxt].gather_backward is not None
+        if prefetch and backward_prefetch == "pre":
+            gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        clock.run(u.backward_s, "backward_s")
+        if prefetch and backward_prefetch == "post":
+            gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        previous = None
+        for c in u.after_backward:
+            ready = previous[0] if (c.chained and previous) else clock.t
+            previous = clock.issue(c, ready)
+            pending.append(previous)
+            if blocking:
+                clock.wait(previous)
+    clock.wait(*pending)
+    clock.run(optimizer_s, "optimizer_s")
+    for c in after_step:
+        clock.wait(clock.issue(c, clock.t))
+    return clock.out
+
+
+# ---------------------------------------------------------------- a scenario's units
+
+def _group_coll(sc: Scenario, net: Network, collective: str, size: float, group: tuple, stream: str,
+                name: str = "", chained: bool = False) -> Coll | None:
+    n, kind, param = group
+    if n < 2 or size <= 0:
+        return None
+    spans = communication.spans_nodes(sc, n, kind, param)
+    return Coll(net.seconds(collective, size, n, spans), "inter" if spans else "intra", stream, name, chained)
+
+
+def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, cap: float) -> list[tuple[int, float]]:
+    """Gradient buckets in reverse parameter order, as torch's _compute_bucket_assignment_by_size
+    fills them (a bucket closes once it reaches its cap; the first has its own cap): (the unit whose
+    backward completes the bucket, the bucket's bytes). Units: 0 stem, 1..L Blocks, L+1 head."""
+    L = shape.L
+    tensors = shape.module_order_tensors()
+    root = shape.root_tensors()
+    units = [0] * 4 + [1 + b for b in range(L) for _ in shape.block_tensors()] + [L + 1] * (len(root) - 4)
+    out, size, last, limit = [], 0.0, None, first_cap
+    for t, unit in zip(reversed(tensors), reversed(units)):
+        numel = 1
+        for d in t:
+            numel *= d
+        size += numel * grad_bytes
+        last = unit
+        if size >= limit:
+            out.append((last, size))
+            size, limit = 0.0, cap
+    if size > 0:
+        out.append((last, size))
+    return out
+
+
+def _attach(units: list, buckets: list, make) -> None:
+    for unit, size in buckets:
+        c = make(size)
+        if c is not None:
+            units[unit].after_backward = units[unit].after_backward + (c,)
+
+
+@dataclass
+class UnitPlan:
+    units: list
+    forward_ahead: int = 1
+    backward_prefetch: str = "pre"
+    after_step: tuple = ()
+    blocking_applies: bool = True        # False where the library's collectives stay asynchronous on a CPU
+    rules: list = field(default_factory=list)
+
+
+def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> UnitPlan:
+    shape = sc.shape
+    W = sc.world
+    c = 4 if sc.precision == "fp32" else 2
+    units = [Unit(f, b) for f, b in _unit_compute(sc, compute)]
+    world = (W, "block", W)
+    label = lay.label
+
+    def world_coll(collective, stream="world"):
+        return lambda size: _group_coll(sc, net, collective, size, world, stream)
+
+    # DDP: torch/nn/parallel/distributed.py (DistributedDataParallel._ddp_init_helper, bucket sizes from
+    # _BucketCapacityConfig) and the C++ Reducer (torch/csrc/distributed/c10d/reducer.cpp: mark_bucket_ready
+    # launches a bucket's all-reduce once all its gradients are ready, buckets in order): fp32 gradients
+    # (DDP reduces the parameters' dtype, whatever autocast computed), reduced during the backward
+    if lay.family == "ddp" or label in ("CAI_DDP", "CAI_DDP_FP16"):
+        if lay.family == "ddp":
+            first, cap = DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES
+            rule = "DDP: 25 MiB gradient buckets (the first 1 MiB), each all-reduced when its gradients are ready"
+        else:
+            # colossalai/booster/plugin/torch_ddp_plugin.py passes bucket_cap_mb explicitly, so torch's
+            # small first bucket does not apply (_BucketCapacityConfig.create: is_using_default False)
+            first = cap = sc.colossalai.bucket_cap_mb * MIB
+            rule = f"TorchDDPPlugin: {sc.colossalai.bucket_cap_mb} MiB buckets (bucket_cap_mb, also the first)"
+        _attach(units, _buckets(sc, shape, 4, first, cap), world_coll("all_reduce"))
+        return UnitPlan(units, blocking_applies=False, rules=[rule, "the last bucket's all-reduce is exposed"])
+
+    if lay.family == "fsdp" or label == "CAI_FSDP":
+        return _fsdp_plan(sc, lay, net, units, c)
+
+    if lay.family == "deepspeed" and lay.sharding == "ZERO3":
+        return _zero3_plan(sc, lay, net, units)
+
+    if lay.family == "deepspeed" or label == "CAI_LOW_LEVEL_ZERO":
+        # deepspeed/runtime/zero/stage_1_and_2.py: with overlap_comm, backward hooks
+        # (reduce_independent_p_g_buckets_and_remove_grads) fill a reduce bucket of reduce_bucket_size
+        # elements and reduce it (reduce_ipg_grads -> average_tensor) on the reduction stream when full,
+        # the rest in overlapping_partition_gradients_reduce_epilogue; after the step,
+        # all_gather_dp_groups (deepspeed/runtime/utils.py) gathers the updated bit16 partitions.
+        # colossalai/zero/low_level/low_level_optim.py: the same shape (_run_reduction per bucket on the
+        # bucket store's comm stream when overlap_communication, the LowLevelZeroPlugin default; an
+        # all-gather of the working parameters after step), with a 12 Mi-element bucket.
+        if lay.family == "deepspeed":
+            elements = sc.deepspeed.reduce_bucket_size
+            overlap = sc.deepspeed.overlap_comm
+            reduce = "reduce_scatter"
+            name = f"DeepSpeed ZeRO-{lay.sharding[-1]}"
+        else:
+            elements, overlap = CAI_REDUCE_BUCKET, True
+            reduce = "all_reduce" if sc.colossalai.zero_stage == 1 else "reduce_scatter"
+            name = f"LowLevelZero stage {sc.colossalai.zero_stage}"
+        buckets = _buckets(sc, shape, c, elements * c, elements * c)
+        if not overlap:
+            buckets = [(0, sum(s for _, s in buckets))]     # reduced after the backward (reduce_gradients)
+        _attach(units, buckets, world_coll(reduce))
+        gather = _group_coll(sc, net, "all_gather", c * shape.params, world, "world", "parameters after step")
+        return UnitPlan(units, after_step=(gather,) if gather else (),
+                        rules=[f"{name}: gradients reduced in buckets of {elements:,} elements during the backward"
+                               if overlap else f"{name}: gradients reduced after the backward (overlap_comm off)",
+                               "the updated parameters all-gathered after the optimizer step, exposed"])
+
+    if label == "CAI_GEMINI":
+        return _gemini_plan(sc, lay, net, units)
+    raise ValueError(f"strategy {label}: no step time rule")
+
+
+def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict) -> None:
+    """Attach communication.per_unit's sizes: its unit 0 (the root) gathers with the stem and reduces
+    after the stem's backward (the last), its unit i with Block i (units[i])."""
+    for i, entry in enumerate(colls["units"]):
+        u = units[i]
+        u.gather_forward = _group_coll(sc, net, "all_gather", entry["gather_forward"], colls["gather"],
+                                       streams["gather"], "gather")
+        u.gather_backward = _group_coll(sc, net, "all_gather", entry["gather_backward"],
+                                        colls.get("gather_backward", colls["gather"]),
+                                        streams.get("gather_backward", streams["gather"]), "gather again")
+        after = [_group_coll(sc, net, "reduce_scatter", entry["reduce_scatter"], colls["reduce"], streams["reduce"],
+                             "reduce-scatter")]
+        after.append(_group_coll(sc, net, "all_reduce", entry["all_reduce"], colls["replicate"], "replicate",
+                                 "replicas' all-reduce", chained=True))
+        u.after_backward = tuple(a for a in after if a is not None)
+
+
+def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> UnitPlan:
+    sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
+    version = 2 if lay.implementation == "fsdp2" else 1
+    if sharding == "NO_SHARD" or lay.shard == 1:
+        # FSDP1 NO_SHARD: torch/distributed/fsdp/_runtime_utils.py _post_backward_hook ->
+        # _reduce_grad_no_shard, one all-reduce per unit when its backward ends, on the post-backward
+        # stream. FSDP2 HYBRID_1GPU: _fsdp_param_group.py post_backward, the replicas' all-reduce per unit.
+        shape = sc.shape
+        world = (sc.world, "block", sc.world)
+        sizes = [c * shape.root_params] + [c * shape.block_params] * shape.L
+        for i, size in enumerate(sizes):
+            coll = _group_coll(sc, net, "all_reduce", size, world, "world", "all-reduce")
+            units[i].after_backward = (coll,) if coll else ()
+        return UnitPlan(units, rules=[(f"FSDP{version} {sharding}: each unit's gradients all-reduced when its backward "
+                                      "ends; the root's (the last) exposed")])
+    colls = communication.per_unit(sc, lay, sc.shape)
+    # FSDP1 all-gathers and reduce-scatters share the shard process group, so its one NCCL stream
+    # (the unshard and post-backward CUDA streams both feed it); HSDP's all-reduce runs on its own
+    # stream and group (_runtime_utils.py _init_streams: _all_reduce_stream; FSDP2: FSDPCommContext
+    # all_reduce_stream on the replicate group, "since collectives use different network resources")
+    _per_unit_colls(sc, lay, net, units, colls, {"gather": "shard", "reduce": "shard"})
+    rules = []
+    if version == 2:
+        # torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: unshard() on the all-gather stream
+        # while the host runs ahead, wait_for_unshard() keeping one previous all_gather_state (at most
+        # the next unit's all-gather in flight); pre_backward -> _backward_prefetch: the next unit in
+        # reverse post-forward order, before this unit's backward; the root is not resharded after forward
+        ahead, prefetch = 1, "pre"
+        rules.append("FSDP2: the next unit's all-gather overlaps this unit's forward; backward prefetches one unit")
+    else:
+        fsdp = sc.fsdp if lay.family == "fsdp" else None
+        limit = fsdp.limit_all_gathers if fsdp else True            # TorchFSDPPlugin: torch's defaults
+        forward_prefetch = fsdp.forward_prefetch if fsdp else False
+        prefetch = fsdp.backward_prefetch if fsdp else "pre"
+        # _runtime_utils.py _unshard + _limiter_utils.py _FreeEventQueue: with limit_all_gathers the host
+        # waits for the free of the unit two back (_max_num_inflight_all_gathers = 2) before issuing an
+        # all-gather, so unit i's all-gather overlaps unit i-1's forward; forward_prefetch
+        # (_pre_forward_unshard -> _prefetch_handle FORWARD) issues unit i+1's right after unit i's,
+        # before the limiter waits again: two units ahead. Without the limiter the host runs ahead as far
+        # as it gets ahead of the device (the allowance's cpu_ahead_units).
+        if limit:
+            ahead = 2 if forward_prefetch else 1
+        else:
+            ahead = max(1, sc.allowance.cpu_ahead_units)
+        # _pre_backward_hook -> _prefetch_handle BACKWARD (BACKWARD_PRE) before the unit's gradient
+        # computation; _post_backward_hook -> _post_backward_reshard -> _prefetch_handle (BACKWARD_POST)
+        # after it, ahead of _reduce_grad's reduce-scatter; none: _pre_backward_hook of the next unit
+        # unshards it, behind the reduce-scatter already on the group's stream
+        rules.append(f"FSDP1: forward all-gathers {ahead} unit(s) ahead (limit_all_gathers={limit}, "
+                     f"forward_prefetch={forward_prefetch}); backward_prefetch={prefetch}")
+    if sharding == "SHARD_GRAD_OP":
+        rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
+    else:
+        rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward (the root once)")
+    rules.append("reduce-scatter when each unit's backward ends" +
+                 ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else ""))
+    return UnitPlan(units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules)
+
+
+def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:
+    ds, shape = sc.deepspeed, sc.shape
+    colls = communication.per_unit(sc, lay, shape)
+    streams = {"gather": "world", "reduce": "world", "gather_backward": "hpz" if lay.hpz else "world"}
+    # gradients go through stage3.py's reduce bucket, not per unit: strip per_unit's reduce-scatter and
+    # add bucketed ones below
+    for entry in colls["units"]:
+        entry["reduce_scatter"] = 0
+    _per_unit_colls(sc, lay, net, units, colls, streams)
+    c = 4 if sc.precision == "fp32" else 2
+    quantised = lay.hpz and ds.quantized_gradients and sc.world > sc.gpus_per_node
+    grad_bytes = 0.5 if quantised else c
+    # deepspeed/runtime/zero/stage3.py: reduce_partition_and_remove_grads adds each gradient to the ipg
+    # bucket and __reduce_and_partition_ipg_grads reduce-scatters it (on reduce_and_partition_stream, the
+    # same data-parallel group) once reduce_bucket_size elements are in; the rest at the end
+    # (independent_gradient_partition_epilogue). ZeRO++ qgZ (all_to_all_quant_reduce) across nodes.
+    buckets = _buckets(sc, shape, grad_bytes, ds.reduce_bucket_size * grad_bytes, ds.reduce_bucket_size * grad_bytes)
+    _attach(units, buckets, lambda size: _group_coll(sc, net, "reduce_scatter", size, (sc.world, "block", sc.world),
+                                                     "world", "reduce-scatter"))
+    # deepspeed/runtime/zero/partitioned_param_coordinator.py: fetch_sub_module all-gathers the module
+    # it needs and prefetches along the recorded trace up to prefetch_bucket_size elements
+    # (__prefetch_bucket_sz); the same coordinator runs the backward in reverse trace order
+    small = sum(n for n in communication._numels(shape.block_tensors()) if n <= ds.param_persistence_threshold)
+    gathered = max(1, shape.block_params - small)
+    ahead = max(1, ds.prefetch_bucket_size // gathered)
+    rules = [(f"ZeRO-3: all-gathers prefetched {ahead} Block(s) ahead (stage3_prefetch_bucket_size "
+             f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward"),
+             f"gradients reduce-scattered in buckets of {ds.reduce_bucket_size:,} elements during the backward"]
+    if lay.hpz:
+        rules.append(f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
+                     "on its own group" + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
+                     + ("; qgZ int4 gradients across nodes" if quantised else ""))
+    return UnitPlan(units, forward_ahead=ahead, backward_prefetch="pre", rules=rules)
+
+
+def _gemini_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:
+    colls = communication.per_unit(sc, lay, sc.shape)
+    # colossalai/booster/plugin/gemini_plugin.py: max_prefetch=0 by default, so a chunk is gathered
+    # when a module first needs it (zero/gemini/chunk/chunk.py Chunk.access_chunk -> __gather), in
+    # forward and again in backward; gradients reduce-scattered per chunk on the async reduce stream
+    # (zero/gemini/gemini_ddp.py grad_handle, enable_async_reduce) of the same group
+    _per_unit_colls(sc, lay, net, units, colls, {"gather": "world", "reduce": "world"})
+    return UnitPlan(units, forward_ahead=0, backward_prefetch="none",
+                    rules=[("Gemini: no prefetch (max_prefetch=0): every gather exposed; chunks' reduce-scatter "
+                           "overlaps the backward")])
+
+
+# ---------------------------------------------------------------- the prediction
+
+@dataclass
+class StepPrediction:
+    model: str
+    strategy: str
+    nodes: int
+    gpus_per_node: int
+    fits: bool | None
+    breakdown: Breakdown | None
+    images_per_s_per_gpu: float | None
+    images_per_s: float | None
+    rules: list
+    compute_source: str
+    network_source: str
+    scaling_efficiency: float | None = None
+
+    def as_dict(self) -> dict:
+        return {"model": self.model, "strategy": self.strategy, "nodes": self.nodes,
+                "gpus_per_node": self.gpus_per_node, "fits": self.fits,
+                "step": self.breakdown.as_dict() if self.breakdown else None,
+                "images_per_s_per_gpu": self.images_per_s_per_gpu, "images_per_s": self.images_per_s,
+                "scaling_efficiency": self.scaling_efficiency, "rules": list(self.rules),
+                "compute_source": self.compute_source, "network_source": self.network_source}
+
+
+def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: bool = False) -> StepPrediction:
+    """The step of one scenario. A point that does not fit in the device's memory is predicted as not
+    fitting (no speed). blocking: the collectives the library issues from the training thread are
+    waited for there (gloo on a CPU); DDP's reducer stays asynchronous."""
+    sc.validate()
+    lay = layout(sc)
+    fits = None
+    if sc.device_memory_gib is not None:
+        fits = bool(memory.predict(sc, lay).total <= sc.device_memory_gib * memory.GIB)
+    common = {"model": sc.model, "strategy": sc.strategy, "nodes": sc.nodes, "gpus_per_node": sc.gpus_per_node,
+              "compute_source": compute.source, "network_source": network.source}
+    if fits is False:
+        return StepPrediction(fits=False, breakdown=None, images_per_s_per_gpu=None, images_per_s=None,
+                              rules=["does not fit in device memory: no speed predicted"], **common)
+    plan = _unit_plan(sc, lay, network, compute)
+    out = timeline(plan.units, plan.forward_ahead, plan.backward_prefetch, compute.optimizer_s, plan.after_step,
+                   blocking=blocking and plan.blocking_applies)
+    per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
+    rules = plan.rules + (["blocking collectives: each one waited for where it is issued"]
+                          if blocking and plan.blocking_applies else [])
+    return StepPrediction(fits=fits, breakdown=out, images_per_s_per_gpu=per_gpu,
+                          images_per_s=None if per_gpu is None else per_gpu * sc.world, rules=rules, **common)
+
+
+def predict_curve(sc: Scenario, nodes: list, network: Network, compute: Compute, blocking: bool = False) -> list:
+    """Weak scaling: the scenario on each node count, each with its images/s per GPU over 1 node's."""
+    import dataclasses
+
+    base = predict_step(dataclasses.replace(sc, nodes=1), network, compute, blocking)
+    rows = []
+    for n in nodes:
+        p = base if n == 1 else predict_step(dataclasses.replace(sc, nodes=n), network, compute, blocking)
+        if p.images_per_s_per_gpu is not None and base.images_per_s_per_gpu:
+            p.scaling_efficiency = p.images_per_s_per_gpu / base.images_per_s_per_gpu
+        rows.append(p)
+    return rows
