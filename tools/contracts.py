@@ -75,8 +75,13 @@ class ImportTimeForbiddenContract(Contract):
             tree = sorted({listed, *graph.find_descendants(listed)})
             tree = [m for m in tree if not m.endswith(".__main__")]
             output.verbose_print(verbose, f"Importing {listed} ({len(tree)} modules) in a fresh process...")
-            proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps([tree, self.forbidden_modules, roots])],
-                                  capture_output=True, text=True, env=env, timeout=600)
+            proc = subprocess.run(
+                [sys.executable, "-c", _PROBE, json.dumps([tree, self.forbidden_modules, roots])],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=600,
+            )
             try:
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
             except (IndexError, ValueError):
