@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import IN_CI, ROOT
 
@@ -44,3 +45,13 @@ def test_import_contracts():
     """The layer order as docs/architecture.md draws it, every import, lazy ones included."""
     proc = run([tool("lint-imports"), "--no-cache", "--no-logo"])
     assert proc.returncode == 0, f"import contracts broken:\n{proc.stdout}{proc.stderr}"
+
+
+def test_pre_commit_runs_the_versions_the_tests_run():
+    """A hook and the test run that disagree on a rule would leave a commit failing in CI."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        pins = dict(p.split("==") for p in tomllib.load(f)["project"]["optional-dependencies"]["test"] if "==" in p)
+    with open(os.path.join(ROOT, ".pre-commit-config.yaml")) as f:
+        revs = {r["repo"].rsplit("/", 1)[1]: r["rev"].lstrip("v") for r in yaml.safe_load(f)["repos"]}
+    assert revs["ruff-pre-commit"] == pins["ruff"] and revs["codespell"] == pins["codespell"], (revs, pins)
