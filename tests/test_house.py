@@ -55,3 +55,33 @@ def test_pre_commit_runs_the_versions_the_tests_run():
     with open(os.path.join(ROOT, ".pre-commit-config.yaml")) as f:
         revs = {r["repo"].rsplit("/", 1)[1]: r["rev"].lstrip("v") for r in yaml.safe_load(f)["repos"]}
     assert revs["ruff-pre-commit"] == pins["ruff"] and revs["codespell"] == pins["codespell"], (revs, pins)
+
+
+def test_import_time_contract_tells_lazy_imports_from_eager_ones(tmp_path, monkeypatch):
+    """tools/contracts.py on a made-up package: a heavy import inside a function is allowed, one at
+    import time is reported with the chain that brought it, and a listed module that is missing is
+    reported too."""
+    tool("lint-imports")  # import-linter, and grimp with it
+    import grimp
+
+    monkeypatch.syspath_prepend(ROOT)
+    from tools import contracts
+
+    (tmp_path / "heavy.py").write_text("")
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lazy.py").write_text("def f():\n    import heavy\n")
+    (pkg / "eager.py").write_text("from pkg import middle\n")
+    (pkg / "middle.py").write_text("import heavy\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    graph = grimp.build_graph("pkg", cache_dir=None)
+
+    def findings(modules):
+        contract = contracts.ImportTimeForbiddenContract("t", {}, {"modules": modules, "forbidden_modules": ["heavy"]})
+        return contract.check(graph, verbose=False).metadata["findings"]
+
+    assert findings(["pkg.lazy"]) == []
+    assert findings(["pkg.eager"]) == [("pkg.eager", "imports heavy at import time: pkg.eager -> pkg.middle -> heavy")]
+    assert findings(["pkg.gone"]) == [("pkg.gone", "does not exist")]
