@@ -37,7 +37,7 @@ def test_ruff_lint():
 
 
 def test_ruff_format():
-    proc = run([tool("ruff"), "format", "--check", "."])
+    proc = run([tool("ruff"), "format", "--check", "--output-format", "concise", "."])
     assert proc.returncode == 0, f"ruff format would rewrite (run `ruff format FILE`):\n{proc.stdout}{proc.stderr}"
 
 
