@@ -74,8 +74,8 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
 
     status other than ok gives an end record with that status (ips still written if given,
     as a timeout after some steps would); end=False leaves only start and steps_logged steps.
-    The timed steps' images/s scatter around ips with a relative standard deviation `spread`, in
-    a seeded order (from the run's path) and symmetric, so their mean and median are ips exactly;
+    The timed steps' images/s scatter around ips with a relative standard deviation `spread`, seeded
+    by the run's path under root, their mean and median ips exactly (_timed_ips);
     `step_ips` gives the timed steps' figures instead (the steps are then warmup + their number, and
     the end record summarises them, its mean included).
     """
@@ -122,7 +122,7 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     }
     n_steps = steps if steps_logged is None else steps_logged
     step_time = batch * world_size / ips if ips else 1.0
-    timed_ips = _timed_ips(ips, max(0, steps - warmup), spread, run_dir) if step_ips is None else list(step_ips)
+    timed_ips = _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root)) if step_ips is None else list(step_ips)
     lines = [json.dumps(start)]
     # Step lines are formatted by hand: the benchmark writes a million of them.
     t = time
@@ -167,17 +167,21 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     return path
 
 
-def _timed_ips(ips: Optional[float], n: int, spread: float, run_dir: str) -> list:
-    """n per-step figures around ips: ± pairs of seeded normal draws (and one 0 when n is odd), shuffled
-    and scaled to a standard deviation of spread × ips, so their mean and median are ips exactly."""
+def _timed_ips(ips: Optional[float], n: int, spread: float, seed_text: str) -> list:
+    """n per-step figures around ips with a relative standard deviation `spread`, their median and
+    mean exactly ips: seeded normal draws in the order drawn, centred on their median (the middle
+    one or two set to it), the values above it scaled so that the mean matches too."""
     if not ips or n == 0:
         return []
-    if spread <= 0 or n == 1:
+    if spread <= 0 or n <= 2:
         return [float(ips)] * n
-    rng = np.random.default_rng(zlib.crc32(run_dir.encode()))
-    half = rng.standard_normal(n // 2)
-    z = np.concatenate([half, -half, [0.0] * (n % 2)])
-    rng.shuffle(z)
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    z = rng.standard_normal(n)
+    order = np.argsort(z)
+    z -= z[order[(n - 1) // 2]] if n % 2 else (z[order[n // 2 - 1]] + z[order[n // 2]]) / 2
+    z[order[(n - 1) // 2: n // 2 + 1]] = 0.0
+    above = z > 0
+    z[above] *= -z[~above].sum() / z[above].sum()
     return list(ips * (1 + spread * z / z.std()))
 
 
