@@ -181,7 +181,10 @@ def batch_medians_interval(steps, center: Optional[float] = None, level: float =
     k = batch_count(len(x))
     if k < 2:
         return math.nan, math.nan, 0
-    medians = np.array([np.median(b) for b in np.array_split(x, k)])
+    # np.array_split's batches: the first n % k one step longer; a reshape each, so two median calls.
+    cut = (len(x) % k) * (len(x) // k + 1)
+    medians = np.concatenate([np.median(part.reshape(m, -1), axis=1)
+                              for part, m in ((x[:cut], len(x) % k), (x[cut:], k - len(x) % k)) if m])
     mid = float(np.median(x)) if center is None or math.isnan(center) else float(center)
     half = t_quantile(level, k - 1) * float(np.std(medians, ddof=1)) / math.sqrt(k)
     return mid - half, mid + half, k
@@ -234,18 +237,20 @@ def compare(faster: Estimate, slower: Estimate) -> Comparison:
     return Comparison(margin, bool(faster.low > slower.high or slower.low > faster.high), single)
 
 
-def ratio_interval(value: float, num: Estimate, den: Estimate) -> tuple[float, float]:
+def ratio_interval(value, num: tuple, den: tuple) -> tuple:
     """The interval of a ratio `value` ~ num / den (times a constant), by propagation on the log scale.
 
-    Lower side: the numerator's lower and the denominator's upper relative half-widths in
-    quadrature; upper side the reverse. An interval that reaches 0 gives a lower bound of 0.
+    num and den are (median, low, high) of the two estimates, scalars or arrays. Lower side: the
+    numerator's lower and the denominator's upper relative half-widths in quadrature; upper side
+    the reverse. A missing interval gives NaN; one that reaches 0 a lower bound of 0.
     """
-    if not (num.has_interval and den.has_interval) or math.isnan(value) or not (num.median > 0 and den.median > 0):
-        return math.nan, math.nan
+    (nm, nl, nh), (dm, dl, dh) = (np.asarray(num, dtype=float), np.asarray(den, dtype=float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        def rel(a, b):  # |log(a / b)|, infinite when either is 0 or below (an interval reaching 0)
+            return np.where((a <= 0) | (b <= 0), np.inf, np.abs(np.log(a / b)))
 
-    def rel(a: float, b: float) -> float:
-        return math.inf if a <= 0 or b <= 0 else abs(math.log(a / b))
-
-    down = math.hypot(rel(num.median, num.low), rel(den.high, den.median))
-    up = math.hypot(rel(num.high, num.median), rel(den.median, den.low))
-    return value * math.exp(-down), value * math.exp(up) if math.isfinite(up) else math.inf
+        down = np.hypot(rel(nm, nl), rel(dh, dm))
+        up = np.hypot(rel(nh, nm), rel(dm, dl))
+        value = np.asarray(value, dtype=float)
+        lo, hi = value * np.exp(-down), value * np.exp(up)
+    return (float(lo), float(hi)) if np.ndim(lo) == 0 else (lo, hi)

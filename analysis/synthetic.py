@@ -122,7 +122,8 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     }
     n_steps = steps if steps_logged is None else steps_logged
     step_time = batch * world_size / ips if ips else 1.0
-    timed_ips = _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root)) if step_ips is None else list(step_ips)
+    timed_ips = (list(step_ips) if step_ips is not None
+                 else _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root)))
     lines = [json.dumps(start)]
     # Step lines are formatted by hand: the benchmark writes a million of them.
     t = time

@@ -268,10 +268,12 @@ def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
     df.loc[ok.index, "efficiency"] = ok["ips_mean"].to_numpy() / (base_ips * ok["world_size"].to_numpy() / base_world)
     df.loc[ok.index, "efficiency_base_nodes"] = df.loc[base.to_numpy(), "nodes"].to_numpy()
     df.loc[ok.index, "efficiency_base_world_size"] = base_world
-    for i, b in zip(ok.index, base.to_numpy()):
-        eff = df.at[i, "efficiency"]
-        lo, hi = (eff, eff) if i == b else stats.ratio_interval(eff, estimate_of(df.loc[i]), estimate_of(df.loc[b]))
-        df.at[i, "efficiency_ci_low"], df.at[i, "efficiency_ci_high"] = lo, hi
+    cols = ["ips_point_median", "ips_ci_low", "ips_ci_high"]
+    point, at_base = df.loc[ok.index, cols].to_numpy(float).T, df.loc[base.to_numpy(), cols].to_numpy(float).T
+    lo, hi = stats.ratio_interval(df.loc[ok.index, "efficiency"].to_numpy(float), point, at_base)
+    own = ok.index.to_numpy() == base.to_numpy()  # the base against itself: 1 by definition
+    df.loc[ok.index, "efficiency_ci_low"] = np.where(own, 1.0, lo)
+    df.loc[ok.index, "efficiency_ci_high"] = np.where(own, 1.0, hi)
     return df
 
 
