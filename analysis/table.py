@@ -39,12 +39,15 @@ OPTION_SHORT = {"backward_prefetch": "prefetch", "limit_all_gathers": "limit_ag"
 VERSION_KEYS = ("python", "torch", "timm", "deepspeed", "colossalai", "cuda", "hip", "nccl")
 MEMORY_MEASURES = (("peak_allocated_gib", "allocated"), ("peak_reserved_gib", "reserved"), ("peak_rss_gib", "rss"))
 
+# The point's statistics over its ok runs (analysis/stats.py), in the kept row only.
+POINT_COLUMNS = ["ips_point_median", "ips_ci_low", "ips_ci_high", "ips_ci_confidence", "ips_ci_method", "ips_runs",
+                 "ips_timed_steps", "ips_run_cv"]
+
 # Columns in the order a reader scans them; option columns (opt_*) and version columns follow.
 LEADING_COLUMNS = [
     "study", "model", "params", "series", "strategy", "family", "implementation", "nodes", "world_size",
     "ranks_per_node", "batch_per_device", "batch_global", "status", "ips_mean", "ips_std", "ips_min", "ips_max",
-    "ips_median", "ips_point_median", "ips_ci_low", "ips_ci_high", "ips_ci_confidence", "ips_ci_method", "ips_runs",
-    "ips_timed_steps", "ips_run_cv", "ips_per_device", "efficiency", "efficiency_base_nodes",
+    "ips_median", *POINT_COLUMNS, "ips_per_device", "efficiency", "efficiency_base_nodes",
     "efficiency_base_world_size", "efficiency_ci_low", "efficiency_ci_high",
     "memory_gib", "memory_measure", "mem_allocated_max_gib", "mem_allocated_mean_gib", "mem_reserved_max_gib",
     "mem_reserved_mean_gib", "mem_rss_max_gib", "mem_rss_mean_gib", "mem_window", "device_memory_gib",
@@ -241,9 +244,9 @@ def estimate_of(row) -> stats.Estimate:
         value = row.get(key) if hasattr(row, "get") else row[key]
         return math.nan if value is None or pd.isna(value) else float(value)
 
-    runs = num("ips_runs")
+    runs, method = num("ips_runs"), row.get("ips_ci_method")
     return stats.Estimate(num("ips_point_median"), num("ips_ci_low"), num("ips_ci_high"), num("ips_ci_confidence"),
-                          row.get("ips_ci_method") or "", 0 if math.isnan(runs) else int(runs),
+                          method if isinstance(method, str) else "", 0 if math.isnan(runs) else int(runs),
                           int(num("ips_timed_steps")) if not math.isnan(num("ips_timed_steps")) else 0,
                           num("ips_run_cv"))
 
@@ -322,7 +325,9 @@ def build(coll: Collection) -> Tables:
     results = sort_table(add_efficiency(_frame(kept)))
     set_aside = _frame(aside)
     if not set_aside.empty:
-        set_aside = set_aside.drop(columns=["efficiency", "efficiency_base_nodes", "efficiency_base_world_size"])
+        # the point's statistics and efficiency belong to its kept row
+        set_aside = set_aside.drop(columns=["efficiency", "efficiency_base_nodes", "efficiency_base_world_size",
+                                            "efficiency_ci_low", "efficiency_ci_high"] + POINT_COLUMNS)
     return Tables(results=results, set_aside=set_aside)
 
 
