@@ -28,6 +28,7 @@ and by intra- and inter-node bytes. Left out on purpose, and checked to be only 
 one-value all-reduce of the gradient norm each step (stage3.py get_grad_norm_direct), a latency not
 a bandwidth, which the planner's bytes do not count.
 """
+import importlib.util
 import json
 import os
 from fractions import Fraction
@@ -49,14 +50,21 @@ FACTORS = {"all_reduce": lambda n: Fraction(2 * (n - 1), n), "all_gather": lambd
            "reduce_scatter": lambda n: Fraction(n - 1, n), "broadcast": lambda n: Fraction(1)}
 
 
+class Results(dict):
+    def __getitem__(self, case):
+        if case.startswith("ZERO"):  # launched without DeepSpeed's cases where it is not installed
+            require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
+        return super().__getitem__(case)
+
+
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
-    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     out = tmp_path_factory.mktemp("collective_bytes") / "bytes.json"
+    cases = CASES if importlib.util.find_spec("deepspeed") else [c for c in CASES if not c.startswith("ZERO")]
     proc = torchrun(NODES * RANKS_PER_NODE,
-                    [os.path.join(ROOT, "tests", "collective_bytes.py"), str(out), str(RANKS_PER_NODE), *CASES])
+                    [os.path.join(ROOT, "tests", "collective_bytes.py"), str(out), str(RANKS_PER_NODE), *cases])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return {r["case"]: r for r in json.loads(out.read_text())}
+    return Results({r["case"]: r for r in json.loads(out.read_text())})
 
 
 def node(rank: int) -> int:
