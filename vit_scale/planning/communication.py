@@ -220,7 +220,7 @@ def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
 DS_MAX_REUSE_DISTANCE = 1_000_000_000
 
 
-def zero3_backward_gathers(shape: Shape, threshold: int, reuse_distance: int | None = None) -> list[int]:
+def zero3_backward_gathers(shape: Shape, threshold: int) -> list[int]:
     """Elements ZeRO-3 all-gathers again before each unit's backward (unit 0 the root, then one per
     Block): those of the parameters it released after their forward.
 
@@ -235,7 +235,6 @@ def zero3_backward_gathers(shape: Shape, threshold: int, reuse_distance: int | N
     while the parameter was still gathered (the same function's first rule); that reaches only
     stage3_prefetch_bucket_size elements ahead, so with the defaults (5e7 < 1e9) it keeps nothing more.
     """
-    reuse = DS_MAX_REUSE_DISTANCE if reuse_distance is None else reuse_distance
     root, block = shape.root_tensors(), shape.block_tensors()
     # modules holding parameters, in forward order: (unit, [numels]); timm's ViT: the model itself
     # (cls_token, pos_embed), patch_embed.proj, each Block's norm1, qkv, proj, norm2, fc1, fc2, norm, head
@@ -249,7 +248,7 @@ def zero3_backward_gathers(shape: Shape, threshold: int, reuse_distance: int | N
     for k, (unit, numels) in enumerate(modules):
         after -= sum(numels)
         distance = 0 if k == 0 else 2 * after + top
-        if distance >= reuse:
+        if distance >= DS_MAX_REUSE_DISTANCE:
             out[unit] += sum(n for n in numels if n > threshold)
     return out
 
