@@ -435,7 +435,7 @@ def _check_section(inputs: list) -> list:
     """What `vit-scale check` found on the system (check.json in a study directory, written by
     `vit-scale study --check`): versions, the transport between nodes and each collective's bus
     bandwidth, the facts that explain the scaling figures."""
-    from vit_scale.check.summary import read_check
+    from vit_scale.record.check_file import read_check
 
     blocks = []
     for directory in inputs:
@@ -460,7 +460,7 @@ def _check_section(inputs: list) -> list:
 
 
 def _check_facts(check: dict) -> list:
-    from vit_scale.check.summary import transport, verdict, versions
+    from vit_scale.record.check_file import transport, verdict, versions
 
     nodes = check.get("nodes")
     lines = {line["check"]: line for line in check.get("lines") or []}
@@ -474,8 +474,8 @@ def _check_facts(check: dict) -> list:
 
 def _check_bandwidths(check: dict) -> list:
     """Each collective's bandwidth at the strategies' sizes, then its latency at the smallest size."""
-    from vit_scale.check.collectives import human_bytes, human_seconds
-    from vit_scale.check.summary import bandwidth_rows, latency_rows
+    from vit_scale.record.check_file import bandwidth_rows, latency_rows
+    from vit_scale.text import human_bytes, human_seconds
 
     def scope(m):
         return "within a node" if m["scope"] == "node" else "across nodes"

@@ -33,6 +33,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from vit_scale.text import human_bytes, human_seconds  # noqa: F401 - moved to text; still importable from here
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n,
@@ -85,22 +87,6 @@ def sizes_for(model: str, precision: str, quick: bool) -> list[Size]:
     sizes.append(Size("block", block_bytes(model, precision), precision, f"{model} Block"))
     sizes.append(Size("bucket", DDP_BUCKET_BYTES, "fp32", "DDP bucket"))
     return sizes
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.3g} {unit}" if value != int(value) else f"{int(value)} {unit}"
-    return f"{int(n)} B"
-
-
-def human_seconds(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
 
 
 def elements(nbytes: int, element_bytes: int, ranks: int) -> int:

@@ -5,7 +5,7 @@ request (system, nodes, labels, ...), the launches, and the facts the worker's r
 """
 from __future__ import annotations
 
-from vit_scale.check.collectives import human_bytes, human_seconds
+from vit_scale.text import human_bytes, human_seconds
 from vit_scale.check.lines import Line
 from vit_scale.check.meter import GPU_OVERHEAD_FLOOR, TIMING_TOLERANCE
 
