@@ -19,8 +19,8 @@ import os
 import sys
 import time
 
-from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, as_list, load_yaml, minutes, take_prog, whole
+from vit_scale.cluster import launchers, systems
+from vit_scale.cluster.files import BadInput, as_list, load_yaml, minutes, take_prog, whole
 
 PROG = "vit-scale check"
 PROGRAM = ("-m", "vit_scale.check.worker")
@@ -221,7 +221,7 @@ class Check:
     def run(self, supervisor=None) -> int:
         from vit_scale.check import verdict
         from vit_scale.check.lines import broken, table
-        from vit_scale.study.supervise import Supervisor
+        from vit_scale.cluster.supervise import Supervisor
 
         supervisor = supervisor or Supervisor(GRACE_S)
         for sub in ("logs", "records"):

@@ -16,12 +16,12 @@ import subprocess
 import sys
 import time
 
-from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, home, minutes, take_prog, whole
+from vit_scale.cluster import launchers, systems
+from vit_scale.cluster.files import BadInput, home, minutes, take_prog, whole
 from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
 from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan, study_file
-from vit_scale.study.supervise import Supervisor
+from vit_scale.cluster.supervise import Supervisor
 
 FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--check", "--which-env")
 OWN_OPTIONS = ("--config", "--system", "--out", "--report", "--run-time-limit", "--prog")

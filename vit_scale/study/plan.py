@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from vit_scale.run.peaks import math_precision
-from vit_scale.study.files import FALSE, TRUE, BadInput, as_list, home, load_yaml, normalise_bool, whole
+from vit_scale.cluster.files import FALSE, TRUE, BadInput, as_list, home, load_yaml, normalise_bool, whole
 
 # study key -> (command-line option, trainer key or None)
 STUDY_KEYS = {

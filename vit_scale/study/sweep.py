@@ -18,8 +18,8 @@ import subprocess
 import sys
 
 from vit_scale.study import cli as study_cli
-from vit_scale.study import systems
-from vit_scale.study.files import BadInput, home, take_prog, whole
+from vit_scale.cluster import systems
+from vit_scale.cluster.files import BadInput, home, take_prog, whole
 from vit_scale.study.plan import make_plan, study_file
 
 SWEEP_VALUES = ("--nodes", "--max-nodes", "--system", "--account", "--partition", "--qos", "--time",

@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from vit_scale.launch.world import slurm_hostnames, slurm_node_address
-from vit_scale.study.files import BadInput, as_list, home, load_yaml
+from vit_scale.cluster.files import BadInput, as_list, home, load_yaml
 
 SYSTEM_KEYS = ("name", "description", "env_script", "ranks_per_node", "backend", "launcher", "launchers",
                "srun_flags", "torchrun_srun_flags", "mpi_flags", "master_addr", "peak_tflops",
