@@ -1,4 +1,5 @@
-"""One run -> the commands that start its ranks, as argument lists (nothing goes through a shell).
+"""One launch (a study's run, the check's workers) -> the commands that start its ranks, as argument lists
+(nothing goes through a shell).
 
   srun        inside an allocation: one srun step, one task per rank (MPI: the same with --mpi)
   torchrun-slurm  inside an allocation: one torchrun per node, started by srun
