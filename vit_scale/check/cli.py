@@ -104,8 +104,7 @@ class Check:
         self.one_machine = not self.in_slurm and self.system.one_rank_per_gpu and not self.system.needs_slurm
         if self.system.needs_slurm and not self.in_slurm:
             raise UserError(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/check.sh, or salloc)")
-        self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1) \
-            if self.in_slurm else 0
+        self.alloc_nodes = systems.allocation_size() if self.in_slurm else 0
         self.nodes = self._nodes(v.get("--nodes"))
         self.ranks_per_node = self._ranks_per_node(v.get("--ranks-per-node"), "--which-env" in opts.flags)
         study = self._study_defaults()
@@ -344,9 +343,7 @@ class Check:
             launch.env.update(NCCL_LOGGING, NCCL_DEBUG_FILE=os.path.join(self.out, "logs", nccl_log_name(stamp, attempt)))
         log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
         with open(log, "w") as f:
-            f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
-                    + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
-            f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
+            f.write(launch.log_header())
         what = ("every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
                 if parts == ["strategies"] else f"{', '.join(parts)} (without the meter)")
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)

@@ -122,6 +122,11 @@ def detect_system() -> str:
     return "local"
 
 
+def allocation_size() -> int:
+    """The allocation's node count (1 when Slurm does not say)."""
+    return int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+
+
 def slurm_gpus_per_node() -> int:
     text = os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_GPUS_PER_NODE") or ""
     text = text.split(":")[-1]  # SLURM_GPUS_PER_NODE may read "a100:4"

@@ -141,7 +141,7 @@ class StudyRun:
         ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:
-            self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+            self.alloc_nodes = systems.allocation_size()
         self.plan = make_plan(study_file(opts.own.get("--config"), self.system), opts.cli, opts.sets, self.system,
                               ranks_per_node, self.alloc_nodes, one_machine=self.one_machine,
                               analysis_only=self.analysis_only)
@@ -263,9 +263,7 @@ class StudyRun:
             print(f"{label} ... ", end="", flush=True)
             log = os.path.join(logs, f"{run.model}.{run.strategy}.n{run.nodes}.{run_id}.log")
             with open(log, "w") as f:
-                f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
-                        + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
-                f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
+                f.write(launch.log_header())
             outcome = supervisor.run(launch, log, self.time_limit * 60 if self.time_limit else None)
             run_dir = os.path.join(parent, run_id)
             status, ips, error = run_result(run_dir)
