@@ -333,21 +333,23 @@ def ring_sum(values, dtype):
 
 def test_collective_check_is_exact_where_a_bf16_ring_is_not():
     """384 ranks: a bf16 ring's per-hop rounding puts a right sum more than 1% off n(n+1)/2 (the old
-    rule failed it); the check sums in fp32, exact up to its limit, and still catches a lost rank."""
+    rule failed it); the check sums in fp32, exact at any size (tests/test_check_scale.py), and still
+    catches a lost rank."""
     import torch
 
-    from vit_scale.check.collectives import CHECK_EXACT_UP_TO, result_is_right
+    from vit_scale.check.collectives import check_value, expected_sum, result_is_right
 
     n = 384
     values = [float(rank + 1) for rank in range(n)]
     bf16 = ring_sum(values, torch.bfloat16)
     assert not torch.allclose(bf16, torch.tensor(n * (n + 1) / 2), rtol=1e-2)   # why the check left bf16
-    for ranks in (n, CHECK_EXACT_UP_TO):
-        exact = ring_sum([float(rank + 1) for rank in range(ranks)], torch.float32)
-        assert result_is_right("all_reduce", exact.repeat(ranks), ranks, 1)
-    lost_one = ring_sum(values[:-1], torch.float32)
+    sent = [float(check_value("all_reduce", rank, n)) for rank in range(n)]
+    exact = ring_sum(sent, torch.float32)
+    assert result_is_right("all_reduce", exact.repeat(n), n, 1)
+    lost_one = ring_sum(sent[:-1], torch.float32)
     assert not result_is_right("all_reduce", lost_one.repeat(n), n, 1)
-    assert not result_is_right("reduce_scatter", (exact + 1).repeat(3), CHECK_EXACT_UP_TO, 3)
+    assert not result_is_right("reduce_scatter", (exact + 1).repeat(3), n, 3)
+    assert exact.item() == expected_sum(n)
     gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(2)
     assert result_is_right("all_gather", gathered, n, 2)
     assert not result_is_right("all_gather", gathered.flip(0), n, 2)
