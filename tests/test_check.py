@@ -369,10 +369,9 @@ def test_scopes_come_from_every_ranks_node_and_uneven_placement_is_refused():
 
 
 def test_nccl_lines_are_read_from_their_files(tmp_path):
-    """NCCL_DEBUG_FILE's files (one per process, as NCCL names them) decide the transport, with the
-    launch's log read too (mocked lines: no NCCL here)."""
-    from vit_scale.check.cli import collective_log_text, nccl_log_name
-    from vit_scale.check.environment import transport_facts
+    """NCCL_DEBUG_FILE's files (one per logging process, as NCCL names them) decide the transport,
+    with the launch's log read too (mocked lines: no NCCL here)."""
+    from vit_scale.check.environment import collective_logs, nccl_log_name, transport_facts
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -381,9 +380,9 @@ def test_nccl_lines_are_read_from_their_files(tmp_path):
     (logs / nccl_log_name("20250101-000000-9", 1).replace("%h", "n1").replace("%p", "9")).write_text(NCCL_SOCKET)
     rank_log = logs / f"check.{stamp}.1.log"
     rank_log.write_text("rank output, NCCL's lines lost to os._exit\n")
-    text = collective_log_text(str(tmp_path), stamp, [str(rank_log)])
+    text = "".join(line for lines in collective_logs(str(tmp_path), stamp, [str(rank_log)]) for line in lines)
     assert "Socket" not in text and "rank output" in text   # another check's file is not read
-    facts = transport_facts("nccl", text, ("ib", "ofi"))
+    facts = transport_facts("nccl", collective_logs(str(tmp_path), stamp, [str(rank_log)]), ("ib", "ofi"))
     assert facts["observed"] == ["ib"], facts
     assert nccl_log_name(stamp, 2) == f"nccl.{stamp}.2.%h.%p.log"
 

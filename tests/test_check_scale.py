@@ -1,6 +1,10 @@
 """The check at full machine size, without launching its ranks: the collectives' result check at
 Frontier's 75,264 ranks (9,408 nodes x 8), simulated in numpy in the orders a collective library
-adds in. What needs ranks runs over gloo in tests/test_check.py and tests/test_check_groups.py."""
+adds in; NCCL's log files of that many ranks, generated as NCCL writes them (no NCCL here), read
+by the orchestrator. What needs ranks runs over gloo in tests/test_check.py and
+tests/test_check_groups.py."""
+import os
+
 import numpy
 import pytest
 
@@ -69,3 +73,67 @@ def test_collective_check_is_exact_in_every_order_at_any_size(ranks):
     gathered = torch.tensor([float(check_value("all_gather", r, ranks)) for r in range(ranks)]).repeat_interleave(2)
     assert result_is_right("all_gather", gathered, ranks, 2)
     assert not result_is_right("all_gather", gathered.roll(2), ranks, 2)
+
+
+# ---------------------------------------------------------------- NCCL's log files at full size
+
+def log_benchmark():
+    import importlib.util
+    import os
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("check_log_reading",
+                                                  os.path.join(ROOT, "benchmarks", "check_log_reading.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def frontier_logs(tmp_path_factory):
+    """A check's logs/ with one NCCL_DEBUG_FILE per rank of a 9,408-node launch (as every rank wrote
+    them when all logged; each node's last rank connects to the next node): what the orchestrator
+    must read without holding it all."""
+    bench = log_benchmark()
+    out = tmp_path_factory.mktemp("frontier")
+    written = bench.write_rank_logs(str(out / "logs"), FRONTIER_RANKS, 8, "first")
+    return bench, str(out), written
+
+
+def test_the_transport_is_read_from_75264_rank_files_as_a_stream_stopping_at_the_first_connection(frontier_logs):
+    import tracemalloc
+
+    from vit_scale.check.environment import collective_logs, transport_facts
+
+    bench, out, written = frontier_logs
+    launch_log = os.path.join(out, "logs", "check.launch.log")
+    with open(launch_log, "w") as f:
+        f.write("the launch's own output\n")
+    files = collective_logs(out, bench.STAMP, [launch_log])
+    tracemalloc.start()
+    facts = transport_facts("nccl", files, ("ofi",))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert facts["observed"] == ["ofi"] and facts["between_nodes"] == ["AWS Libfabric"], facts
+    assert any("via NET/AWS Libfabric" in line for line in facts["evidence"])
+    left = sum(1 for _ in files)    # files not opened: reading stopped at the first connection between nodes
+    assert left > FRONTIER_RANKS + 1 - 1000, left
+    assert peak < 2 ** 20, peak
+
+    # every file as a stream: memory stays that of a file, not of the 75,264 together
+    tracemalloc.start()
+    lines = sum(1 for lines in collective_logs(out, bench.STAMP, [launch_log]) for _ in lines)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert lines == FRONTIER_RANKS * 12 + 1
+    assert written > 50 * 2 ** 20 and peak < 2 ** 20, (written, peak)
+
+
+def test_only_the_ranks_of_two_nodes_log_nccl_lines():
+    from vit_scale.check.environment import logs_transport
+
+    frontier = [rank for rank in range(FRONTIER_RANKS) if logs_transport(rank, 8)]
+    assert frontier == list(range(16))
+    assert [rank for rank in range(8) if logs_transport(rank, 4)] == list(range(8))
+    assert [rank for rank in range(3) if logs_transport(rank, 1)] == [0, 1]

@@ -76,6 +76,7 @@ def main(argv=None) -> int:
                      "gloo_transport": os.environ.get("GLOO_DEVICE_TRANSPORT", "tcp").lower()})
     parts = spec["parts"]
     same_network_as_the_world(world)
+    log_transport(world, spec.get("nccl_log"))
     if "meter" in parts and world.rank == 0:
         meter(world, spec, facts)
     join_world(world)
@@ -101,6 +102,17 @@ def same_network_as_the_world(world) -> None:
     from vit_scale.launch.world import network_requirement
 
     os.environ.update(network_requirement(world))
+
+
+def log_transport(world, log_path) -> None:
+    """NCCL's INFO lines, to a file per process, on the few ranks that prove the transport: set
+    before NCCL's first use here (the meter's group on rank 0, else the world's), which is when NCCL
+    reads them. Every rank logging would create a file per rank at once in one directory of a
+    parallel filesystem, written a line at a time inside communicator setup."""
+    from vit_scale.check.environment import logs_transport, nccl_logging
+
+    if log_path and logs_transport(world.rank, world.local_world_size):
+        os.environ.update(nccl_logging(log_path))
 
 
 def join_world(world) -> None:
