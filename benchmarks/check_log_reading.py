@@ -32,11 +32,13 @@ HEADER = """{host}:{pid}:{pid} [{local}] NCCL INFO Bootstrap : Using hsn0:10.{no
 {host}:{pid}:{pid} [{local}] NCCL INFO NET/OFI Initializing aws-ofi-rccl 1.4.0
 {host}:{pid}:{pid} [{local}] NCCL INFO NET/OFI Selected Provider is cxi (found 4 nics)
 {host}:{pid}:{pid} [{local}] NCCL INFO Using network AWS Libfabric
-{host}:{pid}:{pid} [{local}] NCCL INFO comm 0x5b1e2c0 rank {rank} nranks {ranks} cudaDev {local} busId c1000 - Init START
+{host}:{pid}:{pid} [{local}] NCCL INFO comm 0x5b1e2c0 rank {rank} nranks {ranks} cudaDev {local} busId c1000 \
+- Init START
 {host}:{pid}:{pid} [{local}] NCCL INFO Setting affinity for GPU {local} to ff000000,00000000
 {host}:{pid}:{pid} [{local}] NCCL INFO Trees [0] {up}/-1/-1->{rank}->{down} [1] {up}/-1/-1->{rank}->{down}
 """
-WITHIN = "{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[{peer_local}] via P2P/IPC\n"
+WITHIN = ("{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[{peer_local}] "
+          "via P2P/IPC\n")
 BETWEEN = ("{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[0] [send] "
            "via NET/AWS Libfabric/{nic}/GDRDMA\n")
 FOOTER = "{host}:{pid}:{pid} [{local}] NCCL INFO comm 0x5b1e2c0 rank {rank} nranks {ranks} - Init COMPLETE\n"
