@@ -40,7 +40,7 @@ from vit_scale.record import reader
 
 CALIBRATIONS = ("check", "profile", "none")
 FIT_KEYS = ("collective", "scope", "ranks", "alpha_us", "bus_gbps", "max_rel_residual", "sizes", "flags")
-BISECT_STEPS = 48        # halvings of the compute interval: far below any step time's noise
+BISECT_STEPS = 32        # halvings of the compute interval: 2^-32 of the step, far below its noise
 
 
 # ---------------------------------------------------------------- calibration
