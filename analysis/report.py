@@ -480,7 +480,8 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
                              f"Calibration used: {used}. Error: measured / predicted - 1.{median}"))
     plot = plots_by_name.get("weak_scaling_predicted")
     if plot is not None:
-        blocks += _figure_block(plot, images)
+        # Named, not inlined, as the memory prediction's: the report inlines the measured scaling figures
+        blocks.append(Block("p", f"Figure: {plot.name} beside this report (in the formats written). {plot.caption}"))
     if not rows.empty:
         header = ["model", "strategy", "nodes", "ranks", "measured images/s", "predicted images/s", "error"]
         table_rows = [[r["model"], r["series"], int(r["nodes"]), int(r["world_size"]),
