@@ -66,7 +66,8 @@ def test_missing_and_unreadable_calibration(tmp_path):
 def test_check_of_another_system_model_or_precision(tmp_path):
     args = dict(system="frontier", models=["vit_base"], precisions=["bf16"])
     other = write_check(str(tmp_path / "a" / "check.json"), [fit()], system="cuda")
-    one_line_error(lambda: pr.check_calibration(other, **args), other, "system 'cuda'", "expected a check of 'frontier'")
+    one_line_error(lambda: pr.check_calibration(other, **args), other, "system 'cuda'",
+                   "expected a check of 'frontier'")
     fp32 = write_check(str(tmp_path / "b" / "check.json"), [fit()], precisions=("fp32",))
     one_line_error(lambda: pr.check_calibration(fp32, **args), "measured precision fp32", "expected bf16")
     small = write_check(str(tmp_path / "c" / "check.json"), [fit()], model="vit_micro")
@@ -92,7 +93,7 @@ def test_compute_from_a_run_of_another_model_batch_or_precision(tmp_path):
     net = pr.profile_calibration(FRONTIER).network
     for sc in (Scenario("vit_huge", "DDP", batch_size=32), Scenario("vit_base", "DDP", batch_size=16),
                Scenario("vit_base", "DDP", batch_size=32, precision="fp32")):
-        one_line_error(lambda: source.compute_for(sc, net), "--compute-from", run_dir,
+        one_line_error(lambda sc=sc: source.compute_for(sc, net), "--compute-from", run_dir,
                        f"no run of {sc.model} at batch {sc.batch_size} in {sc.precision}",
                        "expected a run of the same model, batch and precision", "vit_base at batch 32 in bf16")
     one_line_error(lambda: pr.compute_from(str(tmp_path / "absent")), "--compute-from", "not a directory")
@@ -249,7 +250,8 @@ def test_check_json_of_the_same_allocation_calibrates(tmp_path):
     # another allocation's check is not used, and the report says so
     write_check(os.path.join(root, "s", "check.json"), [fit(alpha=5.0, bus=200.0)], job="999")
     rows, text = _analyse(root, str(tmp_path / "out2"))
-    assert set(rows["calibration"]) == {"profile"} and "not used for runs outside its allocation (Slurm job 999)" in text
+    assert set(rows["calibration"]) == {"profile"}
+    assert "not used for runs outside its allocation (Slurm job 999)" in text
 
 
 def test_predicted_figure_is_registered_and_drawn(tmp_path):

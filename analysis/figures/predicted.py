@@ -12,7 +12,8 @@ from .. import table as tbl
 from ._axes import log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
 from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, legend_height, legend_in_slot,
                       new_figure, panel_grid, title_height)
-from ._runs import LINE_COLUMNS, labeller, lines, model_order, model_title, not_ok, run_facts, scaling_runs, series_items
+from ._runs import (LINE_COLUMNS, labeller, lines, model_order, model_title, not_ok, run_facts, scaling_runs,
+                    series_items)
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, NOT_OK, style, styles_for
 

@@ -85,7 +85,8 @@ def _read_yaml(path: str, option: str) -> dict:
     except OSError as exc:
         raise UserError(f"{option}: cannot read {path} ({exc.strerror or exc}); expected a system profile") from None
     except yaml.YAMLError:
-        raise UserError(f"{option}: {path} is not YAML; expected a system profile (configs/systems/NAME.yaml)") from None
+        raise UserError(f"{option}: {path} is not YAML; expected a system profile "
+                        f"(configs/systems/NAME.yaml)") from None
     if not isinstance(data, dict):
         raise UserError(f"{option}: {path} is not a mapping; expected a system profile (configs/systems/NAME.yaml)")
     return data
@@ -120,7 +121,8 @@ def read_check(path: str) -> dict:
         raise UserError(f"--calibration: cannot read {path} ({exc.strerror or exc}); expected a check.json "
                         f"written by vit-scale check") from None
     except ValueError:
-        raise UserError(f"--calibration: {path} is not JSON; expected a check.json written by vit-scale check") from None
+        raise UserError(f"--calibration: {path} is not JSON; expected a check.json written by "
+                        f"vit-scale check") from None
     if not isinstance(data, dict) or data.get("schema") != 1 or "system" not in data:
         raise UserError(f"--calibration: {path} is not a check.json of schema 1 (no schema/system keys); "
                         f"expected one written by vit-scale check")
