@@ -171,7 +171,8 @@ def _row(row, run, sc, p, cal, traced_ms) -> dict:
            "nodes": int(row["nodes"]), "world_size": int(row["world_size"]), "ranks_per_node": sc.gpus_per_node,
            "batch_per_device": int(row["batch_per_device"]), "precision": sc.precision, "status": row["status"],
            "measured_ips": measured, "predicted_ips": predicted,
-           "error": measured / predicted - 1 if predicted and not math.isnan(measured) else math.nan,
+           # rounded, and + 0.0 so that a rung that reproduces itself reads +0.0%, not -0.0%
+           "error": round(measured / predicted - 1, 9) + 0.0 if predicted and not math.isnan(measured) else math.nan,
            "predicted_efficiency": _num(p.scaling_efficiency),
            "measured_step_ms": sc.batch_size * world / measured * 1e3 if measured > 0 else math.nan,
            "predicted_step_ms": ms(b.step_s) if b else math.nan,

@@ -474,9 +474,10 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
         if not compared.empty else ""
     used = "; ".join(predicted.calibrations) or "none"
     blocks.append(Block("p", f"Each point's images/s against what vit_scale.planning.predict gives for the same model, "
-                             f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions for "
-                             f"a study): compute from the study's own 1-node rung (each strategy's 1-node run less the "
-                             f"exposed communication the model predicts for it), collectives from the calibration. "
+                             f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions: "
+                             f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
+                             f"1-node run less the exposed communication the model predicts for it), collectives from "
+                             f"the calibration. "
                              f"Calibration used: {used}. Error: measured / predicted - 1.{median}"))
     plot = plots_by_name.get("weak_scaling_predicted")
     if plot is not None:

@@ -18,7 +18,7 @@ counted FLOPs over the profile's peak times a stated efficiency.
 Bad input (a missing or unreadable file, a check.json of another system, model or precision, a
 fit with too few points, a run directory of another model, batch or precision) raises
 errors.UserError: one line naming the file or option and what is expected. Torch-free.
-Model and limits: docs/plan.md, "Predicted step time" and "Predictions for a study".
+Model and limits: docs/plan.md, "Predicted step time" and "Predictions: calibration and compute".
 """
 from __future__ import annotations
 
