@@ -146,7 +146,9 @@ def build(runs: list, results: pd.DataFrame, breakdown: Optional[pd.DataFrame] =
             world = run.start.get("world") or {}
             blocking = pr.blocking_for(world.get("backend"), world.get("device_type"))
             p = pr.predict([sc], cal, sources[directory], blocking, options=[_options(run)])[0]
-        except (UserError, ValueError) as exc:
+        except (UserError, ValueError, TypeError, KeyError) as exc:
+            # a record the planner cannot place (a label it does not know, a malformed option): the
+            # point goes unpredicted and the report says why; the rest of the analysis goes on
             notes.append(f"{label}: not predicted: {exc}")
             continue
         rows.append(_row(row, run, sc, p, cal, traced.get(os.path.normpath(run.run_dir))))

@@ -24,7 +24,7 @@ from vit_scale.errors import UserError  # noqa: E402
 from vit_scale.planning import predict as pr  # noqa: E402
 from vit_scale.planning.alpha_beta import Fit, Link, Network  # noqa: E402
 from vit_scale.planning.scenario import Scenario  # noqa: E402
-from vit_scale.planning.step_time import predict_step  # noqa: E402
+from vit_scale.planning.step_time import predict_step, train_flops_per_image  # noqa: E402
 from vit_scale.record import reader  # noqa: E402
 
 FRONTIER = pr.profile_path("frontier")
@@ -100,6 +100,19 @@ def test_compute_from_a_run_of_another_model_batch_or_precision(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     one_line_error(lambda: pr.compute_from(str(empty)), "--compute-from", "no run that finished ok")
+
+
+def test_flops_compute_needs_a_peak_and_a_stated_efficiency(tmp_path):
+    assert pr.peak_tflops(FRONTIER, "bf16") == 191.5 and pr.peak_tflops(pr.profile_path("local"), "bf16") is None
+    one_line_error(lambda: pr.compute_from_flops(None, 0.4, "local.yaml"), "--compute-from", "local.yaml",
+                   "no peak TFLOP/s", "RUNDIR")
+    one_line_error(lambda: pr.compute_from_flops(191.5, 1.5), "--efficiency", "(0, 1]")
+    one_line_error(lambda: pr.profile_path("nowhere"), "--system", "configs/systems/nowhere.yaml")
+    source = pr.compute_from_flops(191.5, 0.4)
+    sc = Scenario("vit_base", "DDP", nodes=1, gpus_per_node=1, batch_size=32)
+    [p] = pr.predict([sc], pr.profile_calibration(FRONTIER), source)
+    # one rank: nothing to communicate, so the step is the counted FLOPs at 40% of the peak
+    assert p.breakdown.step_s == pytest.approx(32 * train_flops_per_image(sc.shape) / (191.5e12 * 0.4), rel=1e-9)
 
 
 # ---------------------------------------------------------------- calibration precedence
@@ -252,6 +265,10 @@ def test_check_json_of_the_same_allocation_calibrates(tmp_path):
     rows, text = _analyse(root, str(tmp_path / "out2"))
     assert set(rows["calibration"]) == {"profile"}
     assert "not used for runs outside its allocation (Slurm job 999)" in text
+    # a quick check writes no fits: the defaults, and the report says why
+    write_check(os.path.join(root, "s", "check.json"), [], job="1234")
+    rows, text = _analyse(root, str(tmp_path / "out3"))
+    assert set(rows["calibration"]) == {"profile"} and "has no fits (from the size sweep)" in text
 
 
 def test_predicted_figure_is_registered_and_drawn(tmp_path):
