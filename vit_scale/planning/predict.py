@@ -300,7 +300,7 @@ def compute_of(step: MeasuredStep, network: Network) -> Compute:
         return predict_step(sc, network, Compute.measured(c, 0.0, "", ckpt), step.blocking).breakdown.step_s
 
     s = step.step_s
-    if predicted(s) <= s:       # nothing exposed even with all of it as compute
+    if predicted(s) <= s * (1 + 1e-9):   # nothing exposed even with all of it as compute (up to rounding)
         c = s
     elif predicted(0.0) >= s:   # the predicted communication alone takes longer than the measured step
         c = 0.0
