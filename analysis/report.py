@@ -17,6 +17,7 @@ from typing import Optional
 
 import pandas as pd
 
+from . import stats
 from . import table as tbl
 from vit_scale.record.reader import Collection
 
@@ -63,30 +64,78 @@ def status_counts(df: pd.DataFrame) -> str:
 
 # ----------------------------------------------------------------------------- sections
 
+def _margin_text(r) -> str:
+    """'+60.8%', '+60.8% (single runs)', '+3.0% (within noise)' or '+3.0% (not tested)'."""
+    margin = _f(r["margin"], "{:+.1%}")
+    verdict = r.get("margin_verdict")
+    if not margin or not isinstance(verdict, str):
+        return margin
+    if verdict == tbl.SEPARATED:
+        return margin + (" (single runs)" if r.get("margin_single_run") is True else "")
+    return f"{margin} ({verdict})"
+
+
+def _ci_text(r) -> str:
+    if pd.isna(r.get("ips_ci_low")) or pd.isna(r.get("ips_ci_high")):
+        return ""
+    return f"{r['ips_ci_low']:,.1f}–{r['ips_ci_high']:,.1f}"
+
+
+def _statistics_text(results: pd.DataFrame) -> str:
+    """What the images/s and the margins of the best-run table rest on (docs/analysis.md, Statistics)."""
+    ok = tbl.usable(results)
+    runs = sorted({int(n) for n in ok["ips_runs"].dropna()}) if "ips_runs" in ok else []
+    text = ("Statistics: images/s is a point's median (each run's median over its timed steps; with repeated runs "
+            "the median of the runs' medians) with its 95% confidence interval: for one run from the medians of "
+            "contiguous batches of its timed steps (batch medians, since consecutive steps are correlated), for 2 "
+            "to 5 runs the t interval of the run medians, for 6 or more the order-statistic interval of the median. "
+            "A margin is settled when the two intervals do not overlap, and within noise when they do.")
+    if runs == [1]:
+        return text + (" Every point here ran once: each interval describes that run only, and run-to-run variation "
+                       "is unmeasured (repeat the points to measure it).")
+    if runs:
+        cv = ok["ips_run_cv"].dropna()
+        count = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]} to {runs[-1]}"
+        spread = f"; run-to-run coefficient of variation {cv.min():.1%} to {cv.max():.1%}" if len(cv) else ""
+        single = " (a point that ran once has an interval of that run only)" if runs[0] == 1 else ""
+        return text + f" Runs per point: {count}{spread}{single}."
+    return text
+
+
 def _best_section(results: pd.DataFrame) -> list:
     best = tbl.best_runs(results)
     blocks = [Block("h2", "Best run per model and node count")]
     if best.empty:
         return blocks + [Block("p", "No run finished ok with a measured throughput.")]
-    blocks.append(Block("p", "The fastest run that finished ok (replicas agreeing where checked), "
-                             "with its margin over the next fastest."))
+    blocks.append(Block("p", "The fastest point (highest median images/s) that finished ok (replicas agreeing where "
+                             "checked), with its margin over the next fastest."))
     dev = "GPU" if (results["device_type"] != "cpu").all() else "rank"
-    header = ["model", "nodes", f"{dev}s", "best", f"batch/{dev}", "images/s", f"per {dev}", "efficiency",
-              "memory GiB", "MFU", "next best", "margin", "run"]
+    header = ["model", "nodes", f"{dev}s", "best", f"batch/{dev}", "images/s", "95% CI", "runs", f"per {dev}",
+              "efficiency", "memory GiB", "MFU", "next best", "margin", "run"]
     rows = []
     for _, r in best.iterrows():
-        margin = _f(r["margin"], "{:+.1%}")
-        if margin and r.get("margin_within_noise") is True:
-            margin += " (within noise)"
+        ips = r["ips_point_median"] if not pd.isna(r["ips_point_median"]) else r["ips_mean"]
         rows.append([r["model"], int(r["nodes"]), int(r["world_size"]), r["series"], int(r["batch_per_device"]),
-                     _f(r["ips_mean"], "{:,.1f}"), _f(r["ips_per_device"], "{:,.1f}"), _pct(r["efficiency"]),
-                     _f(r["memory_gib"], "{:.1f}"), _pct(r["mfu"]), _s(r["runner_up"]), margin, r["run_id"]])
+                     _f(ips, "{:,.1f}"), _ci_text(r), _f(r["ips_runs"], "{:.0f}"),
+                     _f(ips / r["world_size"], "{:,.1f}"), _pct(r["efficiency"]), _f(r["memory_gib"], "{:.1f}"),
+                     _pct(r["mfu"]), _s(r["runner_up"]), _margin_text(r), r["run_id"]])
     blocks.append(Block("table", header=header, rows=rows))
-    noisy = int((best["margin_within_noise"] == True).sum())  # noqa: E712 - None means unknown
+    verdicts = best["margin_verdict"]
+    noisy = int((verdicts == tbl.WITHIN_NOISE).sum())
+    single = int(((verdicts == tbl.SEPARATED) & (best["margin_single_run"] == True)).sum())  # noqa: E712
+    untested = int((verdicts == tbl.NOT_TESTED).sum())
     if noisy:
-        blocks.append(Block("p", f"{noisy} margin(s) are marked within noise: the two runs' images/s, mean ± one "
-                                 "standard deviation over their timed steps, overlap, so which of the two is faster "
-                                 "is not settled by these runs."))
+        blocks.append(Block("p", f"{noisy} margin(s) are marked within noise: the 95% confidence intervals of the "
+                                 "two medians overlap, so these runs do not settle which of the two is faster."))
+    if single:
+        blocks.append(Block("p", f"{single} margin(s) marked (single runs) rest on one run of a point: they hold "
+                                 "within those runs only, and run-to-run variation (node placement, network "
+                                 "neighbours, clock boosts), which on shared machines is often larger than the "
+                                 "spread within a run, is unmeasured."))
+    if untested:
+        blocks.append(Block("p", f"{untested} margin(s) are not tested: a point has fewer than "
+                                 f"{stats.MIN_STEPS} timed steps, too few for a confidence interval."))
+    blocks.append(Block("p", _statistics_text(results)))
     return blocks
 
 
@@ -242,10 +291,13 @@ def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.Dat
         header = ["model", "strategy", "nodes", "status", "run", "kept instead"]
         rows = [[r["model"], r["series"], int(r["nodes"]), r["status"], _s(r["run_id"]), _s(r["set_aside_for"])]
                 for _, r in set_aside.iterrows()]
-        blocks += [Block("h2", "Reruns set aside"),
-                   Block("p", f"{len(set_aside)} older or failed rerun(s) of a point were set aside for the "
-                              "newest ok run of that point; they are in set_aside.csv."),
-                   Block("table", header=header, rows=rows)]
+        pooled = int((set_aside["pooled"] == True).sum()) if "pooled" in set_aside else 0  # noqa: E712
+        text = (f"{len(set_aside)} older or failed rerun(s) of a point were set aside for the newest ok run of that "
+                "point; they are in set_aside.csv.")
+        if pooled:
+            text += (f" {pooled} of them finished ok and are repetitions: their medians count in the point's "
+                     "median and interval.")
+        blocks += [Block("h2", "Reruns set aside"), Block("p", text), Block("table", header=header, rows=rows)]
     return blocks
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import zlib
 from typing import Optional
 
+import numpy as np
 import yaml
 
 from vit_scale.distributed import layout_of, parse_strategy
@@ -66,13 +68,21 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
               error: Optional[str] = None, end: bool = True, steps_logged: Optional[int] = None,
               replicas_agree: Optional[bool] = True, job_id: Optional[str] = "1234", schema: int = 1,
               params: Optional[float] = None, flops_per_image: Optional[float] = None,
-              predicted_gib: Optional[float] = None) -> str:
+              predicted_gib: Optional[float] = None, spread: float = 0.02,
+              step_ips: Optional[list] = None) -> str:
     """One run directory; returns the path of its metrics.jsonl.
 
     status other than ok gives an end record with that status (ips still written if given,
     as a timeout after some steps would); end=False leaves only start and steps_logged steps.
+    The timed steps' images/s scatter around ips with a relative standard deviation `spread`, seeded
+    by the run's path under root, their mean and median ips exactly (_timed_ips);
+    `step_ips` gives the timed steps' figures instead (the steps are then warmup + their number, and
+    the end record summarises them, its mean included).
     """
     world_size = nodes * ranks_per_node
+    if step_ips is not None:
+        steps = warmup + len(step_ips)
+        ips = float(np.mean(step_ips)) if len(step_ips) else ips
     run_id = run_id or f"{int(time)}-j{job_id}.{nodes}"
     run_dir = os.path.join(root, study, model, strategy, f"n{nodes}", run_id)
     os.makedirs(run_dir, exist_ok=True)
@@ -112,14 +122,16 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     }
     n_steps = steps if steps_logged is None else steps_logged
     step_time = batch * world_size / ips if ips else 1.0
+    timed_ips = (list(step_ips) if step_ips is not None
+                 else _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root)))
     lines = [json.dumps(start)]
     # Step lines are formatted by hand: the benchmark writes a million of them.
     t = time
     for k in range(1, n_steps + 1):
-        t += step_time
+        dt = batch * world_size / timed_ips[k - warmup - 1] if k > warmup and timed_ips else step_time
+        t += dt
         lines.append('{"event": "step", "time": %.3f, "step": %d, "loss": %.5f, "step_time_s": %.6f, '
-                     '"images_per_s": %.3f, "warmup": %s}' % (t, k, 6.9 - 0.01 * k, step_time,
-                                                                batch * world_size / step_time,
+                     '"images_per_s": %.3f, "warmup": %s}' % (t, k, 6.9 - 0.01 * k, dt, batch * world_size / dt,
                                                                 "true" if k <= warmup else "false"))
     if end:
         timed = max(0, n_steps - warmup)
@@ -138,8 +150,7 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
             "event": "end", "time": t, "status": status, "error": error if status != "ok" else None,
             "failed_rank": 0 if status not in ("ok", "skipped") else None,
             "steps_done": n_steps, "timed_steps": timed, "wall_time_s": step_time * n_steps,
-            "images_per_s": {"mean": ips, "std": ips * 0.02, "min": ips * 0.96, "max": ips * 1.03,
-                             "median": ips} if have_ips else None,
+            "images_per_s": _summary(ips, timed_ips, spread) if have_ips else None,
             "images_per_s_per_device": ips / world_size if have_ips else None,
             "memory": mem, "tflops_per_device": tflops,
             "mfu": tflops / peak_tflops if (tflops is not None and peak_tflops and gpu) else None,
@@ -155,6 +166,33 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         yaml.safe_dump(config, f, sort_keys=False)
     return path
+
+
+def _timed_ips(ips: Optional[float], n: int, spread: float, seed_text: str) -> list:
+    """n per-step figures around ips with a relative standard deviation `spread`, their median and
+    mean exactly ips: seeded normal draws in the order drawn, centred on their median (the middle
+    one or two set to it), the values above it scaled so that the mean matches too."""
+    if not ips or n == 0:
+        return []
+    if spread <= 0 or n <= 2:
+        return [float(ips)] * n
+    rng = np.random.default_rng(zlib.crc32(seed_text.encode()))
+    z = rng.standard_normal(n)
+    order = np.argsort(z)
+    z -= z[order[(n - 1) // 2]] if n % 2 else (z[order[n // 2 - 1]] + z[order[n // 2]]) / 2
+    z[order[(n - 1) // 2: n // 2 + 1]] = 0.0
+    above = z > 0
+    z[above] *= -z[~above].sum() / z[above].sum()
+    return list(ips * (1 + spread * z / z.std()))
+
+
+def _summary(ips: float, timed: list, spread: float) -> dict:
+    """The end record's images_per_s of the timed steps as the trainer writes it (mean from the caller)."""
+    if not timed:
+        return {"mean": ips, "std": ips * spread, "min": ips, "max": ips, "median": ips}
+    x = np.asarray(timed)
+    return {"mean": ips, "std": float(x.std()), "min": float(x.min()), "max": float(x.max()),
+            "median": float(np.median(x))}
 
 
 # ------------------------------------------------------------------------------ a whole study

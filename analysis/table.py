@@ -9,6 +9,8 @@ Terms used throughout the analysis:
   ips_N / (ips_base × world_N / world_base). With a fixed number of ranks per node this is the
   paper's ips_N / (ips_base × N / N_base); using ranks keeps it right for single-node runs with
   1, 2, 4 ... ranks as well.
+- repetitions: the ok runs of one point (a study's repeats, or reruns of it); their medians make the
+  point's statistics (analysis/stats.py), while the row shows the newest one's record.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pandas as pd
 
 from vit_scale.distributed import all_labels, label_pattern
-from vit_scale.record.reader import Collection, RunRecord
+from vit_scale.record.reader import Collection, RunRecord, timed_step_ips
+
+from . import stats
 
 # Strategies appear in legends and tables in the registry's order (each family's labels as its
 # file declares them), HYBRID_<g>GPU by g; a label the registry does not know goes last.
@@ -36,11 +39,16 @@ OPTION_SHORT = {"backward_prefetch": "prefetch", "limit_all_gathers": "limit_ag"
 VERSION_KEYS = ("python", "torch", "timm", "deepspeed", "colossalai", "cuda", "hip", "nccl")
 MEMORY_MEASURES = (("peak_allocated_gib", "allocated"), ("peak_reserved_gib", "reserved"), ("peak_rss_gib", "rss"))
 
+# The point's statistics over its ok runs (analysis/stats.py), in the kept row only.
+POINT_COLUMNS = ["ips_point_median", "ips_ci_low", "ips_ci_high", "ips_ci_confidence", "ips_ci_method", "ips_runs",
+                 "ips_timed_steps", "ips_run_cv"]
+
 # Columns in the order a reader scans them; option columns (opt_*) and version columns follow.
 LEADING_COLUMNS = [
     "study", "model", "params", "series", "strategy", "family", "implementation", "nodes", "world_size",
     "ranks_per_node", "batch_per_device", "batch_global", "status", "ips_mean", "ips_std", "ips_min", "ips_max",
-    "ips_median", "ips_per_device", "efficiency", "efficiency_base_nodes", "efficiency_base_world_size",
+    "ips_median", *POINT_COLUMNS, "ips_per_device", "efficiency", "efficiency_base_nodes",
+    "efficiency_base_world_size", "efficiency_ci_low", "efficiency_ci_high",
     "memory_gib", "memory_measure", "mem_allocated_max_gib", "mem_allocated_mean_gib", "mem_reserved_max_gib",
     "mem_reserved_mean_gib", "mem_rss_max_gib", "mem_rss_mean_gib", "mem_window", "device_memory_gib",
     "tflops_per_device", "mfu", "peak_tflops_per_device", "steps_done", "steps_planned", "timed_steps",
@@ -54,8 +62,8 @@ LEADING_COLUMNS = [
 
 @dataclass
 class Tables:
-    results: pd.DataFrame     # the kept runs, one per point
-    set_aside: pd.DataFrame   # older or failed reruns of a point that has a newer ok run
+    results: pd.DataFrame     # the kept runs, one per point, with the point's statistics over its ok runs
+    set_aside: pd.DataFrame   # the other runs of a point: older ok ones (pooled) and failed ones
 
 
 def _num(x):
@@ -131,6 +139,8 @@ def run_row(run: RunRecord) -> dict:
     }
     if math.isnan(row["start_time"]):
         row["start_time"] = run.mtime
+    # A run's own step figures, in order, for the interval of its median; read only where there is a result.
+    row["_steps"] = timed_step_ips(run.path) if run.status == "ok" and not math.isnan(row["ips_mean"]) else []
     if math.isnan(row["ips_per_device"]) and not math.isnan(row["ips_mean"]):
         row["ips_per_device"] = row["ips_mean"] / world_size
     for key, short in MEMORY_MEASURES:
@@ -166,8 +176,32 @@ def _point_key(row: dict) -> tuple:
             row["world_size"], row["batch_per_device"], row["device_type"])
 
 
+def _usable_row(row: dict) -> bool:
+    """As usable() below, for one row before the frame exists."""
+    return row["status"] == "ok" and not math.isnan(row["ips_mean"]) and row["replicas_agree"] is not False
+
+
+def _run_median(row: dict) -> float:
+    """A run's statistic: the end record's median of the timed steps (else of the steps logged, else its mean)."""
+    if not math.isnan(row["ips_median"]):
+        return row["ips_median"]
+    return float(np.median(row["_steps"])) if len(row["_steps"]) else row["ips_mean"]
+
+
+def _point_statistics(keep: dict, group: list) -> None:
+    """The point's median images/s, its interval, runs, steps and run-to-run CV into the kept row."""
+    pooled = [r for r in group if _usable_row(r)] if _usable_row(keep) else []
+    for r in group:
+        r["_pooled"] = any(r is p for p in pooled)
+    est = stats.point_estimate([_run_median(r) for r in pooled], [r["_steps"] for r in pooled])
+    keep.update(ips_point_median=est.median, ips_ci_low=est.low, ips_ci_high=est.high,
+                ips_ci_confidence=est.confidence, ips_ci_method=est.method or None, ips_runs=est.runs,
+                ips_timed_steps=est.steps, ips_run_cv=est.cv)
+
+
 def _dedupe(rows: list) -> tuple[list, list]:
-    """Keep the newest ok run of each point (else its newest run); the others are set aside."""
+    """Keep the newest ok run of each point (else its newest run); the others are set aside, the
+    ok ones among them pooled into the point's statistics (their `pooled` column says so)."""
     by_point: dict = {}
     for row in rows:
         by_point.setdefault(_point_key(row), []).append(row)
@@ -176,6 +210,7 @@ def _dedupe(rows: list) -> tuple[list, list]:
         group.sort(key=lambda r: (r["status"] == "ok", r["start_time"]), reverse=True)
         keep = group[0]
         keep["reruns_set_aside"] = len(group) - 1
+        _point_statistics(keep, group)
         kept.append(keep)
         for other in group[1:]:
             other["_kept"] = keep  # run ids need not be unique across run directories
@@ -203,12 +238,28 @@ def _add_series(rows: list) -> None:
             r["series"] = r["strategy"] + (f" [{', '.join(parts)}]" if parts else "")
 
 
+def estimate_of(row) -> stats.Estimate:
+    """A results row's point statistics as analysis/stats.py takes them."""
+    def num(key):
+        value = row.get(key) if hasattr(row, "get") else row[key]
+        return math.nan if value is None or pd.isna(value) else float(value)
+
+    runs, method = num("ips_runs"), row.get("ips_ci_method")
+    return stats.Estimate(num("ips_point_median"), num("ips_ci_low"), num("ips_ci_high"), num("ips_ci_confidence"),
+                          method if isinstance(method, str) else "", 0 if math.isnan(runs) else int(runs),
+                          int(num("ips_timed_steps")) if not math.isnan(num("ips_timed_steps")) else 0,
+                          num("ips_run_cv"))
+
+
 def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
-    """Scaling efficiency of each ok run against its series' smallest ok world size."""
+    """Scaling efficiency of each ok run against its series' smallest ok world size, and its interval
+    propagated from the two points' intervals (stats.ratio_interval; exactly 1 at the base itself)."""
     df = df.copy()
     df["efficiency"] = np.nan
     df["efficiency_base_nodes"] = np.nan
     df["efficiency_base_world_size"] = np.nan
+    df["efficiency_ci_low"] = np.nan
+    df["efficiency_ci_high"] = np.nan
     ok = usable(df)
     ok = ok[ok["ips_mean"] > 0]
     if ok.empty:
@@ -220,6 +271,12 @@ def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
     df.loc[ok.index, "efficiency"] = ok["ips_mean"].to_numpy() / (base_ips * ok["world_size"].to_numpy() / base_world)
     df.loc[ok.index, "efficiency_base_nodes"] = df.loc[base.to_numpy(), "nodes"].to_numpy()
     df.loc[ok.index, "efficiency_base_world_size"] = base_world
+    cols = ["ips_point_median", "ips_ci_low", "ips_ci_high"]
+    point, at_base = df.loc[ok.index, cols].to_numpy(float).T, df.loc[base.to_numpy(), cols].to_numpy(float).T
+    lo, hi = stats.ratio_interval(df.loc[ok.index, "efficiency"].to_numpy(float), point, at_base)
+    own = ok.index.to_numpy() == base.to_numpy()  # the base against itself: 1 by definition
+    df.loc[ok.index, "efficiency_ci_low"] = np.where(own, 1.0, lo)
+    df.loc[ok.index, "efficiency_ci_high"] = np.where(own, 1.0, hi)
     return df
 
 
@@ -268,13 +325,16 @@ def build(coll: Collection) -> Tables:
     results = sort_table(add_efficiency(_frame(kept)))
     set_aside = _frame(aside)
     if not set_aside.empty:
-        set_aside = set_aside.drop(columns=["efficiency", "efficiency_base_nodes", "efficiency_base_world_size"])
+        # the point's statistics and efficiency belong to its kept row
+        set_aside = set_aside.drop(columns=["efficiency", "efficiency_base_nodes", "efficiency_base_world_size",
+                                            "efficiency_ci_low", "efficiency_ci_high"] + POINT_COLUMNS)
     return Tables(results=results, set_aside=set_aside)
 
 
 def _add_series_for_aside(aside: list) -> None:
     for r in aside:
         r["series"] = r["_kept"]["series"]
+        r["pooled"] = r["_pooled"]  # an ok run whose median counts in the kept row's statistics
 
 
 # ------------------------------------------------------------------------------ derived views
@@ -289,42 +349,41 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
     return df[ok & (df["replicas_agree"] != False)]  # noqa: E712 - None means not checked
 
 
-def within_noise(best_mean, best_std, next_mean, next_std) -> Optional[bool]:
-    """Whether a margin between two runs is smaller than their spread: their mean ± one standard
-    deviation of per-step images/s overlap. None when either spread is unknown.
-
-    The per-step spread, not the standard error of the mean, is the yardstick: a rerun of the same
-    point on a shared machine or network moves by about that much, which the error of one run's
-    mean does not show."""
-    values = [best_mean, best_std, next_mean, next_std]
-    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
-        return None
-    return bool(best_mean - next_mean <= best_std + next_std)
+SEPARATED, WITHIN_NOISE, NOT_TESTED = "separated", "within noise", "not tested"
+BEST_COLUMNS = ["runner_up", "margin", "margin_within_noise", "margin_verdict", "margin_single_run", "candidates"]
 
 
 def best_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest usable run for each model and node count, with its margin over the next one,
-    and whether that margin is within the two runs' spread (margin_within_noise).
+    """The fastest usable point (highest median images/s) for each model and node count, with its
+    margin over the next one and the verdict of stats.compare on the two: margin_verdict is
+    `separated` (their 95% intervals do not overlap), `within noise` (they overlap) or `not tested`
+    (an interval is missing: fewer than 4 timed steps); margin_within_noise the same as a bool
+    (None when not tested); margin_single_run when either side rests on one run, so the verdict
+    holds within those runs only.
 
     Grouped by rank count too: on one node, 1 rank and 2 ranks are different points (on a
     cluster with fixed ranks per node the two are the same grouping)."""
-    good = usable(df)
+    good = usable(df).copy()
+    good["_rank_ips"] = good["ips_point_median"].fillna(good["ips_mean"])
     out = []
     for (model, nodes, _), grp in good.groupby(["model", "nodes", "world_size"], sort=False):
-        grp = grp.sort_values(["ips_mean", "memory_gib"], ascending=[False, True])
+        grp = grp.sort_values(["_rank_ips", "memory_gib"], ascending=[False, True])
         best = grp.iloc[0].copy()
         if len(grp) > 1:
             nxt = grp.iloc[1]
+            test = stats.compare(estimate_of(best), estimate_of(nxt))
             best["runner_up"] = nxt["series"]
-            best["margin"] = best["ips_mean"] / nxt["ips_mean"] - 1.0
-            best["margin_within_noise"] = within_noise(best["ips_mean"], best["ips_std"], nxt["ips_mean"],
-                                                       nxt["ips_std"])
+            best["margin"] = best["_rank_ips"] / nxt["_rank_ips"] - 1.0
+            best["margin_within_noise"] = test.within_noise
+            best["margin_verdict"] = {True: SEPARATED, False: WITHIN_NOISE, None: NOT_TESTED}[test.separated]
+            best["margin_single_run"] = test.single_run
         else:
             best["runner_up"], best["margin"], best["margin_within_noise"] = None, np.nan, None
+            best["margin_verdict"], best["margin_single_run"] = None, None
         best["candidates"] = len(grp)
-        out.append(best)
+        out.append(best.drop("_rank_ips"))
     if not out:
-        return pd.DataFrame(columns=list(df.columns) + ["runner_up", "margin", "margin_within_noise", "candidates"])
+        return pd.DataFrame(columns=list(df.columns) + BEST_COLUMNS)
     res = pd.DataFrame(out)
     params = res["params"].fillna(0).tolist()
     keys = [(params[i], _rank(m, MODEL_ORDER), n, w)

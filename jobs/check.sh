@@ -25,26 +25,15 @@
 
 set -uo pipefail
 PROG=check.sh
-
-# sbatch runs a copy of this script from Slurm's spool directory; Slurm remembers the path submitted
+# The checkout: this script's folder; under sbatch, which runs a copy of the script from Slurm's spool
+# folder, the folder of the path submitted (Slurm keeps it as the job's Command)
 script=${BASH_SOURCE[0]}
 if [ ! -f "$(dirname "$script")/lib/common.sh" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
   script=$(scontrol show job "$SLURM_JOB_ID" | sed -n 's/^ *Command=\([^ ]*\).*/\1/p')
 fi
-# HOME_DIR, PYTHONPATH, find_helper_python
+# HOME_DIR, PYTHONPATH, run_vit_scale
 # shellcheck source=jobs/lib/common.sh
 source "$(dirname "$script")/lib/common.sh" 2>/dev/null ||
   { echo "$PROG: cannot find the vit-scale repository; submit jobs/$PROG from its checkout" >&2; exit 2; }
 
-# Every option is checked before anything is set up; the answer is the env script to source.
-helper=$(find_helper_python) || exit 2
-env_script=$("$helper" -m vit_scale check --prog "$PROG" --which-env "$@") || exit
-if [ "$env_script" = none ]; then   # --help
-  exec "$helper" -m vit_scale check --prog "$PROG" "$@"
-fi
-
-# The system's modules, venv and RCCL/NCCL variables, as the study has them
-# shellcheck source=/dev/null
-source "$HOME_DIR/$env_script" ||
-  { echo "$PROG: $env_script could not set up the environment (see above); nothing was checked" >&2; exit 1; }
-exec "${VIT_SCALE_PYTHON:-python}" -m vit_scale check --prog "$PROG" "$@"
+run_vit_scale check "$@"

@@ -15,6 +15,42 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "train.print_every=100"]
 
 
+# ---------------------------------------------------------------- tests by kind
+
+# Each test module's kind, kept here in one place. A module has the kind of its heaviest test.
+#   unit       no ranks, no system tools: `pytest -m unit` is the fast subset (CONTRIBUTING.md)
+#   multirank  trains: real ranks (one or more) over gloo, torchrun, env:// processes, emulated nodes
+#   cluster    needs a system tool that --with-test-tools installs: Slurm, Lmod, MPI, shellcheck
+KINDS = {
+    "unit": ["test_analysis", "test_env_setup_venv", "test_finetune_units", "test_gpu_decisions", "test_house",
+             "test_memory_window", "test_models_and_config", "test_peaks", "test_plan", "test_step_meter",
+             "test_traces_hta", "test_stats", "test_alpha_beta", "test_step_time",
+             # its two ranks exit at the configuration check, before any process group
+             "test_trainer_bad_input"],
+    "multirank": ["test_analysis_contract", "test_capabilities", "test_colossalai", "test_compile", "test_deepspeed",
+                  "test_finetune", "test_fsdp_fp16", "test_jobs", "test_lora", "test_meta_init", "test_plan_tensors",
+                  "test_predicted_bytes", "test_profiling", "test_study", "test_tracking", "test_trainer_equivalence",
+                  "test_trainer_failures"],
+    "cluster": ["test_check", "test_env_lmod", "test_jobs_slurm", "test_launchers", "test_shellcheck",
+                "test_study_lock"],
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
+def pytest_collection_modifyitems(config, items):
+    kind_of = {module: kind for kind, modules in KINDS.items() for module in modules}
+    unknown = set()
+    for item in items:
+        kind = kind_of.get(item.path.stem)
+        if kind is None:
+            unknown.add(item.path.name)
+        else:
+            item.add_marker(kind)
+    if unknown:
+        raise pytest.UsageError(f"tests/conftest.py: KINDS gives no kind to {', '.join(sorted(unknown))}; "
+                                "add each module to unit, multirank or cluster")
+
+
 def require_tool(name: str) -> None:
     """Outside CI a missing system tool skips the test; in CI it fails it (CI installs them all)."""
     if shutil.which(name) is None:
@@ -103,7 +139,7 @@ REL_TOL = 2e-5  # reduction order differs between all-reduce and reduce-scatter;
 
 def assert_same_losses(reference, other, what, steps=4):
     assert len(reference) == len(other) == steps, what
-    for step, (a, b) in enumerate(zip(reference, other), 1):
+    for step, (a, b) in enumerate(zip(reference, other, strict=True), 1):
         assert abs(a - b) <= REL_TOL * abs(a), f"{what}: step {step} loss {b} differs from DDP's {a}"
 
 

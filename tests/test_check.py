@@ -266,7 +266,7 @@ def verdict_of(check: dict) -> dict:
 def test_nccl_transport_from_its_log_lines(passing_study, system, log, nodes, status, text):
     """NCCL's own lines (mocked: no NCCL here) decide the transport line, as on a GPU cluster."""
     from vit_scale.check.environment import expected_transport, transport_facts
-    from vit_scale.study.systems import read_system
+    from vit_scale.cluster.systems import read_system
 
     work, _ = passing_study
     real = valid_check(work / "runs" / "s" / "check.json")

@@ -82,7 +82,8 @@ def test_overrides_and_colossalai(tmp_path):
 @pytest.mark.parametrize("args,message", [
     ([], "SYSTEM: missing; allowed: local, cuda, frontier"),
     (["summit"], "SYSTEM: unknown system 'summit'; allowed: local, cuda, frontier"),
-    (["local", "--extras", "test,horovod"], "--extras: unknown extra 'horovod'; allowed: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb"),
+    (["local", "--extras", "test,horovod"],
+     "--extras: unknown extra 'horovod'; allowed: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb"),
     (["local", "--gpu"], "unknown option '--gpu'; allowed: --venv --extras --with-test-tools --dry-run --help"),
 ])
 def test_bad_input(tmp_path, args, message):
@@ -112,3 +113,15 @@ def test_every_variable_an_env_script_sets_says_why():
             if not (before.startswith("#") or "#" in line.split("=", 1)[1]):
                 unexplained.append(f"{os.path.basename(path)}:{i + 1}: {line.strip()}")
     assert unexplained == []
+
+
+def test_the_extras_it_accepts_are_the_projects(tmp_path):
+    """--extras hands the names to pip, which only warns about an extra the project lacks: the
+    script's list and pyproject.toml's must be the same."""
+    tomllib = pytest.importorskip("tomllib")
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        extras = set(tomllib.load(f)["project"]["optional-dependencies"])
+    proc = subprocess.run(["bash", SETUP, "local", "--extras", "nope"], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 2
+    assert set(proc.stderr.strip().split("allowed: ")[1].split(", ")) == extras

@@ -185,7 +185,12 @@ def test_zero3_prefetch_and_one_gradient_bucket():
     p = _unit_plan(sc, layout(sc), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
     assert p.forward_ahead > sc.shape.L and p.backward_prefetch == "pre"
     assert [bool(u.after_backward) for u in p.units] == [True] + [False] * (sc.shape.L + 1)
-    assert p.units[1].gather_forward.scope == "inter" and p.units[1].gather_backward.stream == "world"
+    # vit_micro's parameters stay gathered from forward to backward (DeepSpeed's stage3_max_reuse_distance
+    # reaches across the whole trace); vit_3b releases all but its last Blocks' and gathers them again
+    assert p.units[1].gather_forward.scope == "inter" and p.units[1].gather_backward is None
+    big = dataclasses.replace(sc, model="vit_3b")
+    q = _unit_plan(big, layout(big), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    assert q.units[1].gather_backward.stream == "world" and q.units[big.shape.L].gather_backward is None
 
 
 def test_zeropp_hpz_moves_the_backward_gather_inside_the_node():
@@ -205,7 +210,8 @@ def test_zeropp_hpz_moves_the_backward_gather_inside_the_node():
         return us
     assert parts(timeline(units(Coll(0.25, "intra", "hpz")), 1, "pre")) == (2, 4, 0.25, 1.5, 7.75)
     assert parts(timeline(units(Coll(0.5, "inter", "world")), 1, "pre")) == (2, 4, 0, 2.0, 8.0)
-    sc = Scenario(model="vit_micro", strategy="ZEROPP", nodes=2, gpus_per_node=2, device_memory_gib=None,
+    # vit_3b: its first Blocks are released after the forward (vit_micro's stay gathered)
+    sc = Scenario(model="vit_3b", strategy="ZEROPP", nodes=2, gpus_per_node=2, device_memory_gib=None,
                   precision="bf16", deepspeed=DeepSpeedConfig(param_persistence_threshold=0))
     p = _unit_plan(sc, layout(sc), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
     block = p.units[1]
@@ -246,6 +252,7 @@ def test_per_unit_sizes_add_up_to_the_plans_bytes():
             ledger.add("all_gather", e["gather_backward"], *colls.get("gather_backward", colls["gather"]))
             ledger.add("reduce_scatter", e["reduce_scatter"], *colls["reduce"])
             ledger.add("all_reduce", e["all_reduce"], *colls["replicate"])
+        ledger.add("all_gather", colls.get("after_step", 0), *colls["gather"])  # ZeRO-3's persistent parameters
         got, want = ledger.result(), communication.predict(sc, lay)
         for key in ("all_gather", "reduce_scatter", "all_reduce"):
             for scope in ("intra", "inter"):

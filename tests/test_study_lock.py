@@ -17,8 +17,8 @@ import pytest
 from conftest import ROOT
 from jobs_support import job_env
 from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
+from vit_scale.errors import UserError as BadInput
 from vit_scale.study import lock
-from vit_scale.study.files import BadInput
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
 STUDY = ["--system", "local", "--models", "vit_micro", "--strategies", "DDP", "--nodes", "1", "--ranks-per-node", "1",

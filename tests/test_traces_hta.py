@@ -1,5 +1,5 @@
 """analysis/traces.py's GPU breakdown against Holistic Trace Analysis 0.5.0 (a test-only dependency:
-setup.py's `test` extra), on the same kernels.
+pyproject.toml's `test` extra), on the same kernels.
 
 No GPU here, so the traces are made: what torch.profiler writes for a data-parallel step on a CUDA
 device, one file per rank, fixed seeds. Per step: the batch copied in (Memcpy HtoD), a Memset,

@@ -73,19 +73,19 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
     ledger = Ledger(sc)
     label, g = lay.label, lay.shard
 
-    def padded(n: int, k: int) -> int:
-        return -(-n // k) * k
-
     if lay.family == "ddp" or label in ("CAI_DDP", "CAI_DDP_FP16"):
         ledger.add("all_reduce", 4 * P, W)                        # fp32 gradients, whatever autocast did
     elif lay.family == "fsdp" or label == "CAI_FSDP":
         sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
-        blocks, root = L * padded(shape.block_params, g), padded(shape.root_params, g)
+        block, root = _fsdp_unit_sizes(shape, lay, g)
+        blocks = L * block
         if sharding == "NO_SHARD" or g == 1:
             ledger.add("all_reduce", c * P, W)
         else:
             kind = "block"
-            gathers = 2 * blocks + root if sharding != "SHARD_GRAD_OP" else blocks + root  # root kept after forward
+            gathers = blocks + root
+            if sharding != "SHARD_GRAD_OP":
+                gathers += blocks + (root if _fsdp_root_regathers(lay) else 0)
             ledger.add("all_gather", c * gathers, g, kind)
             ledger.add("reduce_scatter", c * (blocks + root), g, kind)
             if lay.replicate > 1:
@@ -98,6 +98,7 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
             ledger.add("all_gather", c * P, W)                    # updated parameters after the step
         else:
             gathered = P - shape.small_tensor_params(ds.param_persistence_threshold)
+            regathered = sum(zero3_backward_gathers(shape, ds.param_persistence_threshold))
             if lay.hpz:
                 weight_bytes = 1 if ds.quantized_weights else c   # qwZ: int8 weights
                 # qgZ: int4 gradients, but only across nodes: on one node DeepSpeed reduce-scatters them
@@ -105,11 +106,14 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
                 quantised = ds.quantized_gradients and W > sc.gpus_per_node
                 grad_bytes = 0.5 if quantised else c
                 ledger.add("all_gather", weight_bytes * gathered, W)          # forward, over all ranks
-                ledger.add("all_gather", c * gathered, lay.hpz, "block")      # backward, inside the hpZ group
+                ledger.add("all_gather", c * regathered, lay.hpz, "block")    # backward, inside the hpZ group
                 ledger.add("reduce_scatter", grad_bytes * P, W)
             else:
-                ledger.add("all_gather", 2 * c * gathered, W)                 # forward and backward
+                ledger.add("all_gather", c * (gathered + regathered), W)      # forward, and backward where released
                 ledger.add("reduce_scatter", c * P, W)
+            # the persistent parameters (whole on every rank) gathered again after each optimizer step
+            # (deepspeed/runtime/zero/stage3.py: _post_step, persistent_parameters[0].all_gather)
+            ledger.add("all_gather", c * shape.small_tensor_params(ds.param_persistence_threshold), W)
     elif label == "CAI_LOW_LEVEL_ZERO":
         if sc.colossalai.zero_stage == 1:
             ledger.add("all_reduce", c * P, W)
@@ -120,6 +124,31 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         ledger.add("all_gather", 2 * c * P, W)
         ledger.add("reduce_scatter", c * P, W)
     return ledger.result()
+
+
+def _fsdp_unit_sizes(shape: Shape, lay: Layout, g: int) -> tuple[int, int]:
+    """Elements one Block's and the root's all-gather produces (their reduce-scatter takes): FSDP1
+    pads the unit's flat parameter to a multiple of g (torch/distributed/fsdp/_flat_param.py:
+    FlatParamHandle._get_shard); FSDP2 pads each parameter's dim 0 to a multiple of g
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py: FSDPParam._init_sharded_param,
+    _chunk_with_empty), which for the class token (1, 1, D) and position embedding (1, T, D) is g times
+    their size."""
+    if lay.implementation == "fsdp2":
+        return _fsdp2_padded(shape.block_tensors(), g), _fsdp2_padded(shape.root_tensors(), g)
+    return -(-shape.block_params // g) * g, -(-shape.root_params // g) * g
+
+
+def _fsdp2_padded(tensors, g: int) -> int:
+    return sum(-(-s[0] // g) * g * (n // s[0]) for s, n in zip(tensors, _numels(tensors)))
+
+
+def _fsdp_root_regathers(lay: Layout) -> bool:
+    """Whether the root unit is all-gathered again for the backward (under resharding after forward).
+    FSDP1 keeps the root's parameters after its forward (torch/distributed/fsdp/_runtime_utils.py:
+    _post_forward_reshard skips the root). FSDP2 does so only when reshard_after_forward was left
+    to its default (torch/distributed/fsdp/_fully_shard/_fsdp_state.py: FSDPState._lazy_init, under
+    _auto_reshard_after_forward); the trainer passes it explicitly, so its root is resharded."""
+    return lay.implementation == "fsdp2"
 
 
 # ---------------------------------------------------------------- per unit, for the step time model
@@ -144,20 +173,18 @@ def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
     c = 4 if sc.precision == "fp32" else 2
     label, g = lay.label, lay.shard
 
-    def padded(n: int, k: int) -> int:
-        return -(-n // k) * k
-
     units = []
     if lay.family == "fsdp" or label == "CAI_FSDP":
         sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
         if sharding == "NO_SHARD" or g == 1:
             return None
-        root, block = c * padded(shape.root_params, g), c * padded(shape.block_params, g)
+        block, root = (c * n for n in _fsdp_unit_sizes(shape, lay, g))
         regather = sharding != "SHARD_GRAD_OP"
         rep = lay.replicate
         for i in range(L + 1):
             whole = root if i == 0 else block
-            units.append({"gather_forward": whole, "gather_backward": whole if (regather and i) else 0,
+            again = regather and (i > 0 or _fsdp_root_regathers(lay))
+            units.append({"gather_forward": whole, "gather_backward": whole if again else 0,
                           "reduce_scatter": whole, "all_reduce": whole / g if rep > 1 else 0})
         return {"gather": (g, "block", g), "reduce": (g, "block", g), "replicate": (rep, "strided", g),
                 "units": units}
@@ -169,13 +196,16 @@ def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         weight_bytes = (1 if ds.quantized_weights else c) if lay.hpz else c
         quantised = lay.hpz and ds.quantized_gradients and W > sc.gpus_per_node
         grad_bytes = 0.5 if quantised else c
+        regathered = zero3_backward_gathers(shape, small)
         for i in range(L + 1):
             gathered, params = (root_g, shape.root_params) if i == 0 else (block_g, shape.block_params)
-            units.append({"gather_forward": weight_bytes * gathered,
-                          "gather_backward": c * gathered, "reduce_scatter": grad_bytes * params, "all_reduce": 0})
+            units.append({"gather_forward": weight_bytes * gathered, "gather_backward": c * regathered[i],
+                          "reduce_scatter": grad_bytes * params, "all_reduce": 0})
         backward_group = (lay.hpz, "block", lay.hpz) if lay.hpz else (W, "block", W)
+        # stage3.py _post_step: the persistent parameters, gathered after the optimizer step
         return {"gather": (W, "block", W), "gather_backward": backward_group, "reduce": (W, "block", W),
-                "replicate": (1, "block", 1), "units": units}
+                "replicate": (1, "block", 1), "units": units,
+                "after_step": c * shape.small_tensor_params(small)}
     if label == "CAI_GEMINI":
         for i in range(L + 1):
             params = shape.root_params if i == 0 else shape.block_params
@@ -183,6 +213,44 @@ def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
                           "reduce_scatter": c * params, "all_reduce": 0})
         return {"gather": (W, "block", W), "reduce": (W, "block", W), "replicate": (1, "block", 1), "units": units}
     return None
+
+
+# DeepSpeed's default stage3_max_reuse_distance (deepspeed/runtime/zero/config.py,
+# DeepSpeedZeroConfig.max_reuse_distance), which the trainer does not override
+DS_MAX_REUSE_DISTANCE = 1_000_000_000
+
+
+def zero3_backward_gathers(shape: Shape, threshold: int) -> list[int]:
+    """Elements ZeRO-3 all-gathers again before each unit's backward (unit 0 the root, then one per
+    Block): those of the parameters it released after their forward.
+
+    deepspeed/runtime/zero/partitioned_param_coordinator.py, release_sub_module and __params_to_release:
+    once the module trace is complete, a module's parameters are kept after its forward when the trace
+    reaches their next use (the module's backward) before it has passed stage3_max_reuse_distance
+    elements of parameters (every module's own, persistent ones included). Between a module's forward
+    and its backward lie every module after it, once in forward and once in backward, and the root
+    module (cls_token, pos_embed), whose backward hook fires first. The root module itself is released
+    at the end of the forward and used next, so kept. Parameters under param_persistence_threshold are
+    never released. Not modelled: the prefetcher also keeps a parameter whose later use it scanned
+    while the parameter was still gathered (the same function's first rule); that reaches only
+    stage3_prefetch_bucket_size elements ahead, so with the defaults (5e7 < 1e9) it keeps nothing more.
+    """
+    root, block = shape.root_tensors(), shape.block_tensors()
+    # modules holding parameters, in forward order: (unit, [numels]); timm's ViT: the model itself
+    # (cls_token, pos_embed), patch_embed.proj, each Block's norm1, qkv, proj, norm2, fc1, fc2, norm, head
+    modules = [(0, _numels(root[0:2])), (0, _numels(root[2:4]))]
+    for i in range(shape.L):
+        modules += [(i + 1, _numels(block[j:j + 2])) for j in range(0, len(block), 2)]
+    modules += [(0, _numels(root[4:6])), (0, _numels(root[6:8]))]
+    out = [0] * (shape.L + 1)
+    top = sum(modules[0][1])
+    after = sum(sum(n) for _, n in modules)
+    for k, (unit, numels) in enumerate(modules):
+        after -= sum(numels)
+        distance = 0 if k == 0 else 2 * after + top
+        if distance >= DS_MAX_REUSE_DISTANCE:
+            out[unit] += sum(n for n in numels if n > threshold)
+    return out
 
 
 def _numels(tensors) -> list[int]:

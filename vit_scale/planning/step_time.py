@@ -381,7 +381,8 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         # torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: unshard() on the all-gather stream
         # while the host runs ahead, wait_for_unshard() keeping one previous all_gather_state (at most
         # the next unit's all-gather in flight); pre_backward -> _backward_prefetch: the next unit in
-        # reverse post-forward order, before this unit's backward; the root is not resharded after forward
+        # reverse post-forward order, before this unit's backward; the root is resharded after forward as
+        # every unit (the trainer passes reshard_after_forward; communication._fsdp_root_regathers)
         ahead, prefetch = 1, "pre"
         rules.append("FSDP2: the next unit's all-gather overlaps this unit's forward; backward prefetches one unit")
     else:
@@ -408,7 +409,8 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
     if sharding == "SHARD_GRAD_OP":
         rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
     else:
-        rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward (the root once)")
+        root = "the root too" if version == 2 else "the root once"
+        rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward ({root})")
     rules.append("reduce-scatter when each unit's backward ends" +
                  ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else ""))
     return UnitPlan(units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules)
@@ -440,13 +442,18 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     gathered = max(1, shape.block_params - small)
     ahead = max(1, ds.prefetch_bucket_size // gathered)
     rules = [(f"ZeRO-3: all-gathers prefetched {ahead} Block(s) ahead (stage3_prefetch_bucket_size "
-             f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward"),
+             f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward for the parameters "
+             "released in between (their reuse lies beyond stage3_max_reuse_distance)"),
              f"gradients reduce-scattered in buckets of {ds.reduce_bucket_size:,} elements during the backward"]
+    # stage3.py _post_step: the persistent parameters all-gathered after the optimizer step, exposed
+    persistent = _group_coll(sc, net, "all_gather", colls["after_step"], (sc.world, "block", sc.world), "world",
+                             "persistent parameters after step")
     if lay.hpz:
         rules.append(f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
                      "on its own group" + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
                      + ("; qgZ int4 gradients across nodes" if quantised else ""))
-    return UnitPlan(units, forward_ahead=ahead, backward_prefetch="pre", rules=rules)
+    return UnitPlan(units, forward_ahead=ahead, backward_prefetch="pre", rules=rules,
+                    after_step=(persistent,) if persistent else ())
 
 
 def _gemini_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:

@@ -33,7 +33,7 @@ import sys
 import time
 import uuid
 
-from vit_scale.study.files import BadInput
+from vit_scale.errors import UserError as BadInput
 
 LOCK_DIR = ".vit-scale-locks"
 # squeue states (%T) in which a job's processes can no longer hold anything; any other (RUNNING,

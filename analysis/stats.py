@@ -1,0 +1,256 @@
+"""What the measurements of a point settle: its median images/s, a 95% confidence interval, the
+run-to-run variation, and the test that says whether one point is faster than another.
+
+numpy only (no scipy, no torch): the analysis runs on a login node. The practice followed is
+Hoefler & Belli, "Scientific benchmarking of parallel computing systems" (SC'15): report the
+median of skewed timings with a nonparametric interval, say how many runs it rests on, and
+compare with a stated test.
+
+The statistic of a run is the median of its per-step images/s over the timed steps (the end
+record's `images_per_s.median`). The statistic of a point is:
+
+- one run: that median. Its interval comes from the timed steps by **batch medians**: the steps
+  are split into k = n // b contiguous batches of b = floor(sqrt(n)) steps (the usual consistent
+  choice of batch means), each batch's median is taken, and the interval is the run's median
+  ± t(0.975, k - 1) × s / sqrt(k), s the standard deviation of the k batch medians. Consecutive
+  steps are correlated (a slow period of the network or the file system spans several), so the
+  spread of single steps divided by sqrt(n) would understate the error; batches longer than the
+  correlation are nearly independent, and the spread of their statistics carries the correlation
+  in. Medians rather than means per batch because the statistic is the median: one slow step (a
+  garbage collection, a page of the checkpoint) moves a batch mean but not a batch median, and
+  s/sqrt(k) of batch medians estimates the error of the whole run's median. With fewer than 4
+  timed steps there is no interval. This interval measures the run only: it cannot see how much
+  a second run of the same point would differ.
+- several runs: the median over the runs' medians. Its interval is the **order-statistic**
+  (binomial) interval of the median over the runs when there are 6 or more (nonparametric, its
+  confidence at least 95%: the sign test's inversion). From 2 to 5 runs no pair of order
+  statistics reaches 95% (the widest, min to max, has confidence 1 - 2^(1-R): 50% to 94%), so the
+  interval is the runs' median ± t(0.975, R - 1) × s / sqrt(R), s the standard deviation of the run
+  medians: normal in the run medians, which are medians of many steps. The run-to-run coefficient
+  of variation is s / mean of the run medians.
+
+**The test** (`compare`): two points are separated when their 95% intervals do not overlap;
+"within noise" means exactly that they overlap. One test for one run and for many, and the one a
+reader can check in the table. It is conservative: for two approximately normal estimates,
+intervals that do not overlap differ by more than 1.96 (se_a + se_b) >= 1.96 sqrt(se_a^2 + se_b^2),
+so a difference is separated at a level below 5% (about 0.6% when the two errors are equal).
+Mann-Whitney over repetitions was not chosen: it does not apply to the steps of one run (they are
+not independent), and with 3 runs per point its smallest two-sided p-value is 0.1, so it could
+never separate anything at 5%. With one run per point the verdict holds within those runs only:
+run-to-run variation (node placement, network neighbours, clock boosts) is unmeasured.
+
+**Ratios** (`ratio_interval`, for the scaling efficiency): the interval of a / b is propagated
+from the two intervals on the log scale, each side's relative half-widths added in quadrature
+(independent, approximately log-normal estimates); no bootstrap, so the table is deterministic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import numpy as np
+
+LEVEL = 0.95
+MIN_STEPS = 4      # fewer timed steps give no batch (two batches of two steps at least)
+MIN_ORDER_RUNS = 6  # fewer runs: no order-statistic interval reaches 95%
+
+BATCH_MEDIANS = "batch medians"
+ORDER_STATISTIC = "order statistic"
+T_OVER_RUNS = "t over runs"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point's images/s: its median and confidence interval, and what they rest on."""
+    median: float
+    low: float = math.nan
+    high: float = math.nan
+    confidence: float = math.nan  # the interval's own confidence (>= LEVEL for order statistics)
+    method: str = ""              # BATCH_MEDIANS, ORDER_STATISTIC, T_OVER_RUNS; "" without an interval
+    runs: int = 1
+    steps: int = 0                # timed step figures the estimate rests on, over all its runs
+    cv: float = math.nan          # run-to-run coefficient of variation; NaN with one run
+
+    @property
+    def has_interval(self) -> bool:
+        return not (math.isnan(self.low) or math.isnan(self.high))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The faster of two points against the slower, by non-overlap of their intervals."""
+    margin: float                 # faster median / slower median - 1
+    separated: Optional[bool]     # None when either interval is missing
+    single_run: bool              # a side rests on one run: the verdict holds within those runs only
+
+    @property
+    def within_noise(self) -> Optional[bool]:
+        return None if self.separated is None else not self.separated
+
+
+# ------------------------------------------------------------------------------ distributions
+
+def _binom_half_cdf(k: int, n: int) -> float:
+    """P(X <= k) for X ~ Binomial(n, 1/2), exactly (integers, then one division)."""
+    if k < 0:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2 ** n
+
+
+def _t_two_sided(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with df degrees of freedom (closed form, Abramowitz & Stegun 26.7.3-4)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c2 = math.sin(theta), math.cos(theta) ** 2
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for j in range(1, df // 2):
+            term *= c2 * (2 * j - 1) / (2 * j)
+            total += term
+        return s * total
+    if df == 1:
+        return 2 * theta / math.pi
+    term, total = 1.0, 1.0
+    for j in range(1, (df - 1) // 2):
+        term *= c2 * (2 * j) / (2 * j + 1)
+        total += term
+    return 2 / math.pi * (theta + s * math.cos(theta) * total)
+
+
+@lru_cache(maxsize=None)
+def t_quantile(level: float, df: int) -> float:
+    """t such that P(|T| <= t) = level: the multiplier of a two-sided interval (bisection)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, not {df}")
+    lo, hi = 0.0, 1.0
+    while _t_two_sided(hi, df) < level:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _t_two_sided(mid, df) < level:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * hi:
+            break
+    return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------------------ intervals
+
+def _clean(values) -> np.ndarray:
+    x = np.asarray(values, dtype=float).ravel()
+    return x[np.isfinite(x)]
+
+
+def order_statistic_interval(values, level: float = LEVEL) -> tuple[float, float, float]:
+    """(low, high, confidence): the order-statistic interval of the median of independent values.
+
+    The narrowest symmetric pair x_(j) <= x_(n+1-j) whose confidence 1 - 2 P(Bin(n, 1/2) <= j-1)
+    is at least `level`; when no pair reaches it (fewer than 6 values at 95%), min and max with
+    their lower confidence, which the caller must state or replace. NaNs for fewer than 2 values.
+    """
+    x = np.sort(_clean(values))
+    n = len(x)
+    if n < 2:
+        return math.nan, math.nan, math.nan
+    best_j, best_conf = 1, 1 - 2 * _binom_half_cdf(0, n)
+    for j in range(2, n // 2 + 1):
+        conf = 1 - 2 * _binom_half_cdf(j - 1, n)
+        if conf < level:
+            break
+        best_j, best_conf = j, conf
+    return float(x[best_j - 1]), float(x[n - best_j]), best_conf
+
+
+def batch_count(n: int) -> int:
+    """Contiguous batches for n timed steps: batches of floor(sqrt(n)) steps; 0 below MIN_STEPS."""
+    if n < MIN_STEPS:
+        return 0
+    return n // max(2, math.isqrt(n))
+
+
+def batch_medians_interval(steps, center: Optional[float] = None, level: float = LEVEL) -> tuple[float, float, int]:
+    """(low, high, batches): the interval of one run's median from the medians of contiguous batches.
+
+    `steps` in the order they ran (the batches must be contiguous for their independence to hold);
+    `center` is the run's median (the end record's), else the steps' median.
+    """
+    x = _clean(steps)
+    k = batch_count(len(x))
+    if k < 2:
+        return math.nan, math.nan, 0
+    # np.array_split's batches: the first n % k one step longer; a reshape each, so two median calls.
+    cut = (len(x) % k) * (len(x) // k + 1)
+    medians = np.concatenate([np.median(part.reshape(m, -1), axis=1)
+                              for part, m in ((x[:cut], len(x) % k), (x[cut:], k - len(x) % k)) if m])
+    mid = float(np.median(x)) if center is None or math.isnan(center) else float(center)
+    half = t_quantile(level, k - 1) * float(np.std(medians, ddof=1)) / math.sqrt(k)
+    return mid - half, mid + half, k
+
+
+def run_cv(run_medians) -> float:
+    """Run-to-run coefficient of variation: s / mean over the runs' medians; NaN with one run."""
+    x = _clean(run_medians)
+    if len(x) < 2 or np.mean(x) == 0:
+        return math.nan
+    return float(np.std(x, ddof=1) / np.mean(x))
+
+
+def point_estimate(run_medians: Sequence[float], run_steps: Sequence = (), level: float = LEVEL) -> Estimate:
+    """A point's estimate from its runs: each run's median and its timed per-step images/s (in order).
+
+    run_steps may be shorter than run_medians or hold empty lists (steps not logged); they are
+    used only for a single run's interval and for the count of steps.
+    """
+    medians = [float(m) for m in run_medians if m is not None and not math.isnan(float(m))]
+    steps = [_clean(s) for s in run_steps]
+    n_steps = int(sum(len(s) for s in steps))
+    if not medians:
+        return Estimate(math.nan, runs=0, steps=n_steps)
+    runs = len(medians)
+    if runs == 1:
+        lo, hi, k = batch_medians_interval(steps[0] if steps else [], medians[0], level)
+        if k == 0:
+            return Estimate(medians[0], runs=1, steps=n_steps)
+        return Estimate(medians[0], max(lo, 0.0), hi, level, BATCH_MEDIANS, 1, n_steps)
+    x = np.array(medians)
+    mid = float(np.median(x))
+    cv = run_cv(x)
+    if runs >= MIN_ORDER_RUNS:
+        lo, hi, conf = order_statistic_interval(x, level)
+        if conf >= level:
+            return Estimate(mid, lo, hi, conf, ORDER_STATISTIC, runs, n_steps, cv)
+    half = t_quantile(level, runs - 1) * float(np.std(x, ddof=1)) / math.sqrt(runs)
+    return Estimate(mid, max(mid - half, 0.0), mid + half, level, T_OVER_RUNS, runs, n_steps, cv)
+
+
+# ------------------------------------------------------------------------------ the test
+
+def compare(faster: Estimate, slower: Estimate) -> Comparison:
+    """The margin of `faster` over `slower` and whether their 95% intervals separate them."""
+    margin = faster.median / slower.median - 1 if slower.median else math.nan
+    single = faster.runs <= 1 or slower.runs <= 1
+    if not (faster.has_interval and slower.has_interval):
+        return Comparison(margin, None, single)
+    return Comparison(margin, bool(faster.low > slower.high or slower.low > faster.high), single)
+
+
+def ratio_interval(value, num: tuple, den: tuple) -> tuple:
+    """The interval of a ratio `value` ~ num / den (times a constant), by propagation on the log scale.
+
+    num and den are (median, low, high) of the two estimates, scalars or arrays. Lower side: the
+    numerator's lower and the denominator's upper relative half-widths in quadrature; upper side
+    the reverse. A missing interval gives NaN; one that reaches 0 a lower bound of 0.
+    """
+    (nm, nl, nh), (dm, dl, dh) = (np.asarray(num, dtype=float), np.asarray(den, dtype=float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        def rel(a, b):  # |log(a / b)|, infinite when either is 0 or below (an interval reaching 0)
+            return np.where((a <= 0) | (b <= 0), np.inf, np.abs(np.log(a / b)))
+
+        down = np.hypot(rel(nm, nl), rel(dh, dm))
+        up = np.hypot(rel(nh, nm), rel(dm, dl))
+        value = np.asarray(value, dtype=float)
+        lo, hi = value * np.exp(-down), value * np.exp(up)
+    return (float(lo), float(hi)) if np.ndim(lo) == 0 else (lo, hi)
