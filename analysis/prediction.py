@@ -18,7 +18,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 import pandas as pd
 
@@ -57,7 +56,7 @@ def study_dir(run_dir: str) -> str:
     return probe
 
 
-def _read_check(directory: str) -> Optional[dict]:
+def _read_check(directory: str) -> dict | None:
     path = os.path.join(directory, CHECK_FILE)
     if not os.path.isfile(path):
         return None
@@ -115,7 +114,7 @@ def _options(run) -> str:
     return json.dumps((run.start.get("strategy") or {}).get("options") or {}, sort_keys=True, default=str)
 
 
-def _traced(breakdown: Optional[pd.DataFrame]) -> dict:
+def _traced(breakdown: pd.DataFrame | None) -> dict:
     """run directory -> mean exposed communication (ms) over its traced ranks."""
     if breakdown is None or breakdown.empty:
         return {}
@@ -123,7 +122,7 @@ def _traced(breakdown: Optional[pd.DataFrame]) -> dict:
     return {os.path.normpath(k): float(v) for k, v in means.items()}
 
 
-def build(runs: list, results: pd.DataFrame, breakdown: Optional[pd.DataFrame] = None) -> Predictions:
+def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = None) -> Predictions:
     """A prediction for every row of the results table whose run record is among `runs`."""
     by_path = {os.path.normpath(r.path): r for r in runs}
     traced = _traced(breakdown)

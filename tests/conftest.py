@@ -24,7 +24,7 @@ FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch
 KINDS = {
     "unit": ["test_analysis", "test_env_setup_venv", "test_finetune_units", "test_gpu_decisions", "test_house",
              "test_memory_window", "test_models_and_config", "test_peaks", "test_plan", "test_step_meter",
-             "test_traces_hta", "test_stats", "test_alpha_beta", "test_step_time",
+             "test_traces_hta", "test_stats", "test_alpha_beta", "test_step_time", "test_prediction",
              # its two ranks exit at the configuration check, before any process group
              "test_trainer_bad_input"],
     "multirank": ["test_analysis_contract", "test_capabilities", "test_colossalai", "test_compile", "test_deepspeed",

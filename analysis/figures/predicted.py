@@ -3,17 +3,34 @@ measured line (solid) with the curve vit_scale.planning.predict gives for the sa
 colour). The predictions come from analysis/prediction.py (prediction.csv)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 from matplotlib.lines import Line2D
 
 from .. import table as tbl
 from ._axes import log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
-from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, legend_height, legend_in_slot,
-                      new_figure, panel_grid, title_height)
-from ._runs import (LINE_COLUMNS, labeller, lines, model_order, model_title, not_ok, run_facts, scaling_runs,
-                    series_items)
+from ._layout import (
+    Plot,
+    facts_title,
+    free_slot,
+    hide_unused,
+    legend_below,
+    legend_height,
+    legend_in_slot,
+    new_figure,
+    panel_grid,
+    title_height,
+)
+from ._runs import (
+    LINE_COLUMNS,
+    labeller,
+    lines,
+    model_order,
+    model_title,
+    not_ok,
+    run_facts,
+    scaling_runs,
+    series_items,
+)
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, NOT_OK, style, styles_for
 
@@ -27,7 +44,7 @@ def _with_predictions(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataF
     return runs.merge(pred, on=KEY, how="left")
 
 
-def support(df: pd.DataFrame, predictions: Optional[pd.DataFrame]) -> Optional[str]:
+def support(df: pd.DataFrame, predictions: pd.DataFrame | None) -> str | None:
     """None when some scaling line has two or more predicted points; else why there is no figure."""
     if predictions is None or predictions.empty or predictions["predicted_ips"].notna().sum() == 0:
         return "no point could be predicted (report: Measured against predicted)"
@@ -39,8 +56,8 @@ def support(df: pd.DataFrame, predictions: Optional[pd.DataFrame]) -> Optional[s
     return None if (counts >= 2).any() else "no scaling line has two predicted points"
 
 
-def weak_scaling_predicted(df: pd.DataFrame, predictions: Optional[pd.DataFrame], colors: Optional[dict] = None,
-                           width: float = COLUMN_WIDTH, markers: Optional[dict] = None) -> Optional[Plot]:
+def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, colors: dict | None = None,
+                           width: float = COLUMN_WIDTH, markers: dict | None = None) -> Plot | None:
     if support(df, predictions) is not None:
         return None
     runs = _with_predictions(scaling_runs(df), predictions)
@@ -73,7 +90,8 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: Optional[pd.DataFrame]
                 if len(pred) >= 1:
                     ax.plot(pred[xcol], pred["predicted_ips"], "--", color=color, lw=0.9, alpha=0.9, zorder=2)
                     counts["predicted"] += 1
-                    curves[(model,) + tuple(key)] = list(zip(pred[xcol].astype(int), pred["predicted_ips"]))
+                    xs = pred[xcol].astype(int)
+                    curves[(model, *key)] = list(zip(xs, pred["predicted_ips"], strict=True))
                 counts["failed"] += mark_failures(ax, list(not_ok(line)[xcol]), color, slots)
             log2_x(ax, sub[xcol])
             ax.set_yscale("log")
@@ -100,7 +118,7 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: Optional[pd.DataFrame]
                 extra={"predicted": curves, "facts": facts})
 
 
-def _why_not(i) -> Optional[str]:
+def _why_not(i) -> str | None:
     """Quiet where there are no predictions to hold against, or no scaling lines (the scaling figure says so)."""
     if i.predictions is None or scaling_runs(i.results).empty:
         return None

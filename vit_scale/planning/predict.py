@@ -27,7 +27,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Optional
 
 from vit_scale.config import ColossalAIConfig, DeepSpeedConfig, FSDPConfig
 from vit_scale.errors import UserError
@@ -92,7 +91,7 @@ def _read_yaml(path: str, option: str) -> dict:
     return data
 
 
-def profile_calibration(path: str) -> Optional[Calibration]:
+def profile_calibration(path: str) -> Calibration | None:
     """The profile's `network:` defaults, or None when it has no such section."""
     try:
         net = network_from_profile(_read_yaml(path, "--system"), os.path.basename(path))
@@ -101,7 +100,7 @@ def profile_calibration(path: str) -> Optional[Calibration]:
     return None if net is None else Calibration("profile", net, os.path.basename(path))
 
 
-def peak_tflops(path: str, precision: str) -> Optional[float]:
+def peak_tflops(path: str, precision: str) -> float | None:
     """The profile's dense peak per device for `precision` (None when it gives none: a CPU)."""
     peak = _read_yaml(path, "--system").get("peak_tflops")
     value = peak.get(precision) if isinstance(peak, dict) else None
@@ -160,8 +159,8 @@ def read_fits(check: dict, where: str) -> list:
     return fits
 
 
-def check_calibration(path: str, *, system: str, models, precisions, defaults: Optional[Calibration] = None,
-                      check: Optional[dict] = None) -> Calibration:
+def check_calibration(path: str, *, system: str, models, precisions, defaults: Calibration | None = None,
+                      check: dict | None = None) -> Calibration:
     """A check.json's usable fits over `defaults` (the profile's). The check must be of `system`, cover
     every precision asked and a model at least as large as each one asked (its sweep stops at that
     model's largest message). Fits marked by the check are not used; the result says which."""
@@ -205,7 +204,7 @@ def check_calibration(path: str, *, system: str, models, precisions, defaults: O
     return Calibration("check", dataclasses.replace(network, source=f"{path}: {network.source}"), path, tuple(notes))
 
 
-def choose_calibration(check: Optional[str] = None, profile: Optional[str] = None, *, system: str = "",
+def choose_calibration(check: str | None = None, profile: str | None = None, *, system: str = "",
                        models=(), precisions=()) -> Calibration:
     """check.json (over the profile's defaults) > the profile's defaults > none."""
     defaults = profile_calibration(profile) if profile else None
@@ -253,7 +252,7 @@ def scenario_of_run(start: dict) -> Scenario:
                                         options if strat.get("family") == "colossalai" else {}))
 
 
-def blocking_for(backend: Optional[str], device_type: Optional[str] = None) -> bool:
+def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
     """gloo on a CPU returns from a collective when it is done (vit_scale.planning.step_time.timeline)."""
     return backend == "gloo" or device_type == "cpu"
 
@@ -274,7 +273,7 @@ class MeasuredStep:
         return (self.scenario.model, self.scenario.batch_size, self.scenario.precision)
 
 
-def measured_step(run) -> Optional[MeasuredStep]:
+def measured_step(run) -> MeasuredStep | None:
     """A vit_scale.record.reader RunRecord's mean step, or None when it gives no speed."""
     end = run.end or {}
     ips = _d(end.get("images_per_s")).get("mean")
@@ -324,8 +323,8 @@ class ComputeSource:
     its model, batch and precision), or the counted FLOPs over a peak times an efficiency."""
     steps: list = field(default_factory=list)   # MeasuredSteps
     origin: str = ""                            # the --compute-from path
-    peak: Optional[float] = None                # TFLOP/s per device, for FLOPs
-    efficiency: Optional[float] = None
+    peak: float | None = None                # TFLOP/s per device, for FLOPs
+    efficiency: float | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -364,7 +363,7 @@ class ComputeSource:
         return self._cache[key]
 
 
-def compute_from(path: str, runs: Optional[list] = None) -> ComputeSource:
+def compute_from(path: str, runs: list | None = None) -> ComputeSource:
     """`--compute-from PATH`: a run directory (its metrics.jsonl) or a study directory (every ok run
     under it; each point then uses its 1-node rung). runs: RunRecords already read from PATH."""
     if runs is None:
@@ -379,7 +378,7 @@ def compute_from(path: str, runs: Optional[list] = None) -> ComputeSource:
     return ComputeSource(steps=steps, origin=path)
 
 
-def compute_from_flops(peak: Optional[float], efficiency: float, where: str = "the system profile") -> ComputeSource:
+def compute_from_flops(peak: float | None, efficiency: float, where: str = "the system profile") -> ComputeSource:
     if peak is None or not peak > 0:
         raise UserError(f"--compute-from: {where} gives no peak TFLOP/s for this precision; give --compute-from "
                         f"RUNDIR (a measured run) instead")
@@ -388,7 +387,7 @@ def compute_from_flops(peak: Optional[float], efficiency: float, where: str = "t
     return ComputeSource(peak=peak, efficiency=efficiency)
 
 
-def efficiency_from_runs(runs) -> Optional[float]:
+def efficiency_from_runs(runs) -> float | None:
     """The median MFU of the ok runs that recorded one: the default efficiency for FLOPs."""
     mfus = sorted(float((r.end or {})["mfu"]) for r in runs
                   if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)) and r.end["mfu"] > 0)
@@ -398,7 +397,7 @@ def efficiency_from_runs(runs) -> Optional[float]:
 # ---------------------------------------------------------------- the predictions
 
 def predict(points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False,
-            options: Optional[list] = None) -> list:
+            options: list | None = None) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
     point on 1 node. options: per point, the strategy options' JSON (prefers a compute run of the same
     series). Raises UserError for a point whose compute source does not fit it."""
