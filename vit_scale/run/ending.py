@@ -1,4 +1,5 @@
-"""The end record's figures, computed in one place from what the meter measured.
+"""The end record's figures, computed in one place from what the meter measured, and the
+summary lines that state them.
 
 `end_record` turns a meter's `Figures` (or none: a run stopped before its loop) into the one
 `EndRecord` shape; the recipes and the session only say what differs (the status, the memory
@@ -51,3 +52,25 @@ def end_record(status: str, error: str | None, failed_rank: int | None, figures,
         tflops_per_device=tflops, mfu=tflops / peak_tflops if tflops is not None and peak_tflops else None,
         replicas_agree=replicas_agree, replica_checksums=replica_checksums, final_loss=figures.last_loss,
         extra=dict(extra or {}))
+
+
+def figure_lines(end: EndRecord) -> list[str]:
+    """The end record's figures as the summary's lines, after the recipe's own."""
+    lines = []
+    ips = end.images_per_s
+    if ips:
+        lines.append(f"  images/s {ips['mean']:.1f} ± {ips['std']:.1f} "
+                     f"({end.images_per_s_per_device:.1f} per device) over {end.timed_steps} timed steps")
+    mem = end.memory or {}
+    for key, label in (("peak_allocated_gib", "peak allocated"), ("peak_reserved_gib", "peak reserved"),
+                       ("peak_rss_gib", "peak RSS")):
+        if key in mem:
+            lines.append(f"  {label} per rank: max {mem[key]['max']:.2f} GiB, mean {mem[key]['mean']:.2f} GiB")
+    if end.tflops_per_device is not None:
+        mfu = f"{end.mfu * 100:.1f}%" if end.mfu is not None else "n/a (no peak known; set system.peak_tflops)"
+        lines.append(f"  {end.tflops_per_device:.3f} TFLOP/s per device, MFU {mfu}")
+    if end.replicas_agree is not None:
+        lines.append(f"  replicas agree: {'yes' if end.replicas_agree else 'NO'}")
+    if end.get("checkpoint"):
+        lines.append(f"  checkpoint: {end.get('checkpoint')}")
+    return lines

@@ -28,7 +28,7 @@ from vit_scale.record.end import EndRecord
 from vit_scale.record.reader import rank_errors
 from vit_scale.record.writer import EXIT_CODES, EXIT_REQUEUE, RunRecorder, make_run_id, run_directory, write_rank_error
 from vit_scale.run import tracking
-from vit_scale.run.ending import end_record
+from vit_scale.run.ending import end_record, figure_lines
 from vit_scale.run.meter import StepMeter
 from vit_scale.run.stopping import InterruptOnSignal
 from vit_scale.text import plural
@@ -239,23 +239,7 @@ class RunSession:
         lines = self.summary_lines(end)
         if end.error:
             lines.insert(1, f"  error: {end.error}")
-        ips = end.images_per_s
-        if ips:
-            lines.append(f"  images/s {ips['mean']:.1f} ± {ips['std']:.1f} "
-                         f"({end.images_per_s_per_device:.1f} per device) over {end.timed_steps} timed steps")
-        mem = end.memory or {}
-        for key, label in (("peak_allocated_gib", "peak allocated"), ("peak_reserved_gib", "peak reserved"),
-                           ("peak_rss_gib", "peak RSS")):
-            if key in mem:
-                lines.append(f"  {label} per rank: max {mem[key]['max']:.2f} GiB, mean {mem[key]['mean']:.2f} GiB")
-        if end.tflops_per_device is not None:
-            mfu = (f"{end.mfu * 100:.1f}%" if end.mfu is not None else "n/a (no peak known; set system.peak_tflops)")
-            lines.append(f"  {end.tflops_per_device:.3f} TFLOP/s per device, MFU {mfu}")
-        if end.replicas_agree is not None:
-            lines.append(f"  replicas agree: {'yes' if end.replicas_agree else 'NO'}")
-        if end.get("checkpoint"):
-            lines.append(f"  checkpoint: {end.get('checkpoint')}")
-        lines.append(f"  record: {os.path.join(self.run_dir, 'metrics.jsonl')}")
+        lines += [*figure_lines(end), f"  record: {os.path.join(self.run_dir, 'metrics.jsonl')}"]
         print("\n".join(lines), flush=True)
 
     def execute(self, keep_process_group: bool = False, return_on_failure: bool = False) -> int:
