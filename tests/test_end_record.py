@@ -11,7 +11,7 @@ from vit_scale.run.session import exit_code
 
 
 def figures(**changes):
-    base = dict(steps_done=6, last_step=6, last_loss=2.5, nonfinite_step=None, step_times=[0.5, 0.25, 0.25],
+    base = dict(images_per_step=8, steps_done=6, last_step=6, last_loss=2.5, nonfinite_step=None, step_times=[0.5, 0.25, 0.25],
                 started_at=0.0, window_s=1.25, memory={"peak_rss_gib": 0.5}, memory_window="timed_steps")
     return Figures(**{**base, **changes})
 
@@ -28,7 +28,7 @@ def test_the_schema_requires_exactly_the_records_fields():
 
 
 def test_figures_become_the_records_figures():
-    end = end_record("ok", None, None, figures(), device_type="cpu", images_per_step=8, world_size=2,
+    end = end_record("ok", None, None, figures(), device_type="cpu", world_size=2,
                      flops_per_image=10 ** 9, peak_tflops=1.0, peaks=[{"peak_rss_gib": 0.5}, {"peak_rss_gib": 1.5}],
                      replicas_agree=True, replica_checksums=[[1.0]])
     assert (end.steps_done, end.timed_steps, end.final_loss) == (6, 3, 2.5)
@@ -41,12 +41,12 @@ def test_figures_become_the_records_figures():
 
 
 def test_a_run_stopped_short_keeps_what_it_measured():
-    stopped = end_record("timeout", "SIGTERM", None, figures(window_s=None), device_type="cpu", images_per_step=8,
-                         world_size=1, flops_per_image=10 ** 9, peak_tflops=None, rates=False)
+    stopped = end_record("timeout", "SIGTERM", None, figures(window_s=None), device_type="cpu", world_size=1,
+                         flops_per_image=10 ** 9, peak_tflops=None, rates=False)
     assert stopped.images_per_s["mean"] == pytest.approx((16 + 32 + 32) / 3)  # per-step mean without a window
     assert stopped.tflops_per_device is None and stopped.mfu is None
     assert stopped.memory["peak_rss_gib"]["per_rank"] == [0.5]  # this rank's alone, no collective
-    before_loop = end_record("failed", "boom", 1, None, device_type="cpu", images_per_step=8, world_size=2,
+    before_loop = end_record("failed", "boom", 1, None, device_type="cpu", world_size=2,
                              flops_per_image=1, peak_tflops=None, extra={"step": 0})
     assert before_loop == EndRecord("failed", "boom", 1, extra={"step": 0})
     jsonschema.validate(as_written(before_loop), END)

@@ -362,8 +362,7 @@ class FinetuneRun(RunSession):
             "requeue": bool(self.stop_signal is not None and self.saved and self.cfg.checkpoint.on_signal
                             and status == "timeout"),
         }
-        return self.end_record(status, error, failed_rank, images_per_step=self.images_per_step, extra=extra,
-                               **figures)
+        return self.end_record(status, error, failed_rank, extra=extra, **figures)
 
     def interrupted_end(self, status: str, error: str, failed_rank) -> EndRecord:
         return self._end(status, error, failed_rank)

@@ -34,7 +34,7 @@ def images_per_s(step_times: list[float], images_per_step: int, window_s: float 
 
 
 def end_record(status: str, error: str | None, failed_rank: int | None, figures, *, device_type: str,
-               images_per_step: int, world_size: int, flops_per_image: int, peak_tflops: float | None,
+               world_size: int, flops_per_image: int, peak_tflops: float | None,
                peaks: list[dict] | None = None, rates: bool = True, replicas_agree: bool | None = None,
                replica_checksums: list | None = None, extra: dict | None = None) -> EndRecord:
     """The end record. `figures`: the meter's result, None before the loop started. `peaks`: every
@@ -42,7 +42,7 @@ def end_record(status: str, error: str | None, failed_rank: int | None, figures,
     TFLOP/s and MFU are stated (the benchmark states them only at a clean end)."""
     if figures is None:
         return EndRecord(status, error, failed_rank, extra=dict(extra or {}))
-    ips = images_per_s(figures.step_times, images_per_step, figures.window_s)
+    ips = images_per_s(figures.step_times, figures.images_per_step, figures.window_s)
     tflops = (flops_per_image * ips["mean"] / world_size / 1e12 if rates and ips and flops_per_image else None)
     return EndRecord(
         status, error, failed_rank, steps_done=figures.steps_done, timed_steps=len(figures.step_times),

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 @dataclass
 class Figures:
     """What a meter has measured so far."""
+    images_per_step: int             # over every rank
     steps_done: int                  # steps booked by this run (a resumed run counts from its resume)
     last_step: int | None
     last_loss: float | None
@@ -131,7 +132,7 @@ class StepMeter:
         interrupted run may call it from the signal watcher."""
         window_s = self.closed_s if self.closed_s is not None else (
             sum(self.step_times) if self.window == "steps" else None)
-        return Figures(self.steps_booked, self.last_step, self.last_loss, self.nonfinite_step, list(self.step_times),
+        return Figures(self.images_per_step, self.steps_booked, self.last_step, self.last_loss, self.nonfinite_step, list(self.step_times),
                        self.started_at, window_s, self.probe.peak(), self.probe.window)
 
     # ------------------------------------------------------------ booking

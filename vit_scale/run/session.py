@@ -113,14 +113,12 @@ class RunSession:
         self.meter = kind(self.world, self.recorder, self.cfg.train, images_per_step, total_steps, untimed_steps)
         return self.meter
 
-    def end_record(self, status: str, error=None, failed_rank=None, *, images_per_step: int | None = None,
-                   **kwargs) -> EndRecord:
+    def end_record(self, status: str, error=None, failed_rank=None, **kwargs) -> EndRecord:
         """The end record from the meter's figures (vit_scale.run.ending.end_record takes the rest)."""
-        per_step = images_per_step or self.cfg.train.batch_size * self.world.world_size
         return end_record(status, error, failed_rank, self.meter.result() if self.meter else None,
-                          device_type=self.world.device_type, images_per_step=per_step,
-                          world_size=self.world.world_size, flops_per_image=self.model_info.get("flops_per_image", 0),
-                          peak_tflops=self.peak_tflops, **kwargs)
+                          device_type=self.world.device_type, world_size=self.world.world_size,
+                          flops_per_image=self.model_info.get("flops_per_image", 0), peak_tflops=self.peak_tflops,
+                          **kwargs)
 
     @property
     def step_times(self) -> list[float]:
