@@ -26,6 +26,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_alpha_beta",
         "test_analysis",
         "test_check_scale",
+        "test_end_record",
         "test_env_setup_venv",
         "test_finetune_units",
         "test_gpu_decisions",
