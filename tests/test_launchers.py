@@ -88,8 +88,8 @@ def test_mpirun_launch_trains_like_torchrun(tmp_path):
 # ---------------------------------------------------------------- launch flags, device, rendezvous
 
 def _srun_argv(system_name: str, kind: str = "srun", nodes: int = 2, ranks_per_node: int = 4) -> list:
-    from vit_scale.study import launchers
-    from vit_scale.study.systems import read_system
+    from vit_scale.cluster import launchers
+    from vit_scale.cluster.systems import read_system
 
     launch = launchers.build(kind, "python", ["model=vit_micro"], system=read_system(system_name), nodes=nodes,
                              ranks_per_node=ranks_per_node, nodelist="g[1-2]", master_addr="10.0.0.1",

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import ROOT
 from vit_scale.run.peaks import math_precision, peak_tflops
-from vit_scale.study import systems
+from vit_scale.cluster import systems
 from vit_scale.study.plan import make_plan
 
 

@@ -4,7 +4,7 @@
     sbatch -N 2 jobs/check.sh
 
 One launch of `vit_scale.check.worker` over every rank of N nodes, through the study's own
-launchers, env scripts and system profiles (vit_scale.study), then a verdict per line, a table,
+launchers, env scripts and system profiles (vit_scale.cluster), then a verdict per line, a table,
 and `check.json` (docs/check.md). Exit code 0 when every needed line holds, 1 when one is broken,
 2 on bad input.
 

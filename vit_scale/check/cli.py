@@ -4,7 +4,7 @@ jobs/check.sh ends in `exec python -m vit_scale check`, after sourcing env/<syst
 `--which-env` names (having checked every option first). The study runs it first with `--check`.
 
 This orchestrator imports no torch: it reads the system profile, starts ONE launch of
-vit_scale.check.worker over every rank of the nodes (the study's launchers: srun in an
+vit_scale.check.worker over every rank of the nodes (the launchers the study uses: srun in an
 allocation, emulated nodes here), reads what the worker's rank 0 wrote, starts the labels left
 after one that took the ranks down in a new launch, reads the collective library's log lines,
 and turns it all into lines, a table and check.json.
@@ -19,10 +19,16 @@ import os
 import sys
 import time
 
-from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, as_list, load_yaml, minutes, take_prog, whole
+from vit_scale.cluster import launchers, systems
+from vit_scale.cluster.files import load_yaml
+from vit_scale.cluster.options import option_pairs, take_prog
+from vit_scale.cluster.supervise import Supervisor
+from vit_scale.cluster.systems import study_file
+from vit_scale.cluster.values import as_list, minutes, whole
+from vit_scale.errors import UserError
+from vit_scale.launch.world import free_port
 
-PROG = "vit-scale check"
+PROG = "vit-scale check"     # the name messages and check.json's "tool" give, unless --prog names another
 PROGRAM = ("-m", "vit_scale.check.worker")
 SCHEMA_VERSION = 1
 FLAGS = ("--quick", "--which-env")
@@ -30,7 +36,6 @@ OPTIONS = ("--system", "--nodes", "--ranks-per-node", "--strategies", "--precisi
            "--launcher", "--out", "--json", "--time-limit")
 GRACE_S = 30                # after one rank ends badly, how long the others get
 PARTS = ("meter", "environment", "interconnect", "strategies")
-NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 USAGE = """usage: vit-scale check [options]
        sbatch [-N NODES] jobs/check.sh [options]     (bash jobs/check.sh without Slurm)
@@ -71,8 +76,6 @@ class Options:
 
 
 def parse(argv: list) -> Options:
-    from vit_scale.study.cli import option_pairs
-
     opts = Options()
     for opt, value in option_pairs(argv, ("-h", "--help", *FLAGS)):
         if opt in ("-h", "--help"):
@@ -82,24 +85,25 @@ def parse(argv: list) -> Options:
         elif opt in OPTIONS:
             opts.values[opt] = value
         else:
-            raise BadInput(f"unknown option '{opt}'; allowed: {' '.join(OPTIONS + FLAGS[:1])} --help")
+            raise UserError(f"unknown option '{opt}'; allowed: {' '.join(OPTIONS + FLAGS[:1])} --help")
     return opts
 
 
 class Check:
-    """What is asked, where it runs, and running it."""
+    """What is asked, where it runs, and running it. `prog`: the name its messages start with (the
+    job script's, or `vit-scale study --check`)."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, prog: str = PROG):
         v = opts.values
+        self.prog = prog
         self.quick = "--quick" in opts.flags
         self.in_slurm = systems.in_slurm()
         name = v.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or systems.detect_system()
         self.system = systems.read_system(name)
         self.one_machine = not self.in_slurm and self.system.one_rank_per_gpu and not self.system.needs_slurm
         if self.system.needs_slurm and not self.in_slurm:
-            raise BadInput(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/check.sh, or salloc)")
-        self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1) \
-            if self.in_slurm else 0
+            raise UserError(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/check.sh, or salloc)")
+        self.alloc_nodes = systems.allocation_size() if self.in_slurm else 0
         self.nodes = self._nodes(v.get("--nodes"))
         self.ranks_per_node = self._ranks_per_node(v.get("--ranks-per-node"), "--which-env" in opts.flags)
         study = self._study_defaults()
@@ -109,8 +113,8 @@ class Check:
         self.expected = self._expected(v.get("--expect-transport") or os.environ.get("VIT_SCALE_EXPECT_TRANSPORT"))
         self.launcher = v.get("--launcher") or self.system.launcher or "srun"
         if self.launcher not in self.system.launchers:
-            raise BadInput(f"--launcher: '{self.launcher}' is not allowed on {name}; allowed: "
-                           f"{', '.join(self.system.launchers)}")
+            raise UserError(f"--launcher: '{self.launcher}' is not allowed on {name}; allowed: "
+                            f"{', '.join(self.system.launchers)}")
         self.out = os.path.abspath(v.get("--out", os.path.join("runs", "check")))
         self.json_path = os.path.abspath(v.get("--json") or os.path.join(self.out, "check.json"))
         self.time_limit_min = minutes(v["--time-limit"], "--time-limit") if "--time-limit" in v else 30.0
@@ -127,11 +131,11 @@ class Check:
             return self.alloc_nodes or 1
         nodes = whole("--nodes", given)
         if self.in_slurm and nodes > self.alloc_nodes:
-            raise BadInput(f"--nodes: {nodes} is more than this allocation's {self.alloc_nodes}; allowed: 1 to "
-                           f"{self.alloc_nodes} (or submit with sbatch -N {nodes})")
+            raise UserError(f"--nodes: {nodes} is more than this allocation's {self.alloc_nodes}; allowed: 1 to "
+                            f"{self.alloc_nodes} (or submit with sbatch -N {nodes})")
         if self.one_machine and nodes != 1:
-            raise BadInput(f"--nodes: {nodes} is not allowed without Slurm on {self.system.name}; allowed: 1 "
-                           f"(this machine)")
+            raise UserError(f"--nodes: {nodes} is not allowed without Slurm on {self.system.name}; allowed: 1 "
+                            f"(this machine)")
         return nodes
 
     def _ranks_per_node(self, given, only_env: bool) -> int:
@@ -142,16 +146,14 @@ class Check:
         gpus = (systems.slurm_gpus_per_node() if self.in_slurm else 0) or systems.gpus_here()
         if not gpus and not only_env:
             where = "this allocation" if self.in_slurm else "this machine"
-            raise BadInput(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; submit with "
-                           f"--gpus-per-node=N, or give --ranks-per-node")
+            raise UserError(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; submit with "
+                            f"--gpus-per-node=N, or give --ranks-per-node")
         return gpus or 1
 
     def _study_defaults(self) -> dict:
-        from vit_scale.study.plan import study_file
-
         try:
             return load_yaml(study_file(None, self.system), "--system")
-        except BadInput:
+        except UserError:
             return {}
 
     def _precisions(self, given, study: dict) -> list:
@@ -163,7 +165,7 @@ class Check:
         precisions = list(dict.fromkeys(as_list(value))) or ["fp32"]
         for p in precisions:
             if p not in PRECISIONS:
-                raise BadInput(f"--precision: '{p}' is not allowed; allowed: {', '.join(PRECISIONS)}")
+                raise UserError(f"--precision: '{p}' is not allowed; allowed: {', '.join(PRECISIONS)}")
         return precisions
 
     def _model(self, given, study: dict) -> str:
@@ -172,7 +174,7 @@ class Check:
 
         if given is not None:
             if given not in MODELS:
-                raise BadInput(f"--model: unknown model '{given}'; allowed: {', '.join(MODELS)}")
+                raise UserError(f"--model: unknown model '{given}'; allowed: {', '.join(MODELS)}")
             return given
         models = [m for m in as_list(study.get("models") or study.get("model")) if m in MODELS] or ["vit_micro"]
         return max(models, key=lambda m: Shape.from_spec(MODELS[m]).params)
@@ -180,17 +182,16 @@ class Check:
     def _labels(self, given) -> list[dict]:
         from vit_scale.check.strategies import concrete
         from vit_scale.distributed import all_labels, parse_strategy
-        from vit_scale.errors import UserError
 
         named = given is not None
         labels = as_list(given) if named else [concrete(label, self.ranks_per_node) for label in all_labels()]
         if named and not labels:
-            raise BadInput("--strategies: no strategy given")
+            raise UserError("--strategies: no strategy given")
         for label in labels:
             try:
                 parse_strategy(label)
             except UserError as exc:
-                raise BadInput(f"--strategies: {str(exc).split(': ', 1)[1]}") from None
+                raise UserError(f"--strategies: {str(exc).split(': ', 1)[1]}") from None
         return [{"label": label, "precision": p, "needed": named} for label in dict.fromkeys(labels)
                 for p in self.precisions]
 
@@ -203,7 +204,7 @@ class Check:
         expected = as_list(given)
         for t in expected:
             if t not in TRANSPORTS:
-                raise BadInput(f"{where}: '{t}' is not allowed; allowed: {', '.join(TRANSPORTS)}")
+                raise UserError(f"{where}: '{t}' is not allowed; allowed: {', '.join(TRANSPORTS)}")
         return list(expected_transport(expected, self.system.backend))
 
     # ------------------------------------------------------------ running it
@@ -211,7 +212,7 @@ class Check:
     def header(self) -> None:
         ranks = self.nodes * self.ranks_per_node
         labels = list(dict.fromkeys(a["label"] for a in self.labels))
-        print(f"{PROG} on {self.system.name}: {self.nodes} node{'s' if self.nodes > 1 else ''} x "
+        print(f"{self.prog} on {self.system.name}: {self.nodes} node{'s' if self.nodes > 1 else ''} x "
               f"{self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''} ({ranks} in all, "
               f"{self.system.backend}), {'/'.join(self.precisions)}{', quick' if self.quick else ''}")
         print(f"  strategies: {', '.join(labels)}; collective sizes from {self.model}")
@@ -221,18 +222,17 @@ class Check:
     def run(self, supervisor=None) -> int:
         from vit_scale.check import verdict
         from vit_scale.check.lines import broken, table
-        from vit_scale.study.supervise import Supervisor
 
         supervisor = supervisor or Supervisor(GRACE_S)
         for sub in ("logs", "records"):
             try:
                 os.makedirs(os.path.join(self.out, sub), exist_ok=True)
             except OSError as exc:
-                raise BadInput(f"--out: cannot create {os.path.join(self.out, sub)}: {exc.strerror}") from None
+                raise UserError(f"--out: cannot create {os.path.join(self.out, sub)}: {exc.strerror}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
         facts, attempts = self.launch_until_done(supervisor, stamp)
         if supervisor.interrupted:
-            print(f"{PROG}: stopped by a signal; check.json not written", file=sys.stderr)
+            print(f"{self.prog}: stopped by a signal; check.json not written", file=sys.stderr)
             return 143
         check = self.assemble(facts, attempts, stamp)
         found = verdict.lines(check)
@@ -241,11 +241,11 @@ class Check:
         write_atomically(self.json_path, check)
         print("\n".join(table(found)))
         if bad:
-            print(f"{PROG}: {len(bad)} broken -> {self.json_path}")
+            print(f"{self.prog}: {len(bad)} broken -> {self.json_path}")
             for line in bad:
-                print(f"{PROG}: FAIL {line.one_line()}", file=sys.stderr)
+                print(f"{self.prog}: FAIL {line.one_line()}", file=sys.stderr)
         else:
-            print(f"{PROG}: ready -> {self.json_path}")
+            print(f"{self.prog}: ready -> {self.json_path}")
         sys.stdout.flush()
         return 1 if bad else 0
 
@@ -321,13 +321,16 @@ class Check:
         return row
 
     def launch(self, supervisor, parts: list, labels: list, attempt: int, stamp: str, left_s: float):
-        from vit_scale.launch.world import free_port
+        from vit_scale.check.environment import nccl_log_name
 
         spec_path = os.path.join(self.out, "logs", f"spec.{stamp}.{attempt}.json")
         result = os.path.join(self.out, "logs", f"facts.{stamp}.{attempt}.json")
         spec = {"parts": parts, "labels": [list(x) for x in labels], "model": self.model, "precisions": self.precisions,
                 "quick": self.quick, "records": os.path.join(self.out, "records"), "result": result,
-                "run_prefix": stamp, "attempt": attempt}
+                "run_prefix": stamp, "attempt": attempt,
+                # the few ranks that prove the transport log NCCL's lines here (check.environment.logs_transport)
+                "nccl_log": os.path.join(self.out, "logs", nccl_log_name(stamp, attempt))
+                if self.system.backend == "nccl" else None}
         write_atomically(spec_path, spec)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
         addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
@@ -337,16 +340,9 @@ class Check:
             master_port=free_port(), time_limit_min=math.ceil(left_s / 60) if self.use_slurm else None,
             grace_s=GRACE_S, rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.check{attempt}",
             as_root=os.geteuid() == 0, program=PROGRAM)
-        if self.system.backend == "nccl":
-            # the transport is read from these lines: NCCL writes them unbuffered to a file per
-            # process (src/debug.cc: ncclDebugInit), where stdout would lose the last ones to the
-            # ranks' os._exit and interleave ranks sharing a log
-            launch.env.update(NCCL_LOGGING, NCCL_DEBUG_FILE=os.path.join(self.out, "logs", nccl_log_name(stamp, attempt)))
         log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
         with open(log, "w") as f:
-            f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
-                    + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
-            f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
+            f.write(launch.log_header())
         what = ("every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
                 if parts == ["strategies"] else f"{', '.join(parts)} (without the meter)")
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)
@@ -370,13 +366,13 @@ class Check:
         return found[-1] if found else None
 
     def assemble(self, facts: dict, attempts: list, stamp: str = "") -> dict:
-        from vit_scale.check.environment import transport_facts
+        from vit_scale.check.environment import collective_logs, transport_facts
 
-        logs = collective_log_text(self.out, stamp, [a["log"] for a in attempts])
+        logs = collective_logs(self.out, stamp, [a["log"] for a in attempts])
         world = facts.get("world") or {}
         backend = world.get("backend") or self.system.backend
         return {
-            "schema": SCHEMA_VERSION, "tool": PROG, "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "schema": SCHEMA_VERSION, "tool": self.prog, "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "system": self.system.name, "backend": self.system.backend, "nodes": self.nodes,
             "ranks_per_node": self.ranks_per_node, "precisions": self.precisions, "model": self.model,
             "quick": self.quick, "parts": list(PARTS), "labels": self.labels, "expected_transport": self.expected,
@@ -389,48 +385,9 @@ class Check:
         }
 
 
-def nccl_log_name(stamp: str, attempt: int) -> str:
-    """NCCL_DEBUG_FILE's name: NCCL puts the host for %h and the process id for %p."""
-    return f"nccl.{stamp}.{attempt}.%h.%p.log"
-
-
-def collective_log_text(out: str, stamp: str, rank_logs: list) -> str:
-    """NCCL's lines of this check: its files (one per process), then the launches' logs, where they
-    land when NCCL could not open the file."""
-    import glob
-
-    paths = sorted(glob.glob(os.path.join(out, "logs", f"nccl.{glob.escape(stamp)}.*.log"))) + list(rank_logs)
-    text = ""
-    for path in paths:
-        try:
-            with open(path, errors="replace") as f:
-                text += f.read()
-        except OSError:
-            pass
-    return text
-
-
 def out_of_time(label: str, precision: str, limit_min: float) -> dict:
     return {"label": label, "precision": precision, "status": "timeout", "run_dir": None,
             "error": f"not started: the launches before it used all of --time-limit {limit_min:g} min"}
-
-
-def argv_for_study(study, prog: str) -> list[str]:
-    """`vit-scale check --quick` on what a study (vit_scale.study.cli.StudyRun) is about to use: its
-    system, largest node count, ranks per node, launcher, strategies, precisions and largest model;
-    check.json into the study's directory (the report shows it), the rest beside that directory
-    (its records must not read as the study's runs)."""
-    from vit_scale.models import MODELS
-    from vit_scale.planning.shapes import Shape
-
-    plan = study.plan
-    precisions = [s.split("=", 1)[1] for run in plan.runs for s in run.settings if s.startswith("train.precision=")]
-    model = max(plan.models, key=lambda m: Shape.from_spec(MODELS[m]).params)
-    return ["--system", study.system.name, "--nodes", str(max(plan.nodes or [1])),
-            "--ranks-per-node", str(plan.ranks_per_node), "--launcher", plan.launcher,
-            "--strategies", ",".join(plan.strategies), "--precision", ",".join(dict.fromkeys(precisions)) or "fp32",
-            "--model", model, "--quick", "--out", os.path.join(study.out, f"{plan.name}.check"),
-            "--json", os.path.join(study.study_dir, "check.json"), "--prog", prog]
 
 
 def merge(facts: dict, found: dict) -> None:
@@ -464,22 +421,23 @@ def write_atomically(path: str, data: dict) -> None:
 
 
 def main(argv=None, supervisor=None) -> int:
-    global PROG
-    PROG, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
+    """`vit-scale check ARGV`; the entry point of the command and of a caller in this process (the
+    study's --check), whose `supervisor` then carries its signal handling into the check's launches."""
+    prog, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
     try:
         opts = parse(argv)
         if opts.help:
             print("none" if "--which-env" in opts.flags else usage())
             return 0
-        check = Check(opts)
+        check = Check(opts, prog)
         if "--which-env" in opts.flags:
             print(check.system.env_script)
             return 0
         check.header()
         return check.run(supervisor)
-    except BadInput as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

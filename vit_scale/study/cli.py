@@ -16,18 +16,25 @@ import subprocess
 import sys
 import time
 
-from vit_scale.study import launchers, systems
-from vit_scale.study.files import BadInput, home, minutes, take_prog, whole
+from vit_scale.cluster import launchers, systems
+from vit_scale.cluster.files import home
+from vit_scale.cluster.options import option_pairs, take_prog
+from vit_scale.cluster.supervise import Supervisor
+from vit_scale.cluster.systems import study_file
+from vit_scale.cluster.values import minutes, whole
+from vit_scale.errors import UserError
+from vit_scale.launch.world import free_port
 from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
 from vit_scale.study.lock import StudyLock
-from vit_scale.study.plan import STUDY_KEYS, make_plan, study_file
-from vit_scale.study.supervise import Supervisor
+from vit_scale.study.plan import STUDY_KEYS, make_plan
+from vit_scale.study.preflight import check_first
 
 FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--check", "--which-env")
 OWN_OPTIONS = ("--config", "--system", "--out", "--report", "--run-time-limit", "--prog")
 STUDY_OPTIONS = {option: key for key, (option, _) in STUDY_KEYS.items() if option}
 # the plugin comparison's names for two of them
 STUDY_OPTIONS.update({"--model": "models", "--batch-sizes": "batch_size"})
+PROG = "vit-scale study"     # the name messages start with, unless --prog names the job script
 GRACE_S = int(os.environ.get("VIT_SCALE_STEP_GRACE_S", "60"))   # after one rank ends badly
 
 USAGE = """usage: sbatch [-N NODES] [sbatch options] jobs/weak_scaling.sh [options]
@@ -82,29 +89,6 @@ class Options:
         self.help = False
 
 
-def option_pairs(argv: list, flags):
-    """(option, value) for each option of argv, value None for one of `flags`; `--opt=value` and
-    `--opt value` alike. A value may not start with `--`: `--models --steps 4` lost its value."""
-    i = 0
-    while i < len(argv):
-        opt = argv[i]
-        if opt in flags:
-            yield opt, None
-            i += 1
-            continue
-        if opt.startswith("--") and "=" in opt:
-            opt, value = opt.split("=", 1)
-            i += 1
-        elif opt.startswith("--"):
-            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
-                raise BadInput(f"{opt}: needs a value (see --help)")
-            value = argv[i + 1]
-            i += 2
-        else:
-            raise BadInput(f"unexpected argument '{opt}'; options start with -- (see --help)")
-        yield opt, value
-
-
 def parse(argv: list) -> Options:
     opts = Options()
     for opt, value in option_pairs(argv, ("-h", "--help", *FLAGS)):
@@ -121,7 +105,7 @@ def parse(argv: list) -> Options:
         else:
             allowed = " ".join(["--config", *[o for o in STUDY_OPTIONS if o not in ("--model", "--batch-sizes")],
                                 "--system", "--out", "--report", "--run-time-limit", *FLAGS[:-1], "--help"])
-            raise BadInput(f"unknown option '{opt}'; allowed: {allowed}")
+            raise UserError(f"unknown option '{opt}'; allowed: {allowed}")
     return opts
 
 
@@ -134,10 +118,12 @@ def usage() -> str:
 
 
 class StudyRun:
-    """What the study needs to know about where it runs, and its plan."""
+    """What the study needs to know about where it runs, and its plan. `prog`: the name its
+    messages start with (the job script's, when one started it)."""
 
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, prog: str = PROG):
         self.opts = opts
+        self.prog = prog
         self.dry_run = "--dry-run" in opts.flags
         self.analysis_only = "--analysis-only" in opts.flags
         self.force = "--force" in opts.flags
@@ -147,15 +133,15 @@ class StudyRun:
         # a GPU machine without Slurm runs its own ladder over GPUs
         self.one_machine = not self.in_slurm and self.system.one_rank_per_gpu and not self.system.needs_slurm
         if self.system.needs_slurm and not self.in_slurm and not self.dry_run and not self.analysis_only:
-            raise BadInput(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/weak_scaling.sh, or "
-                           f"salloc); without Slurm allowed: "
-                           f"{', '.join(s for s in systems.known_systems() if not systems.read_system(s).needs_slurm)}")
+            elsewhere = [s for s in systems.known_systems() if not systems.read_system(s).needs_slurm]
+            raise UserError(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/weak_scaling.sh, or "
+                            f"salloc); without Slurm allowed: {', '.join(elsewhere)}")
         limit = opts.own.get("--run-time-limit")
         self.time_limit = minutes(limit, "--run-time-limit") if limit is not None else None
         ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:
-            self.alloc_nodes = int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
+            self.alloc_nodes = systems.allocation_size()
         self.plan = make_plan(study_file(opts.own.get("--config"), self.system), opts.cli, opts.sets, self.system,
                               ranks_per_node, self.alloc_nodes, one_machine=self.one_machine,
                               analysis_only=self.analysis_only)
@@ -166,8 +152,8 @@ class StudyRun:
             import shutil
 
             if shutil.which("mpirun") is None:
-                raise BadInput("--launcher: mpi without Slurm needs mpirun (apt-get install openmpi-bin); "
-                               "allowed here: srun, torchrun")
+                raise UserError("--launcher: mpi without Slurm needs mpirun (apt-get install openmpi-bin); "
+                                "allowed here: srun, torchrun")
         self.out = os.path.abspath(opts.own.get("--out", "runs"))
         self.study_dir = os.path.join(self.out, self.plan.name)
         self.report = opts.own.get("--report") or os.path.join("report", self.plan.name)
@@ -185,7 +171,7 @@ class StudyRun:
             where = "this allocation" if self.in_slurm else "this machine"
             fix = ("submit with --gpus-per-node=N or give --ranks-per-node" if self.in_slurm else
                    "run it on a machine with NVIDIA GPUs (nvidia-smi lists them) or give --ranks-per-node")
-            raise BadInput(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; {fix}")
+            raise UserError(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; {fix}")
         return gpus
 
     # ------------------------------------------------------------ the study
@@ -217,14 +203,14 @@ class StudyRun:
             try:
                 os.makedirs(logs, exist_ok=True)
             except OSError as exc:
-                raise BadInput(f"--out: cannot create {logs}: {exc.strerror}") from None
+                raise UserError(f"--out: cannot create {logs}: {exc.strerror}") from None
             self.make_node_dirs()
         ledger = Ledger(os.path.join(self.study_dir, "study_runs.tsv"))
         supervisor = None if self.dry_run else Supervisor(GRACE_S)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
         self.prepare_kernels(supervisor, logs)
         if "--check" in self.opts.flags and p.runs:
-            code = self.check_first(supervisor)
+            code = check_first(self, supervisor)
             if code:
                 return code
         started, failed, done = time.monotonic(), 0, 0
@@ -277,9 +263,7 @@ class StudyRun:
             print(f"{label} ... ", end="", flush=True)
             log = os.path.join(logs, f"{run.model}.{run.strategy}.n{run.nodes}.{run_id}.log")
             with open(log, "w") as f:
-                f.write(f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
-                        + " ".join(f"{k}={v}" for k, v in launch.env.items()) + "\n")
-                f.writelines(f"# {line}{' &' if len(launch.commands) > 1 else ''}\n" for line in launch.shown())
+                f.write(launch.log_header())
             outcome = supervisor.run(launch, log, self.time_limit * 60 if self.time_limit else None)
             run_dir = os.path.join(parent, run_id)
             status, ips, error = run_result(run_dir)
@@ -333,25 +317,9 @@ class StudyRun:
                 if line.startswith(("  ", "vit-scale prepare:")) or "FAILED" in line:
                     print(f"  {line.rstrip()}")
         if outcome.code != 0:
-            print(f"{prog()}: some kernels could not be built (see {log}); the runs that need them build or fail "
+            print(f"{self.prog}: some kernels could not be built (see {log}); the runs that need them build or fail "
                   f"on their own", file=sys.stderr)
         sys.stdout.flush()
-
-    def check_first(self, supervisor) -> int:
-        """--check: vit-scale check on what the study is about to use, after the kernels are built.
-        Its exit code: 0 ready, 1 a needed line failed (each printed as one line), 2, 143."""
-        from vit_scale.check.cli import argv_for_study, main as check
-
-        argv = argv_for_study(self, f"{prog()} --check")
-        if supervisor is None:
-            print(f"  check first: vit-scale check {launchers.show_command(argv)}")
-            return 0
-        code = check(argv, supervisor)
-        if code == 1:
-            print(f"{prog()}: the check found the system not ready (the lines above; "
-                  f"{os.path.join(self.study_dir, 'check.json')}); no run was started", file=sys.stderr)
-        print(flush=True)
-        return code
 
     def make_node_dirs(self) -> None:
         """Node-local directories the env script asked for (e.g. MIOpen's cache under /tmp), on every node."""
@@ -359,7 +327,7 @@ class StudyRun:
         if self.in_slurm and dirs and not self.analysis_only:
             code = subprocess.call(["srun", f"--nodes={self.alloc_nodes}", "--ntasks-per-node=1", "mkdir", "-p", *dirs])
             if code:
-                print(f"{prog()}: could not create {' '.join(dirs)} on every node", file=sys.stderr)
+                print(f"{self.prog}: could not create {' '.join(dirs)} on every node", file=sys.stderr)
 
     def finish(self, ledger, failed: int, done: int, elapsed: float, supervisor) -> int:
         p = self.plan
@@ -398,7 +366,7 @@ class StudyRun:
             code = subprocess.call([sys.executable, script, self.study_dir, "--out", self.report],
                                    stdout=f, stderr=subprocess.STDOUT)
         if code != 0:
-            print(f"{prog()}: the analysis failed; see {log}", file=sys.stderr)
+            print(f"{self.prog}: the analysis failed; see {log}", file=sys.stderr)
             with open(log) as f:
                 sys.stderr.writelines(f.readlines()[-5:])
             return False
@@ -410,28 +378,14 @@ class StudyRun:
         return True
 
 
-def free_port() -> int:
-    from vit_scale.launch.world import free_port as port
-
-    return port()
-
-
 def last_line(path: str) -> str:
     with open(path, errors="replace") as f:
         lines = [line.strip() for line in f if line.strip() and not line.startswith("#")]
     return lines[-1] if lines else "(empty)"
 
 
-PROG = "vit-scale study"
-
-
-def prog() -> str:
-    return PROG
-
-
 def main(argv=None) -> int:
-    global PROG
-    PROG, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
+    prog, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
     try:
         opts = parse(argv)
         if opts.help:
@@ -440,19 +394,19 @@ def main(argv=None) -> int:
             else:
                 print(usage())
             return 0
-        study = StudyRun(opts)
+        study = StudyRun(opts, prog)
         if "--which-env" in opts.flags:
             # what the job script sources before it starts the study; nothing for a dry run
             print("none" if study.dry_run else study.system.env_script)
             return 0
         # a study already running the same runs in this directory: refused here, before any output
-        with StudyLock.for_study(study, PROG, argv):
+        with StudyLock.for_study(study, prog, argv):
             if not study.analysis_only:
                 study.header()
             return study.run_all()
-    except BadInput as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+    except UserError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from vit_scale.cluster.files import load_yaml
+from vit_scale.cluster.values import FALSE, TRUE, as_list, normalise_bool, whole
+from vit_scale.errors import UserError
 from vit_scale.run.peaks import math_precision
-from vit_scale.study.files import FALSE, TRUE, BadInput, as_list, home, load_yaml, normalise_bool, whole
 
 # study key -> (command-line option, trainer key or None)
 STUDY_KEYS = {
@@ -98,13 +100,14 @@ def merge(study_file: str, cli: dict, sets: list) -> tuple[dict, dict]:
     for key, value in data.items():
         key = ALIASES.get(key, key)
         if key not in STUDY_KEYS:
-            raise BadInput(f"{study_file}: unknown key '{key}'; allowed: {', '.join(STUDY_KEYS)}")
+            raise UserError(f"{study_file}: unknown key '{key}'; allowed: {', '.join(STUDY_KEYS)}")
         values[key], origin[key] = value, f"'{key}' in {study_file}"
     extra = dict(values.get("set") or {})
     for item in sets:
         name, eq, val = item.partition("=")
         if not eq or not name:
-            raise BadInput(f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true), got '{item}'")
+            raise UserError(f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true), "
+                            f"got '{item}'")
         extra[name] = val
     values["set"] = extra
     for key, value in cli.items():
@@ -117,7 +120,6 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
     """`one_machine`: a GPU machine without Slurm, where the ladder is over GPUs (`ranks_per_node`
     is then the number of GPUs found). `alloc_nodes`: the allocation's size, 0 = not in one."""
     from vit_scale.distributed import parse_strategy
-    from vit_scale.errors import UserError
     from vit_scale.models import MODELS
 
     values, origin = merge(study_file, cli, sets)
@@ -130,54 +132,54 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
 
     name = str(values.get("study") or "")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise BadInput(f"{where('study')}: '{name}' is not allowed; allowed: letters, digits, '.', '_' and '-'")
+        raise UserError(f"{where('study')}: '{name}' is not allowed; allowed: letters, digits, '.', '_' and '-'")
 
     models = as_list(values.get("models"))
     if not models:
-        raise BadInput(f"{where('models')}: no model given; allowed: {', '.join(MODELS)}")
+        raise UserError(f"{where('models')}: no model given; allowed: {', '.join(MODELS)}")
     for model in models:
         if model not in MODELS:
-            raise BadInput(f"{where('models')}: unknown model '{model}'; allowed: {', '.join(MODELS)}")
+            raise UserError(f"{where('models')}: unknown model '{model}'; allowed: {', '.join(MODELS)}")
 
     if "ranks_per_node" in values:
         ranks_per_node = whole_number("ranks_per_node", 1)
     strategies = as_list(values.get("strategies"))
     if not strategies:
-        raise BadInput(f"{where('strategies')}: no strategy given")
+        raise UserError(f"{where('strategies')}: no strategy given")
     for label in strategies:
         try:
             parsed = parse_strategy(label)
         except UserError as exc:
-            raise BadInput(f"{where('strategies')}: {str(exc).split(': ', 1)[1]}") from None
+            raise UserError(f"{where('strategies')}: {str(exc).split(': ', 1)[1]}") from None
         g = parsed.hybrid_group
         per_node = 0 if one_machine else ranks_per_node
         if g and per_node and per_node % g:
             fitting = [str(d) for d in range(1, per_node + 1) if per_node % d == 0]
-            raise BadInput(f"{where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
-                           f"system {system.name} runs {per_node} ranks per node; allowed: "
-                           f"HYBRID_<g>GPU with g in {', '.join(fitting)}")
+            raise UserError(f"{where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
+                            f"system {system.name} runs {per_node} ranks per node; allowed: "
+                            f"HYBRID_<g>GPU with g in {', '.join(fitting)}")
 
     rank_counts: list[int] = []
     if analysis_only:
         nodes = []
     elif one_machine:
         if "nodes" in cli and as_list(cli["nodes"]) != ["1"]:
-            raise BadInput(f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
-                           f"(this machine; --gpu-counts gives the GPU counts)")
+            raise UserError(f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
+                            f"(this machine; --gpu-counts gives the GPU counts)")
         nodes = [1]
         rank_counts = counts(values["gpu_counts"], where("gpu_counts"), ranks_per_node, "GPU")
         if rank_counts[-1] > ranks_per_node:
-            raise BadInput(f"{where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's {ranks_per_node}; "
-                           f"allowed: 1 to {ranks_per_node}")
+            raise UserError(f"{where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's "
+                            f"{ranks_per_node}; allowed: 1 to {ranks_per_node}")
     else:
         if str(values["nodes"]).strip() == "ladder" and not alloc_nodes:
-            raise BadInput(f"{where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
-                           f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
-                           f"submit_sweep.sh")
+            raise UserError(f"{where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
+                            f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
+                            f"submit_sweep.sh")
         nodes = counts(values["nodes"], where("nodes"), alloc_nodes, "node")
         if alloc_nodes and nodes[-1] > alloc_nodes:
-            raise BadInput(f"{where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
-                           f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})")
+            raise UserError(f"{where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
+                            f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})")
 
     steps = whole_number("steps", 2)
     warmup = whole_number("warmup_steps", 0)
@@ -185,13 +187,13 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         # a short smoke test (--steps 4) over a study file's warm-up keeps most of its steps timed
         warmup = max(1, steps // 4)
     if warmup >= steps:
-        raise BadInput(f"{where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
-                       f"so that some steps are timed")
+        raise UserError(f"{where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
+                        f"so that some steps are timed")
 
     launcher = str(values.get("launcher") or system.launcher or "srun")
     if launcher not in system.launchers:
-        raise BadInput(f"{where('launcher')}: '{launcher}' is not allowed on {system.name}; "
-                       f"allowed: {', '.join(system.launchers)}")
+        raise UserError(f"{where('launcher')}: '{launcher}' is not allowed on {system.name}; "
+                        f"allowed: {', '.join(system.launchers)}")
 
     # precision may also be a table: strategy -> precision, with `default` for the rest (the
     # plugin comparison runs each plugin at the precision the seeds used)
@@ -200,12 +202,12 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         precision_of = {str(k): str(v) for k, v in values.pop("precision").items()}
         for key, value in precision_of.items():
             if value not in CHOICES["precision"]:
-                raise BadInput(f"{where('precision')}: {value!r} for {key} is not allowed; "
-                               f"allowed: {', '.join(CHOICES['precision'])}")
+                raise UserError(f"{where('precision')}: {value!r} for {key} is not allowed; "
+                                f"allowed: {', '.join(CHOICES['precision'])}")
     per_strategy = values.get("settings") or {}
     if not isinstance(per_strategy, dict) or not all(
             isinstance(v, list) and all("=" in str(x) for x in v) for v in per_strategy.values() if v is not None):
-        raise BadInput(f"{study_file}: settings must map a strategy to a list of key=value")
+        raise UserError(f"{study_file}: settings must map a strategy to a list of key=value")
 
     grid: list[tuple[str, list[str]]] = []
     for key in GRID_KEYS:
@@ -214,15 +216,15 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         items = as_list(values[key])
         option = where(key)
         if not items:
-            raise BadInput(f"{option}: no value given")
+            raise UserError(f"{option}: no value given")
         for value in items:
             if key == "batch_size":
                 whole_number(key, 1, value)
             elif key in BOOLEAN_KEYS:
                 if value not in TRUE + FALSE:
-                    raise BadInput(f"{option}: '{value}' is not allowed; allowed: true, false")
+                    raise UserError(f"{option}: '{value}' is not allowed; allowed: true, false")
             elif value not in CHOICES[key]:
-                raise BadInput(f"{option}: '{value}' is not allowed; allowed: {', '.join(CHOICES[key])}")
+                raise UserError(f"{option}: '{value}' is not allowed; allowed: {', '.join(CHOICES[key])}")
         items = [normalise_bool(v) if key in BOOLEAN_KEYS else v for v in items]
         grid.append((key, list(dict.fromkeys(items))))
 
@@ -234,10 +236,10 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
     for key, value in (values.get("set") or {}).items():
         value = normalise_bool(value) if isinstance(value, bool) else str(value)
         if not re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", str(key)) or re.search(r"\s", value):
-            raise BadInput(f"--set: '{key}={value}' is not allowed; allowed: a dotted trainer key and a value "
-                           f"without spaces, e.g. fsdp.use_orig_params=true")
+            raise UserError(f"--set: '{key}={value}' is not allowed; allowed: a dotted trainer key and a value "
+                            f"without spaces, e.g. fsdp.use_orig_params=true")
         if key.split(".")[0] == "output":
-            raise BadInput(f"--set: {key} is chosen by the study; use --out and --study instead")
+            raise UserError(f"--set: {key} is chosen by the study; use --out and --study instead")
         common.append(f"{key}={value}")
 
     varying = {key for key, items in grid if len(items) > 1}
@@ -273,14 +275,6 @@ def run_arithmetic(precision: str, settings: list, system) -> str:
     return math_precision(precision, tf32, "cpu" if system.backend == "gloo" else "gpu")
 
 
-def study_file(given: str | None, system) -> str:
-    """The study file given, else the system's default one; it must exist."""
-    path = given or os.path.join(home(), system.default_study)
-    if not os.path.isfile(path):
-        raise BadInput(f"--config: no such file: {path}; the studies are in configs/studies/")
-    return path
-
-
 def counts(value, option: str, largest: int, unit: str) -> list[int]:
     """`ladder` (1, 2, 4 ... largest) or a list of whole numbers, sorted."""
     if str(value).strip() == "ladder":
@@ -288,8 +282,8 @@ def counts(value, option: str, largest: int, unit: str) -> list[int]:
     found = []
     for item in as_list(value):
         if not re.fullmatch(r"\d+", item) or int(item) < 1:
-            raise BadInput(f"{option}: '{item}' is not allowed; allowed: {unit} counts such as 1,2,4 or 'ladder'")
+            raise UserError(f"{option}: '{item}' is not allowed; allowed: {unit} counts such as 1,2,4 or 'ladder'")
         found.append(int(item))
     if not found:
-        raise BadInput(f"{option}: no {unit} count given; allowed: {unit} counts such as 1,2,4 or 'ladder'")
+        raise UserError(f"{option}: no {unit} count given; allowed: {unit} counts such as 1,2,4 or 'ladder'")
     return sorted(set(found))

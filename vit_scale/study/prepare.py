@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-PROG = "vit-scale prepare"
+PROG = "vit-scale prepare"     # the name its messages start with
 
 
 def device_kind() -> str:
@@ -35,11 +35,11 @@ def torch_cuda_version() -> str | None:
     return torch.version.cuda  # None on CPU and ROCm builds
 
 
-def main(argv=None) -> int:
+def main(argv=None, prog: str = PROG) -> int:
     from vit_scale.distributed import all_labels, parse_strategy
     from vit_scale.errors import UserError
 
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", default="", help="comma-separated labels (default: every strategy)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda", "rocm"), default="auto",
                         help="device kind to build for (default: what torch sees here)")
@@ -50,20 +50,20 @@ def main(argv=None) -> int:
         for label in labels:
             parse_strategy(label)
     except UserError as exc:
-        print(f"{PROG}: --strategies: {str(exc).split(': ', 1)[1]}", file=sys.stderr)
+        print(f"{prog}: --strategies: {str(exc).split(': ', 1)[1]}", file=sys.stderr)
         return 2
     from vit_scale.distributed.kernels import kernels_for, toolkit_problem_here
 
     kind = device_kind() if args.device == "auto" else args.device
     kernels = kernels_for(labels, kind)
     if not kernels:
-        print(f"{PROG}: nothing to build for {', '.join(labels)} on {kind}")
+        print(f"{prog}: nothing to build for {', '.join(labels)} on {kind}")
         return 0
     problem = toolkit_problem_here(kernels, kind, torch_cuda_version())
     if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        print(f"{prog}: error: {problem}", file=sys.stderr)
         return 1
-    print(f"{PROG}: {len(kernels)} kernel(s) for {kind}: {', '.join(k.key for k in kernels)}", flush=True)
+    print(f"{prog}: {len(kernels)} kernel(s) for {kind}: {', '.join(k.key for k in kernels)}", flush=True)
     failed = 0
     for kernel in kernels:
         try:

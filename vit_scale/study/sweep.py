@@ -17,10 +17,14 @@ import shutil
 import subprocess
 import sys
 
+from vit_scale.cluster import launchers, systems
+from vit_scale.cluster.files import home
+from vit_scale.cluster.options import option_pairs, take_prog
+from vit_scale.cluster.systems import study_file
+from vit_scale.cluster.values import whole
+from vit_scale.errors import UserError
 from vit_scale.study import cli as study_cli
-from vit_scale.study import systems
-from vit_scale.study.files import BadInput, home, take_prog, whole
-from vit_scale.study.plan import make_plan, study_file
+from vit_scale.study.plan import make_plan
 
 SWEEP_VALUES = ("--nodes", "--max-nodes", "--system", "--account", "--partition", "--qos", "--time",
                 "--analysis-time", "--gpus-per-node", "--logs", "--out")
@@ -50,12 +54,12 @@ Study options (passed to every job): --config --study --models --strategies --ba
   --fsdp-version --activation-checkpointing --use-orig-params --skip-if-not-fits --set
   --launcher --ranks-per-node --run-time-limit --force --report"""
 
-PROG = "vit-scale sweep"
+PROG = "vit-scale sweep"     # the name messages start with, unless --prog names the job script
 
 
 def parse(argv):
     own, passed, study, sets, flags = {}, [], {}, [], set()
-    for opt, value in study_cli.option_pairs(argv, ("-h", "--help", "--force", *SWEEP_FLAGS)):
+    for opt, value in option_pairs(argv, ("-h", "--help", "--force", *SWEEP_FLAGS)):
         if opt in ("-h", "--help"):
             flags.add("--help")
         elif opt == "--force":
@@ -76,22 +80,21 @@ def parse(argv):
             study[study_cli.STUDY_OPTIONS[opt]] = value
             passed += [opt, value]
         else:
-            raise BadInput(f"unknown option '{opt}'; allowed: {' '.join(SWEEP_VALUES + SWEEP_FLAGS)} and the study "
-                           f"options of jobs/weak_scaling.sh (see --help)")
+            raise UserError(f"unknown option '{opt}'; allowed: {' '.join(SWEEP_VALUES + SWEEP_FLAGS)} and the study "
+                            f"options of jobs/weak_scaling.sh (see --help)")
     return own, passed, study, sets, flags
 
 
 def main(argv=None) -> int:
-    global PROG
-    PROG, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
+    prog, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
     try:
-        return sweep(argv)
-    except BadInput as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
+        return sweep(argv, prog)
+    except UserError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
-def sweep(argv) -> int:
+def sweep(argv, prog: str = PROG) -> int:
     own, passed, study, sets, flags = parse(argv)
     if "--help" in flags:
         print(USAGE)
@@ -106,14 +109,14 @@ def sweep(argv) -> int:
     gpus = own.get("--gpus-per-node") or own.get("--ranks-per-node")
     if system.one_rank_per_gpu:
         if not gpus:
-            raise BadInput(f"--gpus-per-node: {name} runs one rank per GPU, so say how many GPUs each node gets; "
-                           f"allowed: a whole number such as 4")
+            raise UserError(f"--gpus-per-node: {name} runs one rank per GPU, so say how many GPUs each node gets; "
+                            f"allowed: a whole number such as 4")
         ranks = int(gpus)
     else:
         ranks = int(gpus or system.ranks_per_node)
     if not dry_run and shutil.which("sbatch") is None:
-        raise BadInput("--dry-run: sbatch is not on PATH, so nothing can be submitted here; "
-                       "allowed without Slurm: --dry-run")
+        raise UserError("--dry-run: sbatch is not on PATH, so nothing can be submitted here; "
+                        "allowed without Slurm: --dry-run")
 
     # the whole study, checked now: a bad model or strategy must fail here, not in the queue an hour later
     if "--nodes" in own:
@@ -128,7 +131,7 @@ def sweep(argv) -> int:
         try:
             os.makedirs(logs, exist_ok=True)
         except OSError as exc:
-            raise BadInput(f"--logs: cannot create {logs}: {exc.strerror}") from None
+            raise UserError(f"--logs: cannot create {logs}: {exc.strerror}") from None
 
     common = [f"--output={logs}/%x-%j.out"]
     for option in ("--account", "--partition", "--qos"):
@@ -148,7 +151,7 @@ def sweep(argv) -> int:
     def submit(job_name, sbatch_options, script_args):
         cmd = ["sbatch", "--parsable", f"--job-name={job_name}", *common, *sbatch_options, script, *script_args]
         if dry_run:
-            print(study_cli.launchers.show_command(cmd))
+            print(launchers.show_command(cmd))
             return "{" + job_name + "}"
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -167,7 +170,7 @@ def sweep(argv) -> int:
             try:
                 job_ids.append(submit(job_name, [f"--nodes={nodes}", *time_opt], args))
             except RuntimeError as exc:
-                print(f"{PROG}: sbatch refused {job_name} ({exc}); jobs submitted so far: "
+                print(f"{prog}: sbatch refused {job_name} ({exc}); jobs submitted so far: "
                       f"{' '.join(job_ids) or 'none'}", file=sys.stderr)
                 return 1
             if dry_run:
@@ -186,7 +189,7 @@ def sweep(argv) -> int:
                            "--dependency=afterany:" + ":".join(job_ids)],
                           [*job_args, "--analysis-only", *passed])
     except RuntimeError as exc:
-        print(f"{PROG}: sbatch refused the analysis job ({exc}); the study jobs {' '.join(job_ids)} are queued",
+        print(f"{prog}: sbatch refused the analysis job ({exc}); the study jobs {' '.join(job_ids)} are queued",
               file=sys.stderr)
         return 1
     if dry_run:

@@ -15,8 +15,10 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 
+from vit_scale.cluster.files import home, load_yaml
+from vit_scale.cluster.values import as_list
+from vit_scale.errors import UserError
 from vit_scale.launch.world import slurm_hostnames, slurm_node_address
-from vit_scale.study.files import BadInput, as_list, home, load_yaml
 
 SYSTEM_KEYS = ("name", "description", "env_script", "ranks_per_node", "backend", "launcher", "launchers",
                "srun_flags", "torchrun_srun_flags", "mpi_flags", "master_addr", "peak_tflops",
@@ -62,12 +64,12 @@ def known_systems() -> list[str]:
 def read_system(name: str) -> SystemProfile:
     known = known_systems()
     if name not in known:
-        raise BadInput(f"--system: unknown system '{name}'; allowed: {', '.join(known)}")
+        raise UserError(f"--system: unknown system '{name}'; allowed: {', '.join(known)}")
     path = os.path.join(home(), "configs", "systems", f"{name}.yaml")
     data = load_yaml(path, "--system")
     unknown = sorted(set(data) - set(SYSTEM_KEYS))
     if unknown:
-        raise BadInput(f"{path}: unknown key {unknown[0]}; allowed: {', '.join(SYSTEM_KEYS)}")
+        raise UserError(f"{path}: unknown key {unknown[0]}; allowed: {', '.join(SYSTEM_KEYS)}")
     values = {k: v for k, v in data.items() if v is not None or k in ("peak_tflops", "device_memory_gib")}
     values["name"] = name
     values["launchers"] = as_list(values.get("launchers")) or ["srun", "torchrun", "mpi"]
@@ -76,6 +78,14 @@ def read_system(name: str) -> SystemProfile:
     for key in ("srun_flags", "torchrun_srun_flags", "mpi_flags", "sbatch_flags"):
         values[key] = str(values.get(key) or "")
     return SystemProfile(**values)
+
+
+def study_file(given: str | None, system: SystemProfile) -> str:
+    """The study file given, else the system's default one; it must exist."""
+    path = given or os.path.join(home(), system.default_study)
+    if not os.path.isfile(path):
+        raise UserError(f"--config: no such file: {path}; the studies are in configs/studies/")
+    return path
 
 
 # ---------------------------------------------------------------- this machine, this allocation
@@ -111,6 +121,11 @@ def detect_system() -> str:
     if (in_slurm() and os.environ.get("SLURM_GPUS_ON_NODE")) or gpus_here() > 0:
         return "cuda"
     return "local"
+
+
+def allocation_size() -> int:
+    """The allocation's node count (1 when Slurm does not say)."""
+    return int(os.environ.get("SLURM_JOB_NUM_NODES") or os.environ.get("SLURM_NNODES") or 1)
 
 
 def slurm_gpus_per_node() -> int:

@@ -1,4 +1,5 @@
-"""One run -> the commands that start its ranks, as argument lists (nothing goes through a shell).
+"""One launch (a study's run, the check's workers) -> the commands that start its ranks, as argument lists
+(nothing goes through a shell).
 
   srun        inside an allocation: one srun step, one task per rank (MPI: the same with --mpi)
   torchrun-slurm  inside an allocation: one torchrun per node, started by srun
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from dataclasses import dataclass, field
 
 
@@ -27,6 +29,14 @@ class Launch:
             prefix = [f"{k}={v}" for k, v in extra.items()]
             lines.append(show_command((["env", *prefix] if prefix else []) + list(argv)))
         return lines
+
+    def log_header(self) -> str:
+        """What the launch's log opens with: when, the environment it adds, and each command (with
+        a `&` when several start side by side), so that the log alone says how to start it again."""
+        many = len(self.commands) > 1
+        return (f"# {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} "
+                + " ".join(f"{k}={v}" for k, v in self.env.items()) + "\n"
+                + "".join(f"# {line}{' &' if many else ''}\n" for line in self.shown()))
 
 
 SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./=:,+@%{}-")

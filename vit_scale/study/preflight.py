@@ -1,0 +1,43 @@
+"""`vit-scale study --check`: `vit-scale check --quick` on what the study is about to use, run in
+this process through the check's entry point (main(argv, supervisor)) after the kernels are built
+and before the first run, under the study's supervisor so that a signal to the study stops it."""
+from __future__ import annotations
+
+import os
+import sys
+
+from vit_scale.check.cli import main as run_check
+from vit_scale.cluster import launchers
+
+
+def check_first(study, supervisor) -> int:
+    """The check's exit code: 0 ready, 1 a needed line failed (each printed as one line), 2, 143.
+    `supervisor` None: a dry run, which prints the check's command instead."""
+    argv = check_argv(study, f"{study.prog} --check")
+    if supervisor is None:
+        print(f"  check first: vit-scale check {launchers.show_command(argv)}")
+        return 0
+    code = run_check(argv, supervisor)
+    if code == 1:
+        print(f"{study.prog}: the check found the system not ready (the lines above; "
+              f"{os.path.join(study.study_dir, 'check.json')}); no run was started", file=sys.stderr)
+    print(flush=True)
+    return code
+
+
+def check_argv(study, prog: str) -> list[str]:
+    """The check's options for a study (vit_scale.study.cli.StudyRun): its system, largest node
+    count, ranks per node, launcher, strategies, precisions and largest model; check.json into the
+    study's directory (the report shows it), the rest beside that directory (its records must not
+    read as the study's runs)."""
+    from vit_scale.models import MODELS
+    from vit_scale.planning.shapes import Shape
+
+    plan = study.plan
+    precisions = [s.split("=", 1)[1] for run in plan.runs for s in run.settings if s.startswith("train.precision=")]
+    model = max(plan.models, key=lambda m: Shape.from_spec(MODELS[m]).params)
+    return ["--system", study.system.name, "--nodes", str(max(plan.nodes or [1])),
+            "--ranks-per-node", str(plan.ranks_per_node), "--launcher", plan.launcher,
+            "--strategies", ",".join(plan.strategies), "--precision", ",".join(dict.fromkeys(precisions)) or "fp32",
+            "--model", model, "--quick", "--out", os.path.join(study.out, f"{plan.name}.check"),
+            "--json", os.path.join(study.study_dir, "check.json"), "--prog", prog]
