@@ -24,7 +24,6 @@ from vit_scale.options import (AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSI
                                check_sections, choices, description, is_section, option, optional_inner, rules)
 
 
-
 def _is_name(text: str) -> bool:
     return re.fullmatch(r"[A-Za-z0-9._-]+", text) is not None
 
