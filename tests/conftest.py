@@ -24,6 +24,7 @@ FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch
 KINDS = {  # one module a line, sorted: branches that add modules then merge without conflict
     "unit": [
         "test_alpha_beta",
+        "test_adding_a_family",
         "test_analysis",
         "test_check_scale",
         "test_end_record",

@@ -28,7 +28,9 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from vit_scale.config import ColossalAIConfig, DeepSpeedConfig, FSDPConfig
+from vit_scale.distributed.colossalai import ColossalAIConfig
+from vit_scale.distributed.deepspeed import DeepSpeedConfig
+from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
