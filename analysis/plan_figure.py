@@ -20,11 +20,11 @@ if __package__ in (None, ""):
     # run as a script: the repository root first on the path, as analysis/weak_scaling.py does
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import pandas as pd  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
+import pandas as pd
+from matplotlib.lines import Line2D
 
-from analysis.figures._axes import log2_x, log_ticks, mark_entries, mark_failures, reserve_bottom_log  # noqa: E402
-from analysis.figures._layout import (  # noqa: E402
+from analysis.figures._axes import log2_x, log_ticks, mark_entries, mark_failures, reserve_bottom_log
+from analysis.figures._layout import (
     Plot,
     facts_title,
     free_slot,
@@ -36,8 +36,8 @@ from analysis.figures._layout import (  # noqa: E402
     panel_grid,
     title_height,
 )
-from analysis.figures._runs import labeller, lines, model_order, model_title, series_items  # noqa: E402
-from analysis.figures._style import COLUMN_WIDTH, LINE, series_colors, series_markers, style  # noqa: E402
+from analysis.figures._runs import labeller, lines, model_order, model_title, series_items
+from analysis.figures._style import COLUMN_WIDTH, LINE, series_colors, series_markers, style
 
 NAME = "weak_scaling_plan"
 ROW_KEYS = ("model", "params", "strategy", "nodes", "world_size", "fits", "images_per_s")
@@ -82,9 +82,10 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
     label = labeller(df)
     legend_labels = sorted({label(k) for k, _ in lines(df)}) + [NOT_FIT[0]]
     cal = (data.get("calibration") or {}).get("kind", "none")
+    compute = (data.get("compute") or {}).get("kind", "?")
     facts = (f"predicted for {data.get('system', '?')}, before any run · {data.get('gpus_per_node', '?')} "
              f"{data.get('device', '')} GPUs per node · batch {data.get('batch_size', '?')} per device · "
-             f"{data.get('precision', '?')} · calibration: {cal} · compute: {(data.get('compute') or {}).get('kind', '?')}")
+             f"{data.get('precision', '?')} · calibration: {cal} · compute: {compute}")
     panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
     slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)
     extra_h = (0 if slot else legend_height(legend_labels, width)) + title_height(facts, width) + 0.1
@@ -104,7 +105,7 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
                                  **{**LINE, "lw": 0.9})
                     handles.setdefault(key, h)
                     counts["predicted"] += 1
-                    curves[(model, key[1])] = list(zip(fit["nodes"].astype(int), fit["predicted_ips"]))
+                    curves[(model, key[1])] = list(zip(fit["nodes"].astype(int), fit["predicted_ips"], strict=True))
                 missing = line[line["predicted_ips"].isna() | (line["fits"] == False)]  # noqa: E712
                 counts["not_fit"] += mark_failures(ax, list(missing["nodes"]), color, slots)
             log2_x(ax, sub["nodes"])

@@ -321,7 +321,7 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
                   "assumed; --efficiency F states another, --compute-from RUNDIR measures it")
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
     blocking = pr.blocking_for(None, args.device)
-    for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking)):
+    for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):
         row["prediction"] = p.as_dict()
     return {"system": args.system,
             "calibration": {"kind": cal.kind, "source": cal.source, "notes": list(cal.notes), "text": cal.describe()},
@@ -423,6 +423,10 @@ def _rate(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
+def _memory(gib) -> str:
+    return "device memory not known" if gib is None else f"{gib:g} GiB/device"
+
+
 def prediction_head(prediction: dict) -> list:
     """The output's first lines: which calibration and which compute the prediction used."""
     return [f"predicted for {prediction['system']}: calibration: {prediction['calibration']['text']}",
@@ -434,7 +438,7 @@ def format_table(rows: list[dict], shared: dict, prediction: dict | None = None)
     a = shared
     head = (f"batch {a['batch_size']}/device, {a['precision']}, activation checkpointing "
             f"{'on' if a['activation_checkpointing'] else 'off'}, {a['attention']} attention, "
-            f"{a['gpus_per_node']} {a['device']} GPUs/node, {a['device_memory_gib']:g} GiB/device, AdamW {a['optimizer']}; "
+            f"{a['gpus_per_node']} {a['device']} GPUs/node, {_memory(a['device_memory_gib'])}, AdamW {a['optimizer']}; "
             f"FSDP{a['fsdp']['version']} prefetch={a['fsdp']['backward_prefetch']} "
             f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}")
     out.append(head)
@@ -465,7 +469,7 @@ def format_table(rows: list[dict], shared: dict, prediction: dict | None = None)
             if prediction:
                 cells += _predicted_cells(r["prediction"])
             out.append("  ".join(cell.rjust(w) if i > 0 else cell.ljust(w)
-                                 for i, (cell, (_, w)) in enumerate(zip(cells, columns))).rstrip())
+                                 for i, (cell, (_, w)) in enumerate(zip(cells, columns, strict=True))).rstrip())
     out.append("")
     out.append("params/grads/optim: what the rank holds (optim: AdamW states + a separate fp32 master where kept); "
                "act: activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; "
