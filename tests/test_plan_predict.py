@@ -24,8 +24,8 @@ from vit_scale.planning.step_time import Compute, predict_step
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from analysis import plan_figure  # noqa: E402
-from analysis.synthetic import write_run  # noqa: E402
+from analysis import plan_figure
+from analysis.synthetic import write_run
 
 BASE = ["--system", "frontier", "--model", "vit_base,vit_3b", "--nodes", "1,2", "--strategy", "DDP,FULL_SHARD"]
 SIZES = [8 * 4 ** k for k in range(14)]   # 8 B to 512 MiB
@@ -136,7 +136,8 @@ def test_with_a_generated_check(capsys, tmp_path):
     slow = run_json(capsys, BASE + ["--calibration", check])
     assert slow["prediction"]["calibration"]["kind"] == "check" and slow["prediction"]["calibration"]["source"] == check
     assert plan.main(BASE + ["--calibration", check, "--no-figure"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == f"predicted for frontier: calibration: check.json's fits ({check})"
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"predicted for frontier: calibration: check.json's fits ({check})"
     defaults = run_json(capsys, BASE)
     # 2 GB/s fitted against the profile's 12.5 (inter) and 50 (intra): every multi-rank point slower
     for model, strategy, nodes in (("vit_base", "DDP", 2), ("vit_base", "FULL_SHARD", 2), ("vit_3b", "FULL_SHARD", 1)):
@@ -176,7 +177,8 @@ def bad_inputs(tmp_path) -> list:
                                      options={"precision": "fp32", "activation_checkpointing": False}))
     cal, comp = "--calibration", "--compute-from"
     return [
-        ([cal, write_check(tmp_path / "cuda.json", good, system="cuda")], ["system 'cuda'", "expected a check of 'frontier'"]),
+        ([cal, write_check(tmp_path / "cuda.json", good, system="cuda")],
+         ["system 'cuda'", "expected a check of 'frontier'"]),
         ([cal, write_check(tmp_path / "fp32.json", good, precisions=("fp32",))], ["precision fp32", "expected bf16"]),
         ([cal, write_check(tmp_path / "micro.json", good, model="vit_micro")], ["a check of vit_micro", "vit_3b"]),
         ([cal, str(tmp_path / "missing.json")], ["cannot read", "missing.json", "expected a check.json"]),
