@@ -279,3 +279,38 @@ def test_study_falls_back_from_a_check_without_fits(tmp_path):
     out = study(tmp_path).stdout
     assert "check.json not used: --calibration:" in out and "has no fits" in out
     assert "predicted for frontier: calibration: the system profile's defaults" in out
+
+
+def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_path, monkeypatch, capsys):
+    """The study's forecast on this CPU (system local: no peak, so only its own earlier runs can give the
+    compute): the 1-node rung an earlier submission left (synthetic records) is the compute, and the
+    figure goes into the report directory. In-process, with the run loop left out: the forecast is what
+    the study calls before its first run."""
+    from vit_scale.study import cli as study_cli
+    from vit_scale.study.forecast import forecast
+
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    conf = tmp_path / "s.yaml"
+    conf.write_text("models: [vit_micro]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\nbatch_size: 4\n"
+                    "predict: true\n")
+    for strategy, ips in (("DDP", 40.0), ("FULL_SHARD", 30.0)):
+        write_run(str(tmp_path / "runs"), study="s", model="vit_micro", strategy=strategy, nodes=1, ranks_per_node=2,
+                  batch=4, ips=ips, device="cpu", job_id=None)
+    opts = study_cli.parse(["--system", "local", "--config", str(conf), "--nodes", "1,2", "--out", "runs",
+                            "--dry-run"])
+    run = study_cli.StudyRun(opts)
+    run.dry_run = False          # the forecast of a real submission; no run is started here
+    forecast(run)
+    out = capsys.readouterr().out
+    assert "predicted for local: calibration: the system profile's defaults (local.yaml)" in out
+    assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in out
+    assert "--compute-from" in out and "--figure report/s" in out
+    lines = [line for line in out.splitlines() if line.startswith(("DDP ", "FULL_SHARD "))]
+    assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines   # a speed and its efficiency
+    data = json.loads((tmp_path / "report" / "s" / "weak_scaling_plan.json").read_text())
+    one = {r["strategy"]: r["images_per_s"] for r in data["rows"] if r["nodes"] == 1}
+    assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)   # each rung reproduces itself
+    assert (tmp_path / "report" / "s" / "weak_scaling_plan.png").stat().st_size > 1000
+    assert "predicted figure: report/s/weak_scaling_plan.png, report/s/weak_scaling_plan.pdf" in out
