@@ -36,6 +36,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_models_and_config",
         "test_peaks",
         "test_plan",
+        "test_plan_predict",
         "test_prediction",
         "test_stats",
         "test_step_meter",
