@@ -255,7 +255,8 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict
         for collective in COLLECTIVES:
             started, last = time.perf_counter(), None
             for size in sizes:
-                why = left_out(collective, size, ranks, room, settings, last, share_s - (time.perf_counter() - started))
+                left_s = share_s - (time.perf_counter() - started)
+                why = left_out(collective, size, ranks, room, settings, last, left_s)
                 if why:
                     skipped.append({"scope": scope, "collective": collective, "size": size.name, "ranks": ranks,
                                     "bytes": size.nbytes, "why": why})
@@ -319,7 +320,8 @@ def slowest_node(world, one: dict) -> dict:
     dist.all_reduce(facts, op=dist.ReduceOp.MAX)
     seconds, spread, wrong = facts.tolist()
     algbw, busbw = bandwidths(one["collective"], one["bytes"], seconds, one["ranks"])
-    return {**one, "time_s": seconds, "spread_s": spread, "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": not wrong}
+    return {**one, "time_s": seconds, "spread_s": spread, "algbw_gbs": algbw, "busbw_gbs": busbw,
+            "correct": not wrong}
 
 
 def buffers(collective: str, numel: int, piece: int, dtype, device, fill: float):
