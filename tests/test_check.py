@@ -208,6 +208,7 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
     # (its points are left out: wrong results are not points)
     assert_fits(check, min_sizes=4, pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter")
                                            for s in ("intra", "inter")} - {("reduce_scatter", "inter")})
+    assert_calibrates(check, str(work / "runs" / "b" / "check.json"))
     assert found["CAI_DDP_FP16 fp32"]["status"] == "refused"
     # the label after the one that took the ranks down ran in a second launch
     attempts = check["launch"]["attempts"]
@@ -229,6 +230,24 @@ def assert_fits(check: dict, min_sizes: int, pairs: set) -> None:
         line = lines_of(check)[f"{f['collective']} fit {f['scope']}"]
         assert not line["needed"] and line["status"] == ("info" if f["usable"] else "warn"), line
         assert ("not used: " in line["text"]) != f["usable"], line
+
+
+def assert_calibrates(check: dict, path: str) -> None:
+    """vit_scale.planning.predict takes the file as a calibration: its usable fits replace the profile's
+    defaults, each flagged one is named as not used, and a prediction comes out."""
+    from vit_scale.planning import predict
+    from vit_scale.planning.scenario import Scenario
+
+    cal = predict.choose_calibration(path, predict.profile_path("local"), system="local", models=["vit_micro"],
+                                     precisions=["fp32"])
+    assert cal.kind == "check" and cal.source == path
+    for f in check["fits"]:
+        named = f"{f['collective']}/{f['scope']}"
+        assert (f"{named} not used: " in cal.describe()) != f["usable"], cal.describe()
+        assert ((f["collective"], f["scope"]) in cal.network.per_collective) == f["usable"]
+    sc = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=2, gpus_per_node=2, batch_size=8, precision="fp32")
+    step = predict.predict([sc], cal, predict.compute_from_flops(1.0, 0.5), blocking=True)[0]
+    assert step.images_per_s > 0 and step.breakdown.exposed_inter_s > 0
 
 
 def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
@@ -253,15 +272,7 @@ def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
     assert all(m["repeats"] == 3 and m["spread_s"] >= 0 for m in measured)
     assert_fits(check, min_sizes=8, pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter")
                                            for s in ("intra", "inter")})
-    # and the prediction takes the file as its calibration (flagged fits replaced by the profile's defaults)
-    from vit_scale.planning import predict
-
-    path = str(tmp_path / "check" / "check.json")
-    cal = predict.choose_calibration(path, predict.profile_path("local"), system="local", models=["vit_micro"],
-                                     precisions=["fp32"])
-    assert cal.kind == "check" and cal.source == path
-    flagged = [f for f in check["fits"] if not f["usable"]]
-    assert len(cal.notes) >= len(flagged)
+    assert_calibrates(check, str(tmp_path / "check" / "check.json"))
 
 
 # ---------------------------------------------------------------- what needs a GPU, on real check.json
