@@ -534,3 +534,19 @@ def test_fits_of_measurements_keep_a_flagged_fit_flagged():
     assert any(f.startswith("not monotone") for f in fits[("all_reduce", "intra")]["flags"])
     assert not fits[("reduce_scatter", "intra")]["usable"]
     json.dumps(fits_of(clean + backwards + flat), allow_nan=False)
+
+
+def test_the_sweeps_time_budget_extends_the_line_of_what_was_measured():
+    """A latency-bound step (8 B -> 4 KiB) is not expected to cost 512 times the 8 B call; a
+    bandwidth-bound one grows with its bytes; named sizes are never left out for time."""
+    from vit_scale.check.collectives import FULL, Size, expected_seconds, left_out
+
+    small = {"bytes": 8, "time_s": 1e-3}
+    assert expected_seconds([small], 4096) == pytest.approx(1e-3)
+    big = {"bytes": 8 + 10 ** 6, "time_s": 1e-3 + 1e-2}
+    assert expected_seconds([small, big], 8 + 2 * 10 ** 6) == pytest.approx(1e-3 + 2e-2)
+    sweep = Size("sweep", 8 + 10 ** 7, "fp32", "")
+    assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=1.0).startswith("time budget: ")
+    assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=100.0) == ""
+    assert left_out("all_reduce", Size("bucket", 8 + 10 ** 7, "fp32", ""), 2, 0, FULL, [small, big], 0.0) == ""
+    assert left_out("all_reduce", sweep, 2, 4 * 10 ** 7, FULL, [], 100.0).startswith("memory: ")

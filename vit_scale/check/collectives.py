@@ -253,10 +253,10 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict
     for scope, ranks in scopes:
         scope_group = group if scope == "node" else None
         for collective in COLLECTIVES:
-            started, last = time.perf_counter(), None
+            started, done = time.perf_counter(), []
             for size in sizes:
                 left_s = share_s - (time.perf_counter() - started)
-                why = left_out(collective, size, ranks, room, settings, last, left_s)
+                why = left_out(collective, size, ranks, room, settings, done, left_s)
                 if why:
                     skipped.append({"scope": scope, "collective": collective, "size": size.name, "ranks": ranks,
                                     "bytes": size.nbytes, "why": why})
@@ -264,7 +264,7 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict
                 one = measure(world, collective, size, scope_group, ranks, settings)
                 if scope == "node" and nodes > 1:
                     one = slowest_node(world, one)   # every node measured at once; the slowest is reported
-                last = one
+                done.append(one)
                 results.append({"scope": scope, "nodes": 1 if scope == "node" else nodes, **one})
     dist.barrier()
     return results, skipped
@@ -276,23 +276,31 @@ def buffer_bytes(collective: str, size: Size, ranks: int) -> int:
     return 4 * (numel + (0 if collective == "all_reduce" else numel // ranks))
 
 
-def left_out(collective: str, size: Size, ranks: int, room: float, settings: Settings, last: dict | None,
+def left_out(collective: str, size: Size, ranks: int, room: float, settings: Settings, done: list,
              left_s: float) -> str:
     """Why this size is not measured ("" when it is): its buffers would not fit in MEMORY_SHARE of
-    the rank's free memory, or (a sweep size) the last size's time, scaled up to this one's bytes,
-    says it would run past the collective's share of the sweep's time budget. Decided from agreed
-    figures, so every rank decides the same."""
+    the rank's free memory, or (a sweep size) its expected time would run past the collective's
+    share of the sweep's time budget. Decided from agreed figures, so every rank decides the same."""
     need = buffer_bytes(collective, size, ranks)
     if room > 0 and need > MEMORY_SHARE * room:
         return f"memory: {human_bytes(need)} of buffers, more than {MEMORY_SHARE:.0%} of {human_bytes(room)} free"
-    if size.name in NAMED_SIZES or last is None:
+    if size.name in NAMED_SIZES or not done:
         return ""
     calls = settings.warmup + 2 + settings.min_iterations * settings.repeats
-    expected = last["time_s"] * max(1.0, size.nbytes / last["bytes"]) * calls
+    expected = expected_seconds(done, size.nbytes) * calls
     if expected > left_s:
         return (f"time budget: about {human_seconds(expected)} expected, {human_seconds(max(0.0, left_s))} left of "
-                f"this collective's {human_seconds(settings.sweep_budget_s)} / {len(COLLECTIVES)} / scopes")
+                f"this collective's share of {human_seconds(settings.sweep_budget_s)}")
     return ""
+
+
+def expected_seconds(done: list, nbytes: int) -> float:
+    """One call's time at nbytes, on the line through the smallest and the largest size measured so
+    far (a latency-bound size costs about what the smallest did; a bandwidth-bound one grows with its
+    bytes), never less than the largest's time."""
+    small, large = min(done, key=lambda m: m["bytes"]), max(done, key=lambda m: m["bytes"])
+    slope = max(0.0, (large["time_s"] - small["time_s"]) / max(1, large["bytes"] - small["bytes"]))
+    return large["time_s"] + slope * max(0, nbytes - large["bytes"])
 
 
 def free_bytes_per_rank(world) -> float:
