@@ -366,6 +366,7 @@ class Check:
         return found[-1] if found else None
 
     def assemble(self, facts: dict, attempts: list, stamp: str = "") -> dict:
+        from vit_scale.check.collectives import fits_of
         from vit_scale.check.environment import collective_logs, transport_facts
 
         logs = collective_logs(self.out, stamp, [a["log"] for a in attempts])
@@ -382,6 +383,8 @@ class Check:
                        "attempts": attempts},
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
             "facts": facts, "out": self.out,
+            # the alpha-beta line of each collective and scope, from the size sweep (docs/check.md)
+            "fits": fits_of((facts.get("interconnect") or {}).get("measurements") or []),
         }
 
 

@@ -46,9 +46,10 @@ def transport(check: dict) -> str:
 
 
 def bandwidth_rows(check: dict) -> list[dict]:
-    """One row a measurement that is not a latency size: what the figures' communication rides on."""
+    """One row a measurement of a strategy's own size (a Block, DDP's bucket, ZeRO's): what the
+    figures' communication rides on (the sweep's other sizes feed the fits)."""
     found = ((check.get("facts") or {}).get("interconnect") or {}).get("measurements") or []
-    return [m for m in found if m.get("size") != "latency"]
+    return [m for m in found if m.get("size") in ("block", "bucket", "zero_bucket")]
 
 
 def latency_rows(check: dict) -> list[dict]:

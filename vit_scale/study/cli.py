@@ -348,7 +348,7 @@ class StudyRun:
         if rows:
             print("\n".join(summary(rows, "g" if self.one_machine else "n")))
         print(f"  run records: {self.study_dir}")
-        from vit_scale.check.summary import headline, read_check
+        from vit_scale.record.check_file import headline, read_check
 
         check = read_check(self.study_dir)
         if check:
