@@ -340,7 +340,7 @@ def test_predicted_figure_draws_the_median_with_its_interval(tmp_path):
     assert list(solid.get_ydata()) == pytest.approx(list(ok["ips_point_median"]))  # not the means
     verts = next(p for p in ax.patches if to_hex(p.get_edgecolor()) == to_hex(solid.get_color())).get_path().vertices
     drawn = [y for i in range(0, len(verts), 6) for y in (float(verts[i][1]), float(verts[i + 1][1]))]
-    assert drawn == pytest.approx([y for pair in zip(ok["ips_ci_low"], ok["ips_ci_high"]) for y in pair])
+    assert drawn == pytest.approx([y for pair in zip(ok["ips_ci_low"], ok["ips_ci_high"], strict=True) for y in pair])
     assert plot.extra["errorbars"] == {"vit_base": 2}
     assert "each point's median (solid; error bars: the 95% CI of the median: batch medians within one run" \
         in plot.caption
