@@ -169,7 +169,7 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
     for model in model_order(runs):
         t = tbl.scaling_table(runs, model)
         xname = tbl.x_axis(runs[runs["model"] == model])[1]
-        blocks.append(Block("h3", f"{model}: images/s (scaling efficiency) by {xname}"))
+        blocks.append(Block("h3", f"{model}: median images/s (scaling efficiency) by {xname}"))
         blocks.append(Block("table", header=["strategy"] + [str(c) for c in t.columns],
                             rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())]))
     for name, heading, what in (("memory", "Peak memory per device", "memory"),
@@ -525,12 +525,13 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
     median = f" Median |error| over {len(compared)} measured point(s): {compared['error'].abs().median():.1%}." \
         if not compared.empty else ""
     used = "; ".join(predicted.calibrations) or "none"
-    blocks.append(Block("p", f"Each point's images/s against what vit_scale.planning.predict gives for the same model, "
+    blocks.append(Block("p", f"Each point's median images/s (over its runs, as in the best-run table and the figures) "
+                             f"against what vit_scale.planning.predict gives for the same model, "
                              f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions: "
                              f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
-                             f"1-node run less the exposed communication the model predicts for it), collectives from "
-                             f"the calibration. "
-                             f"Calibration used: {used}. Error: measured / predicted - 1.{median}"))
+                             f"1-node step at its median images/s less the exposed communication the model predicts "
+                             f"for it), collectives from the calibration. "
+                             f"Calibration used: {used}. Error: measured median / predicted - 1.{median}"))
     plot = plots_by_name.get("weak_scaling_predicted")
     if plot is not None:
         # Named, not inlined, as the memory prediction's: the report inlines the measured scaling figures
