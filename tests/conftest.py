@@ -29,10 +29,10 @@ KINDS = {
              "test_trainer_bad_input"],
     "multirank": ["test_analysis_contract", "test_capabilities", "test_colossalai", "test_compile", "test_deepspeed",
                   "test_finetune", "test_fsdp_fp16", "test_jobs", "test_lora", "test_meta_init", "test_plan_tensors",
-                  "test_predicted_bytes", "test_profiling", "test_study", "test_tracking", "test_trainer_equivalence",
-                  "test_trainer_failures"],
-    "cluster": ["test_check", "test_env_lmod", "test_jobs_slurm", "test_launchers", "test_shellcheck",
-                "test_study_lock"],
+                  "test_predicted_bytes", "test_profiling", "test_study", "test_study_orphans", "test_tracking",
+                  "test_trainer_equivalence", "test_trainer_failures"],
+    "cluster": ["test_check", "test_check_time", "test_env_lmod", "test_jobs_slurm", "test_launchers",
+                "test_shellcheck", "test_study_lock"],
 }
 
 

@@ -24,7 +24,8 @@ from vit_scale.cluster.systems import study_file
 from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
-from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
+from vit_scale.study.ledger import (Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary,
+                                    unattended)
 from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan
 from vit_scale.study.preflight import check_first
@@ -227,9 +228,13 @@ class StudyRun:
             parent = os.path.join(self.study_dir, run.model, run.strategy, f"n{run.nodes}")
             kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
             earlier = None if self.force else find_ok(parent, run.settings)
+            if earlier and unattended(earlier, ledger, logs):
+                print(f"{label}: {earlier} says ok, but it has no ledger row: its study was killed before the run "
+                      f"ended, which then ran unattended; running it again", flush=True)
+                earlier = None
             if earlier:
                 print(f"{label} ... ok earlier, skipped (--force runs it again): {earlier}", flush=True)
-                if not self.dry_run:
+                if not self.dry_run and not ledger.has_run(earlier):
                     ledger.add(model=run.model, strategy=run.strategy, variant=run.variant, nodes=run.nodes,
                                ranks=run.ranks, launcher=kind, status="ok", images_per_s=run_result(earlier)[1],
                                seconds=0, run_dir=earlier)
