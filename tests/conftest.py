@@ -31,7 +31,7 @@ KINDS = {
                   "test_finetune", "test_fsdp_fp16", "test_jobs", "test_lora", "test_meta_init", "test_plan_tensors",
                   "test_predicted_bytes", "test_profiling", "test_study", "test_study_orphans", "test_tracking",
                   "test_trainer_equivalence", "test_trainer_failures"],
-    "cluster": ["test_check", "test_check_time", "test_env_lmod", "test_jobs_slurm", "test_launchers",
+    "cluster": ["test_check", "test_check_allocations", "test_env_lmod", "test_jobs_slurm", "test_launchers",
                 "test_shellcheck", "test_study_lock"],
 }
 

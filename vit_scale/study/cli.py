@@ -75,7 +75,8 @@ Where and how:
   --dry-run                print the runs and their launch commands; run nothing
   --analysis-only          only the analysis and the summary of what OUT/STUDY holds
   --check                  first `vit-scale check --quick` on the study's nodes, strategies and precisions
-                           (OUT/STUDY/check.json); no run starts when a needed line fails
+                           (OUT/STUDY/check-nN.json for N nodes, the latest also OUT/STUDY/check.json); no run
+                           starts when a needed line fails
   --no-analysis            skip the analysis at the end
   -h, --help               this text
 Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input."""
@@ -352,10 +353,15 @@ class StudyRun:
             print("\n".join(summary(rows, "g" if self.one_machine else "n")))
         print(f"  run records: {self.study_dir}")
         from vit_scale.check.summary import headline, read_check
+        from vit_scale.study.preflight import checks_of
 
-        check = read_check(self.study_dir)
-        if check:
-            print(f"  check:       {headline(check)}")
+        # each node count's check (a sweep's jobs share the directory); a job: its own node count's
+        checks = checks_of(self.study_dir)
+        mine = [(n, c) for n, c in checks if n == max(p.nodes or [0])] if not self.analysis_only else checks
+        if not checks and read_check(self.study_dir):   # a directory from before checks were kept per node count
+            mine = [(0, read_check(self.study_dir))]
+        for nodes, check in mine:
+            print(f"  check:       {f'n{nodes}: ' if len(checks) > 1 else ''}{headline(check)}")
         report_ok = True
         if "--no-analysis" not in self.opts.flags and not interrupted:
             report_ok = self.analysis()
