@@ -58,8 +58,8 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
     # the default limit: the job's 3 minutes left, less the margin; the check stops itself and says so
     job = jobs[derived]
     output = (derived / f"vit-check-{job}.out").read_text()
-    assert re.search(rf"  time limit: 1\.[89] min \(job {job} has [23]\.\d+ min left, less a 1\.0 min margin to stop the "
-                     rf"ranks and write check\.json\)", output), output
+    assert re.search(rf"  time limit: 1\.[89] min \(job {job} has [23]\.\d+ min left, less a 1\.0 min margin to "
+                     rf"stop the ranks and write check\.json\)", output), output
     info = slurm_cluster.job(job)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, output)
     found = lines_of(derived / "check" / "check.json")
@@ -84,8 +84,8 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
 
 def test_sweep_with_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_cluster, tmp_path):  # noqa: F811
     proc = subprocess.run([SUBMIT_SWEEP, "--system", "local", "--models", "vit_micro", "--strategies", "DDP",
-                           "--nodes", "1,2", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2", "--study", "sw",
-                           "--out", "runs", "--logs", "logs", "--check"], cwd=tmp_path, env=slurm_cluster.env(),
+                           "--nodes", "1,2", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
+                           "--study", "sw", "--out", "runs", "--logs", "logs", "--check"], cwd=tmp_path, env=slurm_cluster.env(),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     n1, n2, analysis = proc.stdout.split()
