@@ -67,7 +67,8 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
                           in a Slurm job at most the job's time left less a margin, so that check.json
                           is written before Slurm ends the job)
   -h, --help              this text
-Exit code: 0 every needed line holds, 1 something is broken, 2 bad input."""
+Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped by a signal
+(check.json written all the same, what was not finished as timeout lines)."""
 
 
 def usage() -> str:
