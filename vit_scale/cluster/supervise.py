@@ -104,7 +104,10 @@ class Supervisor:
                 if self.interrupted or over_time or (failed_at is not None and now - failed_at > self.grace_s):
                     timed_out = over_time and not self.interrupted
                     if self.interrupted and on_signal is not None:
-                        on_signal()
+                        try:
+                            on_signal()
+                        except Exception as exc:   # the run must be stopped all the same
+                            print(f"vit-scale: while stopping: {type(exc).__name__}: {exc}", file=sys.stderr)
                     stop_at = now
                     self._stop(alive, signal.SIGTERM)
             elif not killed and now - stop_at > STOP_GRACE_S:
