@@ -85,8 +85,8 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
 def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_cluster, tmp_path):  # noqa: F811
     proc = subprocess.run([SUBMIT_SWEEP, "--system", "local", "--models", "vit_micro", "--strategies", "DDP",
                            "--nodes", "1,2", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
-                           "--study", "sw", "--out", "runs", "--logs", "logs", "--check"], cwd=tmp_path, env=slurm_cluster.env(),
-                          capture_output=True, text=True, timeout=120)
+                           "--study", "sw", "--out", "runs", "--logs", "logs", "--check"], cwd=tmp_path,
+                          env=slurm_cluster.env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     n1, n2, analysis = proc.stdout.split()
     slurm_cluster.wait([n1, n2, analysis], timeout=900)

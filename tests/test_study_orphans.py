@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-from conftest import ROOT
 from jobs_support import job_env, python_injecting
 
 STUDY = ["--system", "local", "--models", "vit_micro", "--strategies", "FULL_SHARD,DDP", "--nodes", "2",
@@ -54,7 +53,7 @@ def stepped(study_dir, strategy: str) -> bool:
 def ledger_rows(study_dir) -> list:
     lines = (study_dir / "study_runs.tsv").read_text().splitlines()
     header = lines[0].split("\t")
-    return [dict(zip(header, line.split("\t"))) for line in lines[1:]]
+    return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
 
 
 def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns_them(tmp_path):
