@@ -128,6 +128,7 @@ class Check:
         # the interpreter running the check (the env script's, in a job), unless told otherwise as the study is
         self.python = os.environ.get("VIT_SCALE_PYTHON") or sys.executable
         self.use_slurm = self.in_slurm
+        self.progress: dict = {}   # the launches so far, for check.json when a signal stops the check
         self.kind = launchers.launch_kind(self.launcher, self.use_slurm, self.one_machine,
                                           self.nodes * self.ranks_per_node)
 
@@ -252,7 +253,6 @@ class Check:
             except OSError as exc:
                 raise UserError(f"--out: cannot create {os.path.join(self.out, sub)}: {exc.strerror}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
-        self.progress = {"facts": {"strategies": []}, "attempts": [], "stamp": stamp, "written": False}
         facts, attempts = self.launch_until_done(supervisor, stamp)
         if supervisor.interrupted:
             # what the last write from the signal's moment had, and what the launch added since
@@ -279,8 +279,8 @@ class Check:
         written, every part and label not finished a timeout line. Exit code 143 all the same."""
         from vit_scale.check import verdict
 
-        p = getattr(self, "progress", None)
-        if p is None:
+        p = self.progress
+        if not p:
             return
         facts, attempts = copy.deepcopy(p["facts"]), list(p["attempts"])
         why = "stopped by a signal (Slurm's at the allocation's end, or a user's)"
@@ -320,9 +320,7 @@ class Check:
         get a launch of their own."""
         facts: dict = {"strategies": []}
         attempts: list = []
-        if not hasattr(self, "progress"):
-            self.progress = {"stamp": stamp, "written": False}
-        self.progress.update(facts=facts, attempts=attempts, current=None)
+        self.progress = {"stamp": stamp, "facts": facts, "attempts": attempts, "current": None, "written": False}
         remaining = [(a["label"], a["precision"]) for a in self.labels]
         parts = list(PARTS)
         deadline = time.monotonic() + self.time_limit_min * 60   # one limit for every launch together
@@ -416,12 +414,10 @@ class Check:
         what = ("every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
                 if parts == ["strategies"] else f"{', '.join(parts)} (without the meter)")
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)
-        if hasattr(self, "progress"):
-            self.progress["current"] = {"result": result, "log": log, "attempt": attempt, "parts": parts,
-                                        "labels": labels, "started": time.time()}
+        self.progress["current"] = {"result": result, "log": log, "attempt": attempt, "parts": parts,
+                                    "labels": labels, "started": time.time()}
         outcome = supervisor.run(launch, log, left_s, on_signal=self.write_stopped)
-        if hasattr(self, "progress"):
-            self.progress["current"] = None
+        self.progress["current"] = None
         print(f"exit {outcome.code} ({outcome.seconds:.0f} s)", flush=True)
         try:
             with open(result) as f:
