@@ -178,7 +178,7 @@ class Check:
             return {}
 
     def _precisions(self, given, study: dict) -> list:
-        from vit_scale.config import PRECISIONS
+        from vit_scale.distributed import PRECISIONS
 
         value = given if given is not None else study.get("precision", "fp32")
         if isinstance(value, dict):   # a study file's per-strategy table: its values
@@ -280,6 +280,7 @@ class Check:
 
         p = self.progress
         if not p:
+            print(f"{self.prog}: stopped by a signal before any launch; check.json not written", file=sys.stderr)
             return
         facts, attempts = copy.deepcopy(p["facts"]), list(p["attempts"])
         why = "stopped by a signal (Slurm's at the allocation's end, or a user's)"

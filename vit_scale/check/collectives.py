@@ -102,7 +102,7 @@ def block_bytes(model: str, precision: str) -> int:
 def zero_bucket_bytes(model: str, precision: str) -> int:
     """ZeRO's largest message: DeepSpeed's reduce / all-gather bucket (elements, the trainer's
     defaults), at most the whole model's parameters, in the run's precision."""
-    from vit_scale.config import DeepSpeedConfig
+    from vit_scale.distributed.deepspeed import DeepSpeedConfig
     from vit_scale.models import get_spec
     from vit_scale.planning.shapes import Shape
 

@@ -111,8 +111,8 @@ CHECK_SCHEMA = {
     "title": "check.json of vit-scale check",
     "type": "object",
     "required": ["schema", "tool", "time_iso", "system", "backend", "nodes", "ranks_per_node", "precisions", "model",
-                 "quick", "labels", "expected_transport", "slurm", "launch", "transport", "facts", "fits", "lines",
-                 "ok", "exit_code"],
+                 "quick", "labels", "expected_transport", "slurm", "launch", "transport", "facts", "lines", "ok",
+                 "exit_code"],
     "properties": {
         "schema": {"const": 1},
         "tool": {"type": "string"},

@@ -24,6 +24,7 @@ from vit_scale.cluster.systems import study_file
 from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
+from vit_scale.record.check_file import checks_of, headline, read_check
 from vit_scale.study.forecast import forecast
 from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary, unattended
 from vit_scale.study.lock import StudyLock
@@ -353,13 +354,12 @@ class StudyRun:
         if rows:
             print("\n".join(summary(rows, "g" if self.one_machine else "n")))
         print(f"  run records: {self.study_dir}")
-        from vit_scale.record.check_file import checks_of, headline, read_check
-
         # each node count's check (a sweep's jobs share the directory); a job: its own node count's
         checks = checks_of(self.study_dir)
         mine = [(n, c) for n, c in checks if n == max(p.nodes or [0])] if not self.analysis_only else checks
-        if not checks and read_check(self.study_dir):   # a directory from before checks were kept per node count
-            mine = [(0, read_check(self.study_dir))]
+        earlier = read_check(self.study_dir) if not checks else None
+        if earlier:   # a directory from before checks were kept per node count
+            mine = [(0, earlier)]
         for nodes, check in mine:
             print(f"  check:       {f'n{nodes}: ' if len(checks) > 1 else ''}{headline(check)}")
         report_ok = True
