@@ -13,13 +13,13 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import pandas as pd
 
+from vit_scale.record.reader import Collection
+
 from . import stats
 from . import table as tbl
-from vit_scale.record.reader import Collection
 
 
 @dataclass
@@ -228,7 +228,7 @@ def _plugin_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> 
     return blocks
 
 
-def _breakdown_section(breakdown: Optional[pd.DataFrame], plots_by_name: dict, images: set) -> list:
+def _breakdown_section(breakdown: pd.DataFrame | None, plots_by_name: dict, images: set) -> list:
     """Where the time goes: from the profiler traces of runs with profile.enabled."""
     from . import traces
 
@@ -318,7 +318,7 @@ def _cpu_text(df: pd.DataFrame) -> str:
     return text
 
 
-def emulation_note(results: pd.DataFrame) -> Optional[str]:
+def emulation_note(results: pd.DataFrame) -> str | None:
     """What the images/s of runs that did not have real nodes (or any GPU) can and cannot say.
 
     Emulated nodes: several "nodes" in one run whose host names are the process groups
@@ -570,7 +570,7 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
 
 
 def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plots: list, missing_plots: list,
-          written: list, breakdown: Optional[pd.DataFrame] = None,
+          written: list, breakdown: pd.DataFrame | None = None,
           predicted=None) -> list:
     by_name = {p.name: p for p in plots}
     images = {os.path.basename(p) for p in written if p.endswith(".png")}

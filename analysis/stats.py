@@ -46,9 +46,9 @@ from the two intervals on the log scale, each side's relative half-widths added 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Optional, Sequence
+from functools import cache
 
 import numpy as np
 
@@ -82,11 +82,11 @@ class Estimate:
 class Comparison:
     """The faster of two points against the slower, by non-overlap of their intervals."""
     margin: float                 # faster median / slower median - 1
-    separated: Optional[bool]     # None when either interval is missing
+    separated: bool | None     # None when either interval is missing
     single_run: bool              # a side rests on one run: the verdict holds within those runs only
 
     @property
-    def within_noise(self) -> Optional[bool]:
+    def within_noise(self) -> bool | None:
         return None if self.separated is None else not self.separated
 
 
@@ -118,7 +118,7 @@ def _t_two_sided(t: float, df: int) -> float:
     return 2 / math.pi * (theta + s * math.cos(theta) * total)
 
 
-@lru_cache(maxsize=None)
+@cache
 def t_quantile(level: float, df: int) -> float:
     """t such that P(|T| <= t) = level: the multiplier of a two-sided interval (bisection)."""
     if df < 1:
@@ -171,7 +171,7 @@ def batch_count(n: int) -> int:
     return n // max(2, math.isqrt(n))
 
 
-def batch_medians_interval(steps, center: Optional[float] = None, level: float = LEVEL) -> tuple[float, float, int]:
+def batch_medians_interval(steps, center: float | None = None, level: float = LEVEL) -> tuple[float, float, int]:
     """(low, high, batches): the interval of one run's median from the medians of contiguous batches.
 
     `steps` in the order they ran (the batches must be contiguous for their independence to hold);

@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import zlib
-from typing import Optional
 
 import numpy as np
 import yaml
@@ -61,15 +60,15 @@ def default_options(label: str) -> dict:
 
 
 def write_run(root: str, *, study: str = "study", model: str = "vit_base", strategy: str = "DDP", nodes: int = 1,
-              ranks_per_node: int = 8, batch: int = 32, ips: Optional[float] = 100.0, status: str = "ok",
-              options: Optional[dict] = None, steps: int = 30, warmup: int = 5, time: float = 1.7e9,
-              run_id: Optional[str] = None, memory_gib: Optional[float] = 10.0, device: str = "rocm",
-              device_memory_gib: Optional[float] = 64.0, peak_tflops: Optional[float] = 191.5,
-              error: Optional[str] = None, end: bool = True, steps_logged: Optional[int] = None,
-              replicas_agree: Optional[bool] = True, job_id: Optional[str] = "1234", schema: int = 1,
-              params: Optional[float] = None, flops_per_image: Optional[float] = None,
-              predicted_gib: Optional[float] = None, spread: float = 0.02,
-              step_ips: Optional[list] = None) -> str:
+              ranks_per_node: int = 8, batch: int = 32, ips: float | None = 100.0, status: str = "ok",
+              options: dict | None = None, steps: int = 30, warmup: int = 5, time: float = 1.7e9,
+              run_id: str | None = None, memory_gib: float | None = 10.0, device: str = "rocm",
+              device_memory_gib: float | None = 64.0, peak_tflops: float | None = 191.5,
+              error: str | None = None, end: bool = True, steps_logged: int | None = None,
+              replicas_agree: bool | None = True, job_id: str | None = "1234", schema: int = 1,
+              params: float | None = None, flops_per_image: float | None = None,
+              predicted_gib: float | None = None, spread: float = 0.02,
+              step_ips: list | None = None) -> str:
     """One run directory; returns the path of its metrics.jsonl.
 
     status other than ok gives an end record with that status (ips still written if given,
@@ -168,7 +167,7 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     return path
 
 
-def _timed_ips(ips: Optional[float], n: int, spread: float, seed_text: str) -> list:
+def _timed_ips(ips: float | None, n: int, spread: float, seed_text: str) -> list:
     """n per-step figures around ips with a relative standard deviation `spread`, their median and
     mean exactly ips: seeded normal draws in the order drawn, centred on their median (the middle
     one or two set to it), the values above it scaled so that the mean matches too."""

@@ -182,7 +182,7 @@ def run_breakdowns(run) -> list[dict]:
     return rows
 
 
-def table(runs) -> "pd.DataFrame":
+def table(runs) -> pd.DataFrame:
     """time_breakdown.csv: one row per traced rank of every run that finished ok."""
     import pandas as pd
 
@@ -190,13 +190,13 @@ def table(runs) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def per_run(df: "pd.DataFrame") -> "pd.DataFrame":
+def per_run(df: pd.DataFrame) -> pd.DataFrame:
     """Mean over the traced ranks of each run (the figure's bars, the report's line)."""
     keys = ["study", "model", "strategy", "nodes", "world_size", "run_dir"]
     return df.groupby(keys, as_index=False, sort=False)[list(PARTS)].mean()
 
 
-def most_exposed(df: "pd.DataFrame") -> str | None:
+def most_exposed(df: pd.DataFrame) -> str | None:
     """The report's line: the strategy with the most exposed communication at the largest node count."""
     if df.empty:
         return None

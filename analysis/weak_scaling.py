@@ -19,12 +19,14 @@ if __package__ in (None, ""):
     # package imports below resolve and no module here shadows one of the same name elsewhere.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from analysis import figures  # noqa: E402
-from analysis import prediction  # noqa: E402
-from analysis import report  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
-from analysis import table as tbl  # noqa: E402
-from analysis import traces  # noqa: E402
+from analysis import (
+    figures,
+    prediction,
+    report,
+    traces,
+)
+from analysis import table as tbl
+from vit_scale.record import reader as records
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_SCHEMA = 0, 1, 2, 3
 FORMATS = ("png", "pdf", "svg")

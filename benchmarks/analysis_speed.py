@@ -27,8 +27,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from analysis import table  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import MODELS, write_run  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 
 BAR_SECONDS = 10.0
 STRATEGIES = ("DDP", "NO_SHARD", "HYBRID_1GPU", "HYBRID_2GPU", "HYBRID_8GPU", "SHARD_GRAD_OP", "FULL_SHARD",

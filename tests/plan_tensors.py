@@ -18,13 +18,13 @@ import torch.distributed as dist
 from torch.optim.optimizer import _foreach_supported_types
 
 from vit_scale.config import load_config
-from vit_scale.recipes.synthetic import SyntheticBatches
 from vit_scale.distributed import parse_strategy, strategy_class
 from vit_scale.distributed.base import ModelFactory
 from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
 from vit_scale.planning import layout
 from vit_scale.planning import memory as plan_memory
+from vit_scale.recipes.synthetic import SyntheticBatches
 
 FAST = ["model=vit_micro", "train.batch_size=2", "train.precision=bf16", "train.steps=2", "train.warmup_steps=1"]
 

@@ -9,13 +9,13 @@ import json
 import os
 import sys
 
-from vit_scale.recipes import finetune, train
-from vit_scale.run import session
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.distributed.fsdp import FSDPStrategy
 from vit_scale.errors import UserError
 from vit_scale.launch.world import choose_device, detect_world, leave
+from vit_scale.recipes import finetune, train
+from vit_scale.run import session
 
 
 class FSDP1WithOneRankShardGroups(FSDPStrategy):

@@ -4,8 +4,8 @@ import math
 import os
 
 import pytest
-from conftest import ROOT
 
+from conftest import ROOT
 from vit_scale.planning.alpha_beta import (
     Link,
     Network,

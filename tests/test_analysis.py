@@ -20,9 +20,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from analysis import figures, report, table  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import default_options, write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 
 CAPACITY = 64.0
 

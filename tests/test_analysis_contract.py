@@ -21,10 +21,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from analysis import table  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
 from conftest import require_module  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 
 KEYS = ["model=vit_micro", "train.steps=6", "train.warmup_steps=2", "train.batch_size=4", "output.study=contract"]
 

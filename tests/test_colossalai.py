@@ -4,8 +4,7 @@ before any work on a CPU; a missing colossalai names the install command."""
 
 import pytest
 
-from conftest import (FAST, assert_same_losses, env_without, load_runs, losses, require_package, run_many,
-                      start_train)
+from conftest import FAST, assert_same_losses, env_without, load_runs, losses, require_package, run_many, start_train
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,17 @@ import os
 
 import pytest
 
-from conftest import (FAST, assert_same_losses, by_study, env_without, load_runs, losses, require_package, run_many,
-                      start_train)
+from conftest import (
+    FAST,
+    assert_same_losses,
+    by_study,
+    env_without,
+    load_runs,
+    losses,
+    require_package,
+    run_many,
+    start_train,
+)
 
 
 def _run_dir(records, out_dir):

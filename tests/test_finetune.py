@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import time
 
-
 import pytest
 
 from conftest import PYTHON, ROOT, require_module, require_package, torchrun

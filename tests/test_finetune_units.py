@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from conftest import init_one_rank_group
-from vit_scale.recipes import checkpoint as ckpt
-from vit_scale.recipes import datasets
 from vit_scale.config import DataConfig, load_config
 from vit_scale.errors import UserError
+from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.recipes import datasets
 from vit_scale.recipes.finetune import learning_rate
 
 
@@ -224,9 +224,9 @@ def _vit_micro(num_classes, seed=0, img_size=32):
 
 @pytest.mark.parametrize("fmt", ["pth", "safetensors"])
 def test_pretrained_file_loads_and_the_head_is_replaced(tmp_path, fmt):
-    from vit_scale.recipes import pretrained
     from vit_scale.distributed.base import ModelFactory
     from vit_scale.models import get_spec
+    from vit_scale.recipes import pretrained
 
     source = _vit_micro(5, seed=1)
     saved = {k: v.clone() for k, v in source.state_dict().items()}
@@ -268,8 +268,8 @@ def test_pretrained_at_another_image_size_has_its_position_embedding_resampled(t
     ("other_model", ["finetune.pretrained", "does not fit", "of another shape"]),
 ])
 def test_unusable_pretrained_files_are_one_line_errors(tmp_path, case, words):
-    from vit_scale.recipes import pretrained
     from vit_scale.models import build_model, get_spec
+    from vit_scale.recipes import pretrained
 
     path = tmp_path / "w.pth"
     if case == "garbage":

@@ -17,7 +17,6 @@ import stat
 import pytest
 
 from conftest import require_module, require_package
-
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.errors import UserError
@@ -96,6 +95,7 @@ def test_zeropp_check_refuses_qgz_with_one_gpu_per_rank(monkeypatch):
     """torch.cuda.device_count() is replaced: there is no GPU here."""
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")  # check() ends by importing it
     import torch
+
     from vit_scale.distributed.deepspeed import DeepSpeedStrategy, qgz_refusal
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -198,6 +198,7 @@ def test_prepare_stops_before_building_on_a_major_mismatch(tmp_path, monkeypatch
     """A CUDA 13 torch (torch.version.cuda replaced: this torch is a CPU build) with the site's CUDA
     12.4 module loaded (a fake nvcc first on PATH)."""
     import torch
+
     from vit_scale.study import prepare
 
     home = _fake_toolkit(tmp_path, "12.4")

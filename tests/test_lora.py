@@ -199,10 +199,9 @@ def test_lora_settings_that_cannot_work_are_one_line_errors(overrides, words):
 def test_a_lora_checkpoint_is_not_resumed_without_the_adapters(lora_runs):
     """The check every rank makes before resuming (recipes/checkpoint.verify), against a run that
     has the same model, strategy and data but no finetune.lora."""
+    from vit_scale.config import load_config
     from vit_scale.errors import UserError
     from vit_scale.recipes import checkpoint as ckpt
-
-    from vit_scale.config import load_config
     from vit_scale.recipes.finetune import _checkpoint_facts
 
     records = read_run(lora_runs["out"], "lora")

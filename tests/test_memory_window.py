@@ -8,8 +8,8 @@ import torch.distributed as dist
 
 from conftest import init_one_rank_group
 from vit_scale.run.ending import memory_summary
-from vit_scale.run.meter import EventTimedMeter
 from vit_scale.run.memory import GIB
+from vit_scale.run.meter import EventTimedMeter
 
 
 class Recorder:

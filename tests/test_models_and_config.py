@@ -54,8 +54,8 @@ def test_yaml_then_overrides_and_the_resolved_config_round_trips(tmp_path):
 def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
     import dataclasses
 
-    from vit_scale.recipes import finetune, train
     from vit_scale.config import BENCHMARK_SECTIONS, Config
+    from vit_scale.recipes import finetune, train
 
     every_section = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(Config(), f.name))]
     for module, sections in ((train, BENCHMARK_SECTIONS), (finetune, every_section)):

@@ -6,8 +6,8 @@ import os
 import pytest
 
 from conftest import ROOT
-from vit_scale.run.peaks import math_precision, peak_tflops
 from vit_scale.cluster import systems
+from vit_scale.run.peaks import math_precision, peak_tflops
 from vit_scale.study.plan import make_plan
 
 

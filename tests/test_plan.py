@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
-from vit_scale.planning import cli as plan
 from vit_scale.config import load_config
 from vit_scale.models import MODELS, count_params, get_spec
 from vit_scale.planning import Scenario, plan_row, predict_for_run
+from vit_scale.planning import cli as plan
 from vit_scale.planning.cli import _parser, build_rows
 from vit_scale.planning.shapes import Shape
 

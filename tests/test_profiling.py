@@ -12,7 +12,7 @@ import pandas as pd
 from conftest import ROOT, load_runs, run_many
 
 sys.path.insert(0, ROOT)
-from analysis import traces  # noqa: E402
+from analysis import traces
 
 STEPS = ["train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "model=vit_micro"]
 

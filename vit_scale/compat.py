@@ -27,5 +27,5 @@ def ensure_torchvision_importable() -> None:
             lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
             # keep the library object alive: dropping it unregisters the schemas
-            setattr(sys.modules[__name__], "_torchvision_stub_lib", lib)
+            sys.modules[__name__]._torchvision_stub_lib = lib
     _done = True

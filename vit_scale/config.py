@@ -14,13 +14,27 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from vit_scale.distributed import Precision, allowed_text, family_options, parse_strategy
 from vit_scale.errors import UserError
 from vit_scale.models import BLOCK_LINEARS, MODELS, get_spec, parse_block_linears
-from vit_scale.options import (AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, Rule, check_keys,
-                               check_sections, choices, description, is_section, option, optional_inner, rules)
+from vit_scale.options import (
+    AT_LEAST_1,
+    BELOW_1,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    Rule,
+    check_keys,
+    check_sections,
+    choices,
+    description,
+    is_section,
+    option,
+    optional_inner,
+    rules,
+)
 
 
 def _is_name(text: str) -> bool:
@@ -81,7 +95,7 @@ class SystemConfig:
     launcher: Literal["auto", "torchrun", "srun", "mpi", "single"] = option(
         "auto", "where rank and world size come from; auto detects it")
     device: Literal["auto", "cuda", "cpu"] = option("auto", "auto = the GPU when there is one (cuda also means ROCm)")
-    peak_tflops: Optional[float] = option(None, "per device, overrides the built-in table for MFU", POSITIVE)
+    peak_tflops: float | None = option(None, "per device, overrides the built-in table for MFU", POSITIVE)
     collective_timeout_s: int = option(300, "a dead or stuck rank ends the job after this", AT_LEAST_1)
     ranks_per_node: int = option(0, "0 = from the launcher (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE)", NON_NEGATIVE)
 
@@ -89,7 +103,7 @@ class SystemConfig:
 @dataclass
 class PlanConfig:
     skip_if_not_fits: bool = option(False, "record the run as skipped instead of running into OOM")
-    device_memory_gib: Optional[float] = option(None, "", POSITIVE)
+    device_memory_gib: float | None = option(None, "", POSITIVE)
 
 
 @dataclass
@@ -304,7 +318,7 @@ def _apply(cfg: Config, key: str, raw: Any) -> None:
         obj = getattr(obj, part)
 
 
-def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file, then key=value overrides; then validate."""
     import yaml
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from vit_scale.errors import UserError
 
@@ -95,14 +95,14 @@ def block_class():
     return Block
 
 
-@lru_cache(maxsize=None)
+@cache
 def count_params(name: str, num_classes: int = 1000) -> int:
     """The true parameter count, from a module built on the meta device (no memory)."""
     model = build_model(get_spec(name), num_classes, device="meta")
     return sum(p.numel() for p in model.parameters())
 
 
-@lru_cache(maxsize=None)
+@cache
 def flops_per_image(name: str, num_classes: int = 1000) -> int:
     """Forward + backward FLOPs for one image, counted by torch.utils.flop_counter on meta tensors.
 

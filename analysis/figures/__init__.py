@@ -40,9 +40,9 @@ FIGURES: tuple = (
 )
 
 
-def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Optional[int] = None,
-              width: float = COLUMN_WIDTH, breakdown: Optional[pd.DataFrame] = None,
-              predictions: Optional[pd.DataFrame] = None) -> tuple:
+def all_plots(df: pd.DataFrame, grid_model: str | None = None, grid_nodes: int | None = None,
+              width: float = COLUMN_WIDTH, breakdown: pd.DataFrame | None = None,
+              predictions: pd.DataFrame | None = None) -> tuple:
     """(plots, missing): every figure the tables support, and a line for each one they do not,
     saying why. breakdown: time_breakdown.csv's rows, when some run was profiled; predictions:
     prediction.csv's rows."""

@@ -4,8 +4,6 @@ figure, the images/s a point is drawn at and the words for its error bar. Pandas
 here draws."""
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 
@@ -93,7 +91,7 @@ def single_point_lines(df: pd.DataFrame) -> list:
     return out
 
 
-def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> Optional[str]:
+def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> str | None:
     """None when some line has two or more usable points of `value`; else why a scaling figure
     would have nothing to say."""
     if df.empty:

@@ -2,8 +2,8 @@
 one report shares."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import pandas as pd
 
@@ -15,10 +15,10 @@ class Inputs:
     colors: dict                 # series -> colour, shared by every figure
     markers: dict                # series -> marker
     width: float                 # inches the figures are drawn (and printed) at
-    grid_model: Optional[str] = None
-    grid_nodes: Optional[int] = None
-    breakdown: Optional[pd.DataFrame] = None   # time_breakdown.csv's rows, when runs were profiled
-    predictions: Optional[pd.DataFrame] = None  # prediction.csv's rows (analysis/prediction.py)
+    grid_model: str | None = None
+    grid_nodes: int | None = None
+    breakdown: pd.DataFrame | None = None   # time_breakdown.csv's rows, when runs were profiled
+    predictions: pd.DataFrame | None = None  # prediction.csv's rows (analysis/prediction.py)
 
 
 @dataclass(frozen=True)
@@ -28,4 +28,4 @@ class FigureSpec:
     figure only some studies ask for)."""
     name: str
     draw: Callable[[Inputs], object]
-    why_not: Callable[[Inputs], Optional[str]]
+    why_not: Callable[[Inputs], str | None]

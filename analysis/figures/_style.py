@@ -8,7 +8,6 @@ would print its text at a third of its size.
 from __future__ import annotations
 
 import colorsys
-from typing import Optional
 
 import pandas as pd
 from matplotlib.colors import to_hex, to_rgb
@@ -84,7 +83,7 @@ class SeriesStyle(dict):
     entry, so a figure per strategy matches the figures per series. `get` ignores its default for
     the same reason."""
 
-    def __init__(self, palette: list, aliases: Optional[dict] = None):
+    def __init__(self, palette: list, aliases: dict | None = None):
         super().__init__()
         self._palette = palette
         self._aliases = dict(aliases or {})
@@ -100,7 +99,7 @@ class SeriesStyle(dict):
         self[key] = value
         return value
 
-    def get(self, key, default=None):  # noqa: ARG002 - a default would bring back the black fallback
+    def get(self, key, default=None):
         return self[key]
 
 
@@ -120,7 +119,7 @@ def _style_map(df: pd.DataFrame, palette: list) -> SeriesStyle:
     scaling = set(scaling_runs(df)["series"])
     for r in ordered:
         if r.series in scaling:
-            out[r.series]  # noqa: B018 - assigns the next entry
+            out[r.series]
     return out
 
 
@@ -136,7 +135,7 @@ def series_markers(df: pd.DataFrame) -> SeriesStyle:
     return _style_map(df, list(MARKERS))
 
 
-def styles_for(df: pd.DataFrame, colors: Optional[dict], markers: Optional[dict]) -> tuple:
+def styles_for(df: pd.DataFrame, colors: dict | None, markers: dict | None) -> tuple:
     """(colours, markers): the caller's, shared across the figures of one report, else this table's."""
     return (colors if colors is not None else series_colors(df),
             markers if markers is not None else series_markers(df))

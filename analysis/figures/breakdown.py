@@ -3,8 +3,6 @@ hidden and exposed communication, memory copies, idle) per strategy and node cou
 time_breakdown.csv (analysis/traces.py)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
@@ -24,7 +22,7 @@ BREAKDOWN_PARTS = (("compute_only_ms", "compute", "#4c72b0", None),
                    ("idle_ms", "idle / host", "#d9d9d9", "///"))
 
 
-def time_breakdown(bd: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
+def time_breakdown(bd: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
     """Stacked bars per strategy against node count: the mean per-step time of the traced ranks."""
     if bd.empty:
         return None

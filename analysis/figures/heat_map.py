@@ -13,7 +13,6 @@ named in the caption.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -118,7 +117,7 @@ def _inline_width(matrices: dict, percent: bool) -> float:
     return need
 
 
-def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
+def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
     runs = scaling_runs(df)
     if runs.empty or scaling_support(df) is not None:
         return None

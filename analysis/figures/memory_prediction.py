@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -51,8 +50,8 @@ def _short_model(model: str) -> str:
     return re.sub(r"^vit_", "", str(model))
 
 
-def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-                     markers: Optional[dict] = None) -> Optional[Plot]:
+def predicted_memory(df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH,
+                     markers: dict | None = None) -> Plot | None:
     runs = prediction_rows(df)
     if runs.empty:
         return None

@@ -3,15 +3,25 @@ other strategies ran too (its memory falls with every node added while theirs st
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import pandas as pd
 
 from .. import table as tbl
 from ._axes import capacity_line, log2_x, mark_entries, mark_failures, measured_line
 from ._layout import Plot, facts_title, hide_unused, legend_below, legend_height, new_figure, panel_grid, title_height
-from ._runs import (RSS_NOTE, labeller, line_order, lines, memory_label, model_order, model_title, run_facts,
-                    scaling_runs, scaling_support, series_items)
+from ._runs import (
+    RSS_NOTE,
+    labeller,
+    line_order,
+    lines,
+    memory_label,
+    model_order,
+    model_title,
+    run_facts,
+    scaling_runs,
+    scaling_support,
+    series_items,
+)
 from ._spec import FigureSpec
 from ._style import CAPACITY, COLUMN_WIDTH, MIN_PANEL_WIDTH, NOT_OK, style, styles_for
 
@@ -38,8 +48,8 @@ def _coinciding(points: list, tolerance: float) -> list:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-           markers: Optional[dict] = None) -> Optional[Plot]:
+def memory(df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH,
+           markers: dict | None = None) -> Plot | None:
     runs = scaling_runs(df)
     if runs.empty or scaling_support(df, "memory_gib") is not None:
         return None

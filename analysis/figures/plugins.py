@@ -3,8 +3,6 @@ memory against batch size, found in any study by its data (single-device runs at
 batch sizes)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 
@@ -23,7 +21,7 @@ def plugin_groups(df: pd.DataFrame) -> list:
     return [k for k, v in n.items() if v >= 2]
 
 
-def plugin_support(df: pd.DataFrame) -> Optional[str]:
+def plugin_support(df: pd.DataFrame) -> str | None:
     """None when the figure has a line to draw; else why not."""
     if df.empty:
         return "no runs"
@@ -38,8 +36,8 @@ def plugin_support(df: pd.DataFrame) -> Optional[str]:
             "the table holds the numbers")
 
 
-def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-                      markers: Optional[dict] = None) -> Optional[Plot]:
+def plugin_comparison(df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH,
+                      markers: dict | None = None) -> Plot | None:
     groups = plugin_groups(df)
     if not groups or plugin_support(df) is not None:
         return None

@@ -3,8 +3,6 @@ backward prefetch and limit_all_gathers setting, as grouped bars: each configura
 its 95% confidence interval."""
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
@@ -29,7 +27,7 @@ def _grid_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[has & (df["family"] == "fsdp")]
 
 
-def pick_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int] = None):
+def pick_grid(df: pd.DataFrame, model: str | None = None, nodes: int | None = None):
     """(study, model, nodes, batch) with the most FSDP prefetch × limit_all_gathers configurations.
 
     Raises ValueError naming what exists when --grid-model/--grid-nodes match nothing.
@@ -64,8 +62,8 @@ def pick_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int
     return max(top, key=lambda k: (k[2], k[1]))  # ties: the larger node count
 
 
-def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int] = None,
-                width: float = COLUMN_WIDTH) -> Optional[Plot]:
+def config_grid(df: pd.DataFrame, model: str | None = None, nodes: int | None = None,
+                width: float = COLUMN_WIDTH) -> Plot | None:
     pick = pick_grid(df, model, nodes)
     if pick is None:
         return None

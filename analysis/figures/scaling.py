@@ -2,22 +2,42 @@
 each point's median with its 95% confidence interval and each strategy's ideal linear scaling."""
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 
 from .. import table as tbl
 from ._axes import error_bars, log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
-from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, legend_height, legend_in_slot,
-                      new_figure, panel_grid, title_height)
-from ._runs import (interval_facts, interval_text, ips_points, labeller, lines, model_order, model_title,
-                    not_ok, run_facts, scaling_runs, scaling_support, series_items)
+from ._layout import (
+    Plot,
+    facts_title,
+    free_slot,
+    hide_unused,
+    legend_below,
+    legend_height,
+    legend_in_slot,
+    new_figure,
+    panel_grid,
+    title_height,
+)
+from ._runs import (
+    interval_facts,
+    interval_text,
+    ips_points,
+    labeller,
+    lines,
+    model_order,
+    model_title,
+    not_ok,
+    run_facts,
+    scaling_runs,
+    scaling_support,
+    series_items,
+)
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, IDEAL, NOT_OK, style, styles_for
 
 
-def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-                 markers: Optional[dict] = None) -> Optional[Plot]:
+def weak_scaling(df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH,
+                 markers: dict | None = None) -> Plot | None:
     runs = scaling_runs(df)
     if runs.empty or scaling_support(df) is not None:
         return None

@@ -114,8 +114,8 @@ def trainer(label, settings, world, out_dir, run_class=None, study=None):
     """The trainer's run of the label (`vit-scale train`, keep_process_group=True), its record under
     OUT_DIR/STUDY (default: the label): (images/s from its end record, the run) on rank 0, (None, the
     run) elsewhere."""
-    from vit_scale.record.reader import read_run_dir
     from vit_scale.recipes.train import Run
+    from vit_scale.record.reader import read_run_dir
 
     run = (run_class or Run)(trainer_config(label, settings, out_dir, study or label), world)
     # the meter's group is this rank alone: a failed run cannot leave it broken, so the run returns

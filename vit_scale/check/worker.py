@@ -219,7 +219,7 @@ def meter(world, spec: dict, facts: Facts) -> None:
     facts.set(in_progress={"part": "meter", "settings": vars(settings)})
     try:
         found = measure_alone(world, settings, spec["records"])
-    except Exception as exc:  # noqa: BLE001 - a meter that breaks is a line, not the end of the check
+    except Exception as exc:
         traceback.print_exc()
         found = {"error": short_error(exc), "settings": vars(settings)}
     facts.set(meter=found, in_progress=None)
@@ -241,7 +241,7 @@ def environment(world, spec: dict, facts: Facts) -> None:
     if world.local_rank == 0:
         try:
             mine = {"node": world.node_name, "kernels": kernel_facts(runnable, world.device_type)}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             mine = {"node": world.node_name, "error": short_error(exc)}
     by_node = [None] * world.world_size
     dist.all_gather_object(by_node, mine)
@@ -263,7 +263,7 @@ def interconnect(world, spec: dict, facts: Facts) -> None:
                  "budget_s": settings.sweep_budget_s}
     except UserError as exc:   # e.g. uneven placement: the same one line on every rank
         found = {"model": spec["model"], "measurements": [], "error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - said in the check's lines; the strategies may still run
+    except Exception as exc:
         traceback.print_exc()
         found = {"model": spec["model"], "measurements": [], "error": short_error(exc)}
     end_groups_since(world, before)   # the node groups

@@ -11,7 +11,7 @@ import importlib
 import re
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import SimpleNamespace
 from typing import Literal
 
@@ -32,7 +32,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = typing.get_args(Precision)
 
 
-@lru_cache(maxsize=None)
+@cache
 def family_labels() -> dict[str, tuple]:
     """{family: its labels}, as each family file declares them (those files import no torch)."""
     return {family: strategy_class(family).labels for family in FAMILIES}
@@ -76,7 +76,7 @@ def parse_strategy(label: str) -> StrategyLabel:
     raise UserError(f"strategy: unknown strategy '{label}'; allowed: {allowed_text()}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def family_options() -> dict[str, type]:
     """{family: its options dataclass}, for each family whose Strategy declares one (`options_class`):
     the run configuration has a section per entry, named after the family, in registry order."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.models import ModelSpec, block_class, build_model, init_module_
 
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -316,7 +316,10 @@ class Strategy(ABC):
         from functools import partial
 
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
 
         block = block_class()
         apply_activation_checkpointing(

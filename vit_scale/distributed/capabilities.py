@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from vit_scale.distributed import PRECISIONS, all_labels, family_labels, label_pattern
 
@@ -34,9 +33,9 @@ TABLE_LABELS = tuple(all_labels())
 
 @dataclass(frozen=True)
 class Rule:
-    labels: Optional[tuple]      # None: every label
-    precisions: Optional[tuple]
-    devices: Optional[tuple]
+    labels: tuple | None      # None: every label
+    precisions: tuple | None
+    devices: tuple | None
     key: str                     # the config key the error names
     reason: str
     options: tuple = ()          # ((dotted config key, value), ...): refused only with these set
@@ -163,7 +162,7 @@ def capability(label: str, precision: str, device: str, cfg=None) -> Capability:
                       refused_with=tuple(refused_with))
 
 
-def refusal(label: str, precision: str, device: str, cfg=None) -> Optional[str]:
+def refusal(label: str, precision: str, device: str, cfg=None) -> str | None:
     """The one-line error for a pair that cannot run ('key: reason'), or None. Pass the run's
     config to have the option rules checked as well."""
     cap = capability(label, precision, device, cfg)

@@ -39,9 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.options import AT_LEAST_1, FRACTION, option
 
 PLUGINS = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin", "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin",
@@ -75,7 +75,7 @@ def _import_colossalai():
     ensure_torchvision_importable()  # colossalai imports transformers, which imports torchvision
     try:
         import colossalai
-        import colossalai.booster  # noqa: F401 - the part every plugin needs; fails early if broken
+        import colossalai.booster
     except ImportError as exc:
         raise UserError(f"strategy: ColossalAI labels need the colossalai package, which is not importable "
                         f"({' '.join(str(exc).split())}); install it keeping your torch: {INSTALL_HINT}") from None

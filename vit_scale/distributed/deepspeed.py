@@ -36,9 +36,9 @@ import json
 import os
 from dataclasses import dataclass
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.options import AT_LEAST_1, NON_NEGATIVE, option
 
 
@@ -192,8 +192,8 @@ class DeepSpeedStrategy(Strategy):
 
     def _init_mode(self) -> str:
         """What ModelFactory will do with train.init, before it exists (the config is written first)."""
-        from vit_scale.models import count_params
         from vit_scale.distributed.base import init_mode
+        from vit_scale.models import count_params
 
         return init_mode(self.cfg.train.init, count_params(self.cfg.model, self.cfg.train.num_classes))
 

@@ -16,9 +16,9 @@ import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy, module_names
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.options import option
 
 
@@ -148,8 +148,7 @@ class FSDPStrategy(Strategy):
 
     def _setup_fsdp1(self, factory) -> None:
         import torch
-        from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, MixedPrecision,
-                                            ShardingStrategy)
+        from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 

@@ -54,7 +54,7 @@ class SignalWatcher:
         while True:
             try:
                 data = self._reader.recv(64)
-            except socket.timeout:
+            except TimeoutError:
                 if self.finished.is_set():
                     return
                 if self.peer_failure():

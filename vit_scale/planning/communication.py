@@ -12,7 +12,7 @@ node by node (rank // gpus_per_node), as srun's block distribution and torchrun 
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from vit_scale.planning.scenario import Layout, Scenario
 from vit_scale.planning.shapes import Shape
@@ -22,7 +22,7 @@ FACTORS = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n -
            "all_reduce": lambda n: 2 * (n - 1) / n}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _crossing_share(world: int, gpus_per_node: int, kind: str, size: int) -> float:
     """Share of ring hops that cross nodes, averaged over the groups of `kind`:
     'block' groups are `size` consecutive ranks, 'strided' groups take every `size`-th rank."""

@@ -32,8 +32,14 @@ from dataclasses import dataclass, field
 from math import ceil
 
 from vit_scale.distributed.fsdp import FSDPConfig
-from vit_scale.planning.scenario import (CAI_REDUCE_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_SUB_GROUP_SIZE, Layout,
-                                         Scenario, layout)
+from vit_scale.planning.scenario import (
+    CAI_REDUCE_BUCKET,
+    DS_MAX_LIVE_PARAMETERS,
+    DS_SUB_GROUP_SIZE,
+    Layout,
+    Scenario,
+    layout,
+)
 from vit_scale.planning.shapes import Shape, numel
 
 GIB = 1024 ** 3

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 from vit_scale.distributed import PRECISIONS, layout_of, parse_strategy
 from vit_scale.distributed.colossalai import ColossalAIConfig
@@ -51,7 +50,7 @@ class Scenario:
     num_classes: int = 1000
     synthetic_batches: int = 4
     optimizer: str = "auto"
-    device_memory_gib: Optional[float] = 64.0
+    device_memory_gib: float | None = 64.0
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)
@@ -93,7 +92,7 @@ class Scenario:
                 raise UserError(f"deepspeed.hpz_partition_size: {hpz} must divide the world size ({self.world})")
 
 
-def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: Optional[float], **extra) -> Scenario:
+def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: float | None, **extra) -> Scenario:
     """A Scenario for the run `cfg` describes, on `nodes` x `gpus_per_node` ranks."""
     return Scenario(model=cfg.model, strategy=cfg.strategy, nodes=nodes, gpus_per_node=gpus_per_node,
                     batch_size=cfg.train.batch_size, precision=cfg.train.precision,

@@ -26,7 +26,7 @@ class Shape:
     C: int = 1000   # classes
 
     @classmethod
-    def from_spec(cls, spec, num_classes: int = 1000) -> "Shape":
+    def from_spec(cls, spec, num_classes: int = 1000) -> Shape:
         return cls(spec.name, spec.embed_dim, spec.depth, spec.mlp_dim, spec.num_heads, spec.patch_size,
                    spec.img_size, num_classes)
 

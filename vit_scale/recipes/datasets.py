@@ -307,7 +307,7 @@ def _hugging_face(data, path: str, seed: int) -> Splits:
                         "(pip install datasets, with a constraints file pinning torch)") from None
     try:
         loaded = datasets.load_from_disk(path)
-    except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "not a saved dataset"
+    except Exception as exc:
         raise UserError(f"data.path: {path} is not a Hugging Face dataset saved with save_to_disk: "
                         f"{' '.join(str(exc).split())[:300]}") from None
     if isinstance(loaded, datasets.DatasetDict):

@@ -23,13 +23,15 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from vit_scale.recipes import checkpoint as ckpt, lora
 from vit_scale.config import Config, parse_command_line
 from vit_scale.errors import UserError
 from vit_scale.launch.world import World
+from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.recipes import lora
 from vit_scale.record.end import EndRecord
 from vit_scale.run.meter import StepMeter
-from vit_scale.run.session import RunSession, main as session_main, say
+from vit_scale.run.session import RunSession, say
+from vit_scale.run.session import main as session_main
 from vit_scale.run.stopping import SaveThenStop
 from vit_scale.text import plural
 
@@ -66,9 +68,9 @@ class Inputs:
 def check_inputs(cfg: Config, world: World) -> Inputs:
     """Everything a user can get wrong, found on every rank before any collective: a bad dataset,
     pretrained file or checkpoint is a one-line error and exit code 2 on every rank."""
-    from vit_scale.recipes import datasets
     from vit_scale.distributed.base import META_INIT_ABOVE_PARAMS
     from vit_scale.models import build_model, count_params, get_spec
+    from vit_scale.recipes import datasets
 
     splits = datasets.load_splits(cfg.data, cfg.train.seed)
     cfg.train.num_classes = len(splits.classes)  # the dataset decides; the resolved config records it
@@ -143,9 +145,9 @@ class FinetuneRun(RunSession):
     def train(self) -> None:
         import torch.nn.functional as F
 
-        from vit_scale.recipes import datasets
         from vit_scale.distributed.base import ModelFactory
         from vit_scale.models import count_params, get_spec
+        from vit_scale.recipes import datasets
 
         cfg, world, ft = self.cfg, self.world, self.cfg.finetune
         spec = get_spec(cfg.model)

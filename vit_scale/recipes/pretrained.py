@@ -30,7 +30,7 @@ def _read(path: str) -> dict:
         raise UserError(f"finetune.pretrained: no such file: {path} (nothing is downloaded at run time)")
     try:
         state = load_state_dict(path, use_ema=True, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch, safetensors and pickle each raise their own
+    except Exception as exc:
         raise UserError(f"finetune.pretrained: cannot read {path} as a torch or safetensors checkpoint: "
                         f"{' '.join(str(exc).split())[:300]}") from None
     import torch
@@ -52,7 +52,7 @@ def prepare(path: str, model) -> tuple[dict, bool]:
     state = _read(path)
     try:
         state = checkpoint_filter_fn(state, model)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise UserError(f"finetune.pretrained: {path} cannot be adapted to this ViT: "
                         f"{' '.join(str(exc).split())[:300]}") from None
     expected = model.state_dict()

@@ -16,7 +16,8 @@ from vit_scale.config import BENCHMARK_SECTIONS, Config, parse_command_line
 from vit_scale.launch.world import World
 from vit_scale.record.end import EndRecord
 from vit_scale.run.meter import EventTimedMeter
-from vit_scale.run.session import RunSession, main as session_main
+from vit_scale.run.session import RunSession
+from vit_scale.run.session import main as session_main
 
 
 def _parse_args(argv):
@@ -34,9 +35,9 @@ class Run(RunSession):
         self.profile = None  # profile.enabled: the traces written after the timed window
 
     def train(self) -> None:
-        from vit_scale.recipes.synthetic import SyntheticBatches
         from vit_scale.distributed.base import ModelFactory
         from vit_scale.models import count_params, get_spec
+        from vit_scale.recipes.synthetic import SyntheticBatches
 
         cfg, world = self.cfg, self.world
         spec = get_spec(cfg.model)

@@ -17,11 +17,12 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
 
 from vit_scale.record.writer import METRICS_FILE, STATUSES
 from vit_scale.record.writer import SCHEMA_VERSION as SUPPORTED_SCHEMA
+
 INCOMPLETE = "incomplete"  # a start record but no end record: the process was killed outright
 
 # (dotted key in the start record, what the analysis needs it for); a start record without one
@@ -43,12 +44,12 @@ _TAIL_BLOCK = 16 * 1024
 class RunRecord:
     path: str                       # the metrics.jsonl
     start: dict
-    end: Optional[dict]             # None when the run has no end record
+    end: dict | None             # None when the run has no end record
     status: str                     # end.status, or INCOMPLETE
     mtime: float
     notes: list = field(default_factory=list)  # what the reader had to work around, for the report
-    last_step: Optional[int] = None            # only for runs without an end record
-    partial_ips: Optional[float] = None        # mean images/s over the timed steps logged so far
+    last_step: int | None = None            # only for runs without an end record
+    partial_ips: float | None = None        # mean images/s over the timed steps logged so far
     rank_errors: list = field(default_factory=list)  # rank<k>.error.json contents
 
     @property
@@ -85,7 +86,7 @@ class _UnknownSchema(Exception):
 
 # ------------------------------------------------------------------------------------ finding
 
-def find_metrics_files(root: str, skipped: list, seen_dirs: Optional[set] = None) -> Iterator[str]:
+def find_metrics_files(root: str, skipped: list, seen_dirs: set | None = None) -> Iterator[str]:
     """Every metrics.jsonl under root (or root itself when it is such a file), skipping
     directories (and files) already in seen_dirs.
 
@@ -172,7 +173,7 @@ def _last_line(f, data_start: int, size: int) -> bytes:
         block *= 4
 
 
-def _scan_steps(f, data_start: int, rec: RunRecord) -> Optional[dict]:
+def _scan_steps(f, data_start: int, rec: RunRecord) -> dict | None:
     """Read every line after the start record of a run whose last line is not an end record.
 
     Returns an end record if one turns up before trailing garbage, so a run whose file was
@@ -293,7 +294,7 @@ def read_run(path: str) -> RunRecord:
     return rec
 
 
-def read_run_dir(run_dir: str) -> Optional[RunRecord]:
+def read_run_dir(run_dir: str) -> RunRecord | None:
     """One run directory's record, or None when it has none that can be read."""
     try:
         return read_run(os.path.join(run_dir, METRICS_FILE))
@@ -301,13 +302,13 @@ def read_run_dir(run_dir: str) -> Optional[RunRecord]:
         return None
 
 
-def start_and_end(run_dir: str) -> tuple[Optional[dict], Optional[dict]]:
+def start_and_end(run_dir: str) -> tuple[dict | None, dict | None]:
     """(start, end) of one run directory; None for a part it lacks or that cannot be read."""
     rec = read_run_dir(run_dir)
     return (rec.start, rec.end) if rec else (None, None)
 
 
-def collect(paths: Iterable[str], progress: Optional[Callable[[int, float], None]] = None) -> Collection:
+def collect(paths: Iterable[str], progress: Callable[[int, float], None] | None = None) -> Collection:
     """Every run under the given directories. progress(n_read, seconds) is called now and then."""
     t0 = time.perf_counter()
     paths = list(paths)

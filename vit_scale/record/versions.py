@@ -16,15 +16,15 @@ def _version(dist: str) -> str | None:
 
 
 def software_versions() -> dict:
-    from vit_scale.launch.world import launched_by
-
     import torch
+
+    from vit_scale.launch.world import launched_by
 
     nccl = None
     if torch.cuda.is_available():
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL/RCCL simply has none to report
+        except Exception:
             nccl = None
     return {"python": platform.python_version(), "torch": torch.__version__, "timm": _version("timm"),
             "deepspeed": _version("deepspeed"), "colossalai": _version("colossalai"),

@@ -191,7 +191,7 @@ class RunSession:
             return None
         try:
             self.plan = predict_for_run(self.cfg, self.world, device_memory_gib)
-        except Exception as exc:  # noqa: BLE001 - a planner bug must not cost the run
+        except Exception as exc:
             say(self.world, f"{self.command}: warning: no memory plan: {one_line(exc)}")
             self.plan = None
         return self.plan
@@ -250,7 +250,7 @@ class RunSession:
         use_venv_tools()
         try:
             self.prepare()
-        except Exception as exc:  # noqa: BLE001 - e.g. a rendezvous that never completes
+        except Exception as exc:
             if world.is_main:
                 print(f"{self.command}: rank {world.rank}: could not start the run: {one_line(exc)}",
                       file=sys.stderr, flush=True)
@@ -281,7 +281,7 @@ class RunSession:
                 print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
                 end = self.interrupted("failed", str(exc))
             code = exc.exit_code
-        except Exception as exc:  # noqa: BLE001 - any failure becomes a record, not a traceback wall
+        except Exception as exc:
             status = classify(exc)
             code = EXIT_CODES[status]
             if not world.is_main:
