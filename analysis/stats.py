@@ -43,6 +43,7 @@ run-to-run variation (node placement, network neighbours, clock boosts) is unmea
 from the two intervals on the log scale, each side's relative half-widths added in quadrature
 (independent, approximately log-normal estimates); no bootstrap, so the table is deterministic.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,7 +54,7 @@ from functools import cache
 import numpy as np
 
 LEVEL = 0.95
-MIN_STEPS = 4      # fewer timed steps give no batch (two batches of two steps at least)
+MIN_STEPS = 4  # fewer timed steps give no batch (two batches of two steps at least)
 MIN_ORDER_RUNS = 6  # fewer runs: no order-statistic interval reaches 95%
 
 BATCH_MEDIANS = "batch medians"
@@ -64,14 +65,15 @@ T_OVER_RUNS = "t over runs"
 @dataclass(frozen=True)
 class Estimate:
     """A point's images/s: its median and confidence interval, and what they rest on."""
+
     median: float
     low: float = math.nan
     high: float = math.nan
     confidence: float = math.nan  # the interval's own confidence (>= LEVEL for order statistics)
-    method: str = ""              # BATCH_MEDIANS, ORDER_STATISTIC, T_OVER_RUNS; "" without an interval
+    method: str = ""  # BATCH_MEDIANS, ORDER_STATISTIC, T_OVER_RUNS; "" without an interval
     runs: int = 1
-    steps: int = 0                # timed step figures the estimate rests on, over all its runs
-    cv: float = math.nan          # run-to-run coefficient of variation; NaN with one run
+    steps: int = 0  # timed step figures the estimate rests on, over all its runs
+    cv: float = math.nan  # run-to-run coefficient of variation; NaN with one run
 
     @property
     def has_interval(self) -> bool:
@@ -81,9 +83,10 @@ class Estimate:
 @dataclass(frozen=True)
 class Comparison:
     """The faster of two points against the slower, by non-overlap of their intervals."""
-    margin: float                 # faster median / slower median - 1
-    separated: bool | None     # None when either interval is missing
-    single_run: bool              # a side rests on one run: the verdict holds within those runs only
+
+    margin: float  # faster median / slower median - 1
+    separated: bool | None  # None when either interval is missing
+    single_run: bool  # a side rests on one run: the verdict holds within those runs only
 
     @property
     def within_noise(self) -> bool | None:
@@ -92,11 +95,12 @@ class Comparison:
 
 # ------------------------------------------------------------------------------ distributions
 
+
 def _binom_half_cdf(k: int, n: int) -> float:
     """P(X <= k) for X ~ Binomial(n, 1/2), exactly (integers, then one division)."""
     if k < 0:
         return 0.0
-    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2 ** n
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2**n
 
 
 def _t_two_sided(t: float, df: int) -> float:
@@ -138,6 +142,7 @@ def t_quantile(level: float, df: int) -> float:
 
 
 # ------------------------------------------------------------------------------ intervals
+
 
 def _clean(values) -> np.ndarray:
     x = np.asarray(values, dtype=float).ravel()
@@ -183,8 +188,9 @@ def batch_medians_interval(steps, center: float | None = None, level: float = LE
         return math.nan, math.nan, 0
     # np.array_split's batches: the first n % k one step longer; a reshape each, so two median calls.
     cut = (len(x) % k) * (len(x) // k + 1)
-    medians = np.concatenate([np.median(part.reshape(m, -1), axis=1)
-                              for part, m in ((x[:cut], len(x) % k), (x[cut:], k - len(x) % k)) if m])
+    medians = np.concatenate(
+        [np.median(part.reshape(m, -1), axis=1) for part, m in ((x[:cut], len(x) % k), (x[cut:], k - len(x) % k)) if m]
+    )
     mid = float(np.median(x)) if center is None or math.isnan(center) else float(center)
     half = t_quantile(level, k - 1) * float(np.std(medians, ddof=1)) / math.sqrt(k)
     return mid - half, mid + half, k
@@ -228,6 +234,7 @@ def point_estimate(run_medians: Sequence[float], run_steps: Sequence = (), level
 
 # ------------------------------------------------------------------------------ the test
 
+
 def compare(faster: Estimate, slower: Estimate) -> Comparison:
     """The margin of `faster` over `slower` and whether their 95% intervals separate them."""
     margin = faster.median / slower.median - 1 if slower.median else math.nan
@@ -246,6 +253,7 @@ def ratio_interval(value, num: tuple, den: tuple) -> tuple:
     """
     (nm, nl, nh), (dm, dl, dh) = (np.asarray(num, dtype=float), np.asarray(den, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
+
         def rel(a, b):  # |log(a / b)|, infinite when either is 0 or below (an interval reaching 0)
             return np.where((a <= 0) | (b <= 0), np.inf, np.abs(np.log(a / b)))
 

@@ -5,6 +5,7 @@ RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1"
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it,
 or with "@finetune", which runs `vit-scale finetune` (its own checks first) instead of the benchmark.
 """
+
 import json
 import os
 import sys

@@ -7,6 +7,7 @@ Defining the two op schemas that torchvision's Python code registers fake kernel
 import succeed; only torchvision's compiled detection ops stay unusable, and ViT training
 never calls them. Must run before anything imports torchvision (timm, transformers, colossalai).
 """
+
 import sys
 
 _done = False

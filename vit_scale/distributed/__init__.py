@@ -5,6 +5,7 @@ is the set of option sections (`fsdp.*`, `deepspeed.*` ...) the run configuratio
 The family files import no torch, DeepSpeed or ColossalAI at import (the planner reads labels
 without them); those packages are loaded only when a run of one of their labels starts.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -46,8 +47,9 @@ def all_labels() -> list[str]:
 def labels_where(test) -> list[str]:
     """The labels, in registry order, for which test(strategy class, label) holds: what a refusal
     lists as allowed (fine-tuning, compile, LoRA)."""
-    return [label for family, labels in family_labels().items() for label in labels
-            if test(strategy_class(family), label)]
+    return [
+        label for family, labels in family_labels().items() for label in labels if test(strategy_class(family), label)
+    ]
 
 
 def label_pattern(label: str) -> str:
@@ -56,8 +58,9 @@ def label_pattern(label: str) -> str:
 
 
 def allowed_text(labels=None) -> str:
-    return ", ".join(label + (" (g divides the world size)" if GROUP_SIZE in label else "")
-                     for label in (labels or all_labels()))
+    return ", ".join(
+        label + (" (g divides the world size)" if GROUP_SIZE in label else "") for label in (labels or all_labels())
+    )
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,11 @@ def parse_strategy(label: str) -> StrategyLabel:
 def family_options() -> dict[str, type]:
     """{family: its options dataclass}, for each family whose Strategy declares one (`options_class`):
     the run configuration has a section per entry, named after the family, in registry order."""
-    return {family: strategy_class(family).options_class for family in FAMILIES
-            if strategy_class(family).options_class is not None}
+    return {
+        family: strategy_class(family).options_class
+        for family in FAMILIES
+        if strategy_class(family).options_class is not None
+    }
 
 
 def default_options() -> SimpleNamespace:
