@@ -91,8 +91,8 @@ def _statistics_text(results: pd.DataFrame) -> str:
             "to 5 runs the t interval of the run medians, for 6 or more the order-statistic interval of the median. "
             "A margin is settled when the two intervals do not overlap, and within noise when they do.")
     if runs == [1]:
-        return text + (" Every point here ran once: each interval describes that run only, and run-to-run variation "
-                       "is unmeasured (repeat the points to measure it).")
+        return text + (" Every point here ran once (1 repetition): each interval describes that run only, and "
+                       "run-to-run variation is unmeasured (vit-scale study --repeat N runs each point N times).")
     if runs:
         cv = ok["ips_run_cv"].dropna()
         count = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]} to {runs[-1]}"

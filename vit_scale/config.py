@@ -82,6 +82,7 @@ class OutputConfig:
     dir: str = "runs"
     study: str = "default"
     run_id: str = ""                    # empty: <UTC time>[-j<job>.<step>]
+    repetition: int = 0                 # which of a study's --repeat runs of its point (1, 2 ...); 0: not a study's
 
 
 @dataclass
@@ -221,7 +222,8 @@ NON_NEGATIVE = ("train.warmup_steps", "train.lr", "train.weight_decay", "train.s
                 "colossalai.offload_optim_frac", "colossalai.offload_param_frac", "system.ranks_per_node",
                 "data.workers", "finetune.steps", "finetune.lr_warmup_steps", "finetune.min_lr",
                 "finetune.clip_grad_norm", "finetune.label_smoothing", "finetune.eval_batch_size",
-                "checkpoint.every_steps", "checkpoint.keep", "finetune.lora.rank", "finetune.lora.alpha")
+                "checkpoint.every_steps", "checkpoint.keep", "finetune.lora.rank", "finetune.lora.alpha",
+                "output.repetition")
 FRACTIONS = ("colossalai.offload_optim_frac", "colossalai.offload_param_frac", "data.val_fraction",
              "data.crop_scale_min", "finetune.label_smoothing", "finetune.lora.dropout")
 
