@@ -30,7 +30,7 @@ KINDS = {
     "multirank": ["test_analysis_contract", "test_capabilities", "test_colossalai", "test_compile", "test_deepspeed",
                   "test_finetune", "test_fsdp_fp16", "test_jobs", "test_lora", "test_meta_init", "test_plan_tensors",
                   "test_predicted_bytes", "test_profiling", "test_study", "test_tracking", "test_trainer_equivalence",
-                  "test_trainer_failures"],
+                  "test_trainer_failures", "test_study_repeat"],
     "cluster": ["test_check", "test_env_lmod", "test_jobs_slurm", "test_launchers", "test_shellcheck",
                 "test_study_lock"],
 }

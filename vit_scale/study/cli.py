@@ -24,8 +24,15 @@ from vit_scale.cluster.systems import study_file
 from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
-from vit_scale.study.ledger import (Ledger, end_for_the_record, ok_runs, repetitions_done, run_result, status_of_code,
-                                    summary)
+from vit_scale.study.ledger import (
+    Ledger,
+    end_for_the_record,
+    ok_runs,
+    repetitions_done,
+    run_result,
+    status_of_code,
+    summary,
+)
 from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan
 from vit_scale.study.preflight import check_first
