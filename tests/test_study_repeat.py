@@ -17,7 +17,7 @@ from jobs_support import job_env, python_injecting, runs_by_strategy_and_nodes
 from vit_scale.cluster import systems
 from vit_scale.errors import UserError
 from vit_scale.study import cli as study_cli
-from vit_scale.study.ledger import repetitions_done, summary
+from vit_scale.study.ledger import COLUMNS, Ledger, repetitions_done, summary
 from vit_scale.study.plan import make_plan
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
@@ -128,6 +128,18 @@ def test_the_summary_shows_the_median_of_a_points_ok_repetitions():
     assert [line.split() for line in summary(single)] == [["model", "strategy", "n1", "img/s", "n2", "img/s"],
                                                           ["vit_micro", "DDP", "100.0", "oom"],
                                                           ["1", "ok,", "1", "oom"]]
+
+
+def test_a_ledger_from_before_repeats_reads_with_the_lines_added_to_it(tmp_path):
+    old_columns = COLUMNS[:COLUMNS.index("repetition")]
+    path = tmp_path / "study_runs.tsv"
+    old = {**_row(1, 1, "ok", "100.0"), "run_dir": "a"}
+    path.write_text("\t".join(old_columns) + "\n" + "\t".join(old.get(c, "-") for c in old_columns) + "\n")
+    Ledger(str(path)).add(**{**_row(1, 2, "ok", "120.0"), "run_dir": "b"})
+    rows = Ledger(str(path)).rows()
+    assert [(r["run_dir"], r["images_per_s"], r.get("repetition")) for r in rows] == [("a", "100.0", None),
+                                                                                     ("b", "120.0", "2")]
+    assert summary(rows)[1].split() == ["vit_micro", "DDP", "110.0", "[2/2]"]
 
 
 def ledger(study_dir) -> list:

@@ -43,7 +43,13 @@ class Ledger:
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
-            return list(csv.DictReader(f, delimiter="\t"))
+            lines = list(csv.reader(f, delimiter="\t"))
+        header = lines[0] if lines else []
+        if tuple(header) == COLUMNS[:len(header)]:
+            # a ledger begun by an older version lacks the newer last columns (repetition), which the
+            # lines this version appends to it have
+            header = list(COLUMNS)
+        return [dict(zip(header, line, strict=False)) for line in lines[1:] if line]
 
 
 def run_result(run_dir: str) -> tuple[str, str, str]:
