@@ -435,7 +435,7 @@ def _check_section(inputs: list) -> list:
     """What `vit-scale check` found on the system (check.json in a study directory, written by
     `vit-scale study --check`): versions, the transport between nodes and each collective's bus
     bandwidth, the facts that explain the scaling figures."""
-    from vit_scale.check.summary import read_check
+    from vit_scale.record.check_file import read_check
 
     blocks = []
     for directory in inputs:
@@ -460,7 +460,7 @@ def _check_section(inputs: list) -> list:
 
 
 def _check_facts(check: dict) -> list:
-    from vit_scale.check.summary import transport, verdict, versions
+    from vit_scale.record.check_file import transport, verdict, versions
 
     nodes = check.get("nodes")
     lines = {line["check"]: line for line in check.get("lines") or []}
@@ -474,8 +474,8 @@ def _check_facts(check: dict) -> list:
 
 def _check_bandwidths(check: dict) -> list:
     """Each collective's bandwidth at the strategies' sizes, then its latency at the smallest size."""
-    from vit_scale.check.collectives import human_bytes, human_seconds
-    from vit_scale.check.summary import bandwidth_rows, latency_rows
+    from vit_scale.record.check_file import bandwidth_rows, latency_rows
+    from vit_scale.text import human_bytes, human_seconds
 
     def scope(m):
         return "within a node" if m["scope"] == "node" else "across nodes"
@@ -512,8 +512,49 @@ def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set)
     return blocks + [Block("table", header=header, rows=rows)]
 
 
+def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> list:
+    """Each point's measured images/s against its prediction (analysis/prediction.py), the calibration used,
+    and for points more than 20% below their prediction where the difference is."""
+    from .prediction import BELOW
+
+    if predicted is None or (predicted.rows.empty and not predicted.notes):
+        return []
+    rows = predicted.rows
+    blocks = [Block("h2", "Measured against predicted")]
+    compared = rows[rows["error"].notna()]
+    median = f" Median |error| over {len(compared)} measured point(s): {compared['error'].abs().median():.1%}." \
+        if not compared.empty else ""
+    used = "; ".join(predicted.calibrations) or "none"
+    blocks.append(Block("p", f"Each point's images/s against what vit_scale.planning.predict gives for the same model, "
+                             f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions: "
+                             f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
+                             f"1-node run less the exposed communication the model predicts for it), collectives from "
+                             f"the calibration. "
+                             f"Calibration used: {used}. Error: measured / predicted - 1.{median}"))
+    plot = plots_by_name.get("weak_scaling_predicted")
+    if plot is not None:
+        # Named, not inlined, as the memory prediction's: the report inlines the measured scaling figures
+        blocks.append(Block("p", f"Figure: {plot.name} beside this report (in the formats written). {plot.caption}"))
+    if not rows.empty:
+        header = ["model", "strategy", "nodes", "ranks", "measured images/s", "predicted images/s", "error"]
+        table_rows = [[r["model"], r["series"], int(r["nodes"]), int(r["world_size"]),
+                       tbl.format_ips(r["measured_ips"]) if not math.isnan(r["measured_ips"]) else r["status"].upper(),
+                       tbl.format_ips(r["predicted_ips"]) if not math.isnan(r["predicted_ips"]) else "",
+                       _f(r["error"], "{:+.1%}")] for _, r in rows.iterrows()]
+        blocks.append(Block("table", header=header, rows=table_rows))
+    below = [f"{r['model']} {r['series']} on {int(r['nodes'])} node(s): {r['explanation']}"
+             for _, r in rows.iterrows() if r["explanation"]]
+    if below:
+        blocks += [Block("p", f"More than {BELOW:.0%} below their prediction:"), Block("ul", items=below)]
+    if predicted.notes:
+        blocks += [Block("p", "Not predicted, or not calibrated as asked:"), Block("ul", items=predicted.notes)]
+    return blocks + [Block("p", "Per point, with the predicted step split into compute, optimizer and exposed "
+                                "communication: prediction.csv.")]
+
+
 def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plots: list, missing_plots: list,
-          written: list, breakdown: Optional[pd.DataFrame] = None) -> list:
+          written: list, breakdown: Optional[pd.DataFrame] = None,
+          predicted=None) -> list:
     by_name = {p.name: p for p in plots}
     images = {os.path.basename(p) for p in written if p.endswith(".png")}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -527,6 +568,7 @@ def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plot
     blocks += _best_section(results)
     blocks += _scaling_section(results, by_name, images, missing_plots)
     blocks += _prediction_section(results, by_name, images)
+    blocks += _measured_predicted_section(predicted, by_name, images)
     blocks += _grid_section(results, by_name, images)
     blocks += _plugin_section(results, by_name, images)
     blocks += _breakdown_section(breakdown, by_name, images)

@@ -20,6 +20,7 @@ if __package__ in (None, ""):
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from analysis import figures  # noqa: E402
+from analysis import prediction  # noqa: E402
 from analysis import report  # noqa: E402
 from vit_scale.record import reader as records  # noqa: E402
 from analysis import table as tbl  # noqa: E402
@@ -235,20 +236,24 @@ def run(args) -> int:
         breakdown = traces.table(coll.runs)
         if not breakdown.empty:
             breakdown.to_csv(writer.path("time_breakdown.csv"), index=False)
+        predicted = prediction.build(coll.runs, results, breakdown)
+        if not predicted.rows.empty:
+            predicted.rows.to_csv(writer.path("prediction.csv"), index=False)
     except OSError as exc:
         raise UsageError(f"--out: cannot write in {args.out}: {exc.strerror or exc}") from None
 
     drawn, missing = [], []
     if not args.no_plots:
         t_plot = time.perf_counter()
-        drawn, missing = figures.all_plots(results, args.grid_model, args.grid_nodes, args.width, breakdown)
+        drawn, missing = figures.all_plots(results, args.grid_model, args.grid_nodes, args.width, breakdown,
+                                          predicted.rows)
         for fig in drawn:
             for fmt in args.formats:
                 fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
         _say(args, f"drew {len(drawn)} figures in {time.perf_counter() - t_plot:.1f} s")
         for m in missing:
             _say(args, f"  not drawn: {m}")
-    blocks = report.build(results, set_aside, coll, drawn, missing, writer.written, breakdown)
+    blocks = report.build(results, set_aside, coll, drawn, missing, writer.written, breakdown, predicted)
     with open(writer.path("report.md"), "w") as f:
         f.write(report.to_markdown(blocks))
     with open(writer.path("report.html"), "w") as f:

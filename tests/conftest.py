@@ -21,18 +21,60 @@ FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch
 #   unit       no ranks, no system tools: `pytest -m unit` is the fast subset (CONTRIBUTING.md)
 #   multirank  trains: real ranks (one or more) over gloo, torchrun, env:// processes, emulated nodes
 #   cluster    needs a system tool that --with-test-tools installs: Slurm, Lmod, MPI, shellcheck
-KINDS = {
-    "unit": ["test_analysis", "test_env_setup_venv", "test_finetune_units", "test_gpu_decisions", "test_house",
-             "test_memory_window", "test_models_and_config", "test_peaks", "test_plan", "test_step_meter",
-             "test_traces_hta", "test_stats", "test_alpha_beta", "test_step_time",
-             # its two ranks exit at the configuration check, before any process group
-             "test_trainer_bad_input"],
-    "multirank": ["test_analysis_contract", "test_capabilities", "test_colossalai", "test_compile", "test_deepspeed",
-                  "test_finetune", "test_fsdp_fp16", "test_jobs", "test_lora", "test_meta_init", "test_plan_tensors",
-                  "test_predicted_bytes", "test_profiling", "test_study", "test_tracking", "test_trainer_equivalence",
-                  "test_trainer_failures", "test_study_repeat"],
-    "cluster": ["test_check", "test_env_lmod", "test_jobs_slurm", "test_launchers", "test_shellcheck",
-                "test_study_lock"],
+KINDS = {  # one module a line, sorted: branches that add modules then merge without conflict
+    "unit": [
+        "test_alpha_beta",
+        "test_adding_a_family",
+        "test_analysis",
+        "test_check_scale",
+        "test_end_record",
+        "test_env_setup_venv",
+        "test_finetune_units",
+        "test_gpu_decisions",
+        "test_house",
+        "test_memory_window",
+        "test_models_and_config",
+        "test_peaks",
+        "test_plan",
+        "test_plan_predict",
+        "test_prediction",
+        "test_stats",
+        "test_step_meter",
+        "test_step_time",
+        "test_traces_hta",
+        # its two ranks exit at the configuration check, before any process group
+        "test_trainer_bad_input",
+    ],
+    "multirank": [
+        "test_analysis_contract",
+        "test_capabilities",
+        "test_check_groups",
+        "test_check_meter",
+        "test_colossalai",
+        "test_compile",
+        "test_deepspeed",
+        "test_finetune",
+        "test_fsdp_fp16",
+        "test_jobs",
+        "test_lora",
+        "test_meta_init",
+        "test_plan_tensors",
+        "test_predicted_bytes",
+        "test_profiling",
+        "test_study",
+        "test_study_repeat",
+        "test_tracking",
+        "test_trainer_equivalence",
+        "test_trainer_failures",
+    ],
+    "cluster": [
+        "test_check",
+        "test_env_lmod",
+        "test_jobs_slurm",
+        "test_launchers",
+        "test_shellcheck",
+        "test_study_lock",
+    ],
 }
 
 

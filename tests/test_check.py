@@ -333,21 +333,23 @@ def ring_sum(values, dtype):
 
 def test_collective_check_is_exact_where_a_bf16_ring_is_not():
     """384 ranks: a bf16 ring's per-hop rounding puts a right sum more than 1% off n(n+1)/2 (the old
-    rule failed it); the check sums in fp32, exact up to its limit, and still catches a lost rank."""
+    rule failed it); the check sums in fp32, exact at any size (tests/test_check_scale.py), and still
+    catches a lost rank."""
     import torch
 
-    from vit_scale.check.collectives import CHECK_EXACT_UP_TO, result_is_right
+    from vit_scale.check.collectives import check_value, expected_sum, result_is_right
 
     n = 384
     values = [float(rank + 1) for rank in range(n)]
     bf16 = ring_sum(values, torch.bfloat16)
     assert not torch.allclose(bf16, torch.tensor(n * (n + 1) / 2), rtol=1e-2)   # why the check left bf16
-    for ranks in (n, CHECK_EXACT_UP_TO):
-        exact = ring_sum([float(rank + 1) for rank in range(ranks)], torch.float32)
-        assert result_is_right("all_reduce", exact.repeat(ranks), ranks, 1)
-    lost_one = ring_sum(values[:-1], torch.float32)
+    sent = [float(check_value("all_reduce", rank, n)) for rank in range(n)]
+    exact = ring_sum(sent, torch.float32)
+    assert result_is_right("all_reduce", exact.repeat(n), n, 1)
+    lost_one = ring_sum(sent[:-1], torch.float32)
     assert not result_is_right("all_reduce", lost_one.repeat(n), n, 1)
-    assert not result_is_right("reduce_scatter", (exact + 1).repeat(3), CHECK_EXACT_UP_TO, 3)
+    assert not result_is_right("reduce_scatter", (exact + 1).repeat(3), n, 3)
+    assert exact.item() == expected_sum(n)
     gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(2)
     assert result_is_right("all_gather", gathered, n, 2)
     assert not result_is_right("all_gather", gathered.flip(0), n, 2)
@@ -367,10 +369,9 @@ def test_scopes_come_from_every_ranks_node_and_uneven_placement_is_refused():
 
 
 def test_nccl_lines_are_read_from_their_files(tmp_path):
-    """NCCL_DEBUG_FILE's files (one per process, as NCCL names them) decide the transport, with the
-    launch's log read too (mocked lines: no NCCL here)."""
-    from vit_scale.check.cli import collective_log_text, nccl_log_name
-    from vit_scale.check.environment import transport_facts
+    """NCCL_DEBUG_FILE's files (one per logging process, as NCCL names them) decide the transport,
+    with the launch's log read too (mocked lines: no NCCL here)."""
+    from vit_scale.check.environment import collective_logs, nccl_log_name, transport_facts
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -379,9 +380,9 @@ def test_nccl_lines_are_read_from_their_files(tmp_path):
     (logs / nccl_log_name("20250101-000000-9", 1).replace("%h", "n1").replace("%p", "9")).write_text(NCCL_SOCKET)
     rank_log = logs / f"check.{stamp}.1.log"
     rank_log.write_text("rank output, NCCL's lines lost to os._exit\n")
-    text = collective_log_text(str(tmp_path), stamp, [str(rank_log)])
+    text = "".join(line for lines in collective_logs(str(tmp_path), stamp, [str(rank_log)]) for line in lines)
     assert "Socket" not in text and "rank output" in text   # another check's file is not read
-    facts = transport_facts("nccl", text, ("ib", "ofi"))
+    facts = transport_facts("nccl", collective_logs(str(tmp_path), stamp, [str(rank_log)]), ("ib", "ofi"))
     assert facts["observed"] == ["ib"], facts
     assert nccl_log_name(stamp, 2) == f"nccl.{stamp}.2.%h.%p.log"
 

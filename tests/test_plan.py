@@ -218,6 +218,10 @@ def test_predict_for_run_is_the_record_plan():
     cfg.plan.device_memory_gib = None
     cpu = SimpleNamespace(world_size=2, local_world_size=2, nodes=1, device_type="cpu", device_index=None)
     assert predict_for_run(cfg, cpu)["fits"] is None  # no device memory to judge against
+    # the device's own memory comes from the caller (the planner never asks a device)
+    assert predict_for_run(cfg, gpu, device_memory_gib=64.0)["device_memory_gib"] == 64.0
+    cfg.plan.device_memory_gib = 32.0  # the configured figure wins over the device's
+    assert predict_for_run(cfg, gpu, device_memory_gib=64.0)["device_memory_gib"] == 32.0
 
 
 BAD = [

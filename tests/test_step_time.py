@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from vit_scale.config import DeepSpeedConfig, FSDPConfig
+from vit_scale.distributed.deepspeed import DeepSpeedConfig
+from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.planning import communication
 from vit_scale.planning.alpha_beta import Link, Network
 from vit_scale.planning.scenario import Scenario, layout

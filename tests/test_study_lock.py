@@ -215,3 +215,75 @@ def test_who_holds_a_lock(tmp_path, monkeypatch):
         ("gone", "was this job before it was requeued")
     assert lock.holder_state(dict(elsewhere, slurm=dict(job, restart_count=1)), me)[0] == "held"
     assert lock.holder_state(dict(elsewhere, slurm=dict(job, job_id="78", cluster="frontier")), me)[0] == "unknown"
+
+
+def ended_process() -> dict:
+    """The lock record of a study process on this machine that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(timeout=60)
+    return dict(lock.this_process("weak_scaling.sh (ended)"), pid=proc.pid)
+
+
+def plant_guard(path: str, holder: dict, skew_s: float) -> str:
+    """A takeover guard of `holder` whose mtime is off from this host's clock by skew_s, as a file
+    server (or, on Lustre, the writing client) whose clock is that far from ours stamps it."""
+    guard = path + ".takeover"
+    with open(guard, "w") as f:
+        json.dump(holder, f)
+    now = time.time()
+    os.utime(guard, (now + skew_s, now + skew_s))
+    return guard
+
+
+def test_a_live_takeover_guard_holds_whatever_its_mtime_says(tmp_path):
+    """Another machine's study is taking over a stale lock, its guard's mtime 2 minutes behind our
+    clock: this study waits for it instead of breaking the guard, and is refused once it holds the
+    lock (before, the guard looked 120 s old and both studies took the lock over)."""
+    os.makedirs(tmp_path / lock.LOCK_DIR)
+    path = lock.lock_path(str(tmp_path), "vit_micro", 1)
+    plant_lock(tmp_path, **ended_process())
+    other = dict(lock.this_process("weak_scaling.sh (elsewhere)"), host="n2", pid=4242, boot_id="another machine",
+                 slurm=None)
+    guard = plant_guard(path, other, -120)
+
+    def other_finishes():   # its takeover ends a second later, as a slow file server can make it
+        time.sleep(1.0)
+        with open(path + ".new", "w") as f:
+            json.dump(other, f)
+        os.replace(path + ".new", path)
+        os.unlink(guard)
+
+    import threading
+
+    finishing = threading.Thread(target=other_finishes)
+    finishing.start()
+    try:
+        with pytest.raises(lock.Refused) as refused:
+            lock.take(path, lock.this_process("me"))
+    finally:
+        finishing.join()
+    assert refused.value.holder["token"] == other["token"]
+    with open(path) as f:
+        assert json.load(f)["token"] == other["token"]
+
+
+def test_a_guard_left_by_a_dead_takeover_is_broken_by_our_own_clock(tmp_path, monkeypatch):
+    """A guard whose writer died on another machine, its mtime 2 minutes ahead of our clock: after
+    TAKEOVER_STALE_S of this study's own clock it is broken and the stale lock taken over (before,
+    it never aged and every later study was refused)."""
+    monkeypatch.setattr(lock, "TAKEOVER_STALE_S", 1.5)
+    os.makedirs(tmp_path / lock.LOCK_DIR)
+    path = lock.lock_path(str(tmp_path), "vit_micro", 1)
+    ended = ended_process()
+    plant_lock(tmp_path, **ended)
+    dead = dict(lock.this_process("weak_scaling.sh (died in its takeover)"), host="n2", pid=4242,
+                boot_id="another machine", slurm=None)
+    guard = plant_guard(path, dead, 120)
+    me = lock.this_process("me")
+    started = time.monotonic()
+    old = lock.take(path, me)
+    assert time.monotonic() - started >= 1.5
+    assert old["token"] == ended["token"] and old["why"] == "has ended"
+    with open(path) as f:
+        assert json.load(f)["token"] == me["token"]
+    assert not os.path.exists(guard)

@@ -74,6 +74,17 @@ def build_model(spec: ModelSpec, num_classes: int = 1000, device=None):
     )
 
 
+# the Linear layers of a timm Block, by short name (what finetune.lora.targets lists) -> path inside the Block
+BLOCK_LINEARS = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
+
+
+def parse_block_linears(text: str) -> list[str]:
+    """Comma-separated Block Linear names as a list in BLOCK_LINEARS order, without repeats, so that
+    `qkv,fc1` and `fc1,qkv` name the same layers; unknown names follow, left for the caller to refuse."""
+    named = [t.strip() for t in text.split(",") if t.strip()]
+    return [t for t in BLOCK_LINEARS if t in named] + [t for t in dict.fromkeys(named) if t not in BLOCK_LINEARS]
+
+
 def block_class():
     """The module FSDP wraps as one unit and activation checkpointing recomputes."""
     from vit_scale.compat import ensure_torchvision_importable

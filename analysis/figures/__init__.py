@@ -15,7 +15,7 @@ from typing import Optional
 
 import pandas as pd
 
-from . import breakdown, heat_map, memory_prediction, memory_scaling, plugins, prefetch_grid, scaling
+from . import breakdown, heat_map, memory_prediction, memory_scaling, plugins, predicted, prefetch_grid, scaling
 from ._layout import Plot
 from ._runs import model_order, run_facts, scaling_runs, scaling_support, single_point_lines
 from ._spec import FigureSpec, Inputs
@@ -36,14 +36,17 @@ FIGURES: tuple = (
     plugins.FIGURE,            # plugin_comparison: one device against batch size (seeds 000/001)
     memory_prediction.FIGURE,  # predicted_memory: the planner against measurement
     breakdown.FIGURE,          # time_breakdown: where the time goes, from profiler traces
+    predicted.FIGURE,          # weak_scaling_predicted: each measured curve beside its prediction
 )
 
 
 def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Optional[int] = None,
-              width: float = COLUMN_WIDTH, breakdown: Optional[pd.DataFrame] = None) -> tuple:
+              width: float = COLUMN_WIDTH, breakdown: Optional[pd.DataFrame] = None,
+              predictions: Optional[pd.DataFrame] = None) -> tuple:
     """(plots, missing): every figure the tables support, and a line for each one they do not,
-    saying why. breakdown: time_breakdown.csv's rows, when some run was profiled."""
-    inputs = Inputs(df, series_colors(df), series_markers(df), width, grid_model, grid_nodes, breakdown)
+    saying why. breakdown: time_breakdown.csv's rows, when some run was profiled; predictions:
+    prediction.csv's rows."""
+    inputs = Inputs(df, series_colors(df), series_markers(df), width, grid_model, grid_nodes, breakdown, predictions)
     plots, missing = [], []
     for figure in FIGURES:
         plot = figure.draw(inputs)

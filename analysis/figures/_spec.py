@@ -18,6 +18,7 @@ class Inputs:
     grid_model: Optional[str] = None
     grid_nodes: Optional[int] = None
     breakdown: Optional[pd.DataFrame] = None   # time_breakdown.csv's rows, when runs were profiled
+    predictions: Optional[pd.DataFrame] = None  # prediction.csv's rows (analysis/prediction.py)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,6 @@ OPTIONS = ("--system", "--nodes", "--ranks-per-node", "--strategies", "--precisi
            "--launcher", "--out", "--json", "--time-limit")
 GRACE_S = 30                # after one rank ends badly, how long the others get
 PARTS = ("meter", "environment", "interconnect", "strategies")
-NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
 
 USAGE = """usage: vit-scale check [options]
        sbatch [-N NODES] jobs/check.sh [options]     (bash jobs/check.sh without Slurm)
@@ -322,11 +321,16 @@ class Check:
         return row
 
     def launch(self, supervisor, parts: list, labels: list, attempt: int, stamp: str, left_s: float):
+        from vit_scale.check.environment import nccl_log_name
+
         spec_path = os.path.join(self.out, "logs", f"spec.{stamp}.{attempt}.json")
         result = os.path.join(self.out, "logs", f"facts.{stamp}.{attempt}.json")
         spec = {"parts": parts, "labels": [list(x) for x in labels], "model": self.model, "precisions": self.precisions,
                 "quick": self.quick, "records": os.path.join(self.out, "records"), "result": result,
-                "run_prefix": stamp, "attempt": attempt}
+                "run_prefix": stamp, "attempt": attempt,
+                # the few ranks that prove the transport log NCCL's lines here (check.environment.logs_transport)
+                "nccl_log": os.path.join(self.out, "logs", nccl_log_name(stamp, attempt))
+                if self.system.backend == "nccl" else None}
         write_atomically(spec_path, spec)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
         addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
@@ -336,11 +340,6 @@ class Check:
             master_port=free_port(), time_limit_min=math.ceil(left_s / 60) if self.use_slurm else None,
             grace_s=GRACE_S, rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.check{attempt}",
             as_root=os.geteuid() == 0, program=PROGRAM)
-        if self.system.backend == "nccl":
-            # the transport is read from these lines: NCCL writes them unbuffered to a file per
-            # process (src/debug.cc: ncclDebugInit), where stdout would lose the last ones to the
-            # ranks' os._exit and interleave ranks sharing a log
-            launch.env.update(NCCL_LOGGING, NCCL_DEBUG_FILE=os.path.join(self.out, "logs", nccl_log_name(stamp, attempt)))
         log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
         with open(log, "w") as f:
             f.write(launch.log_header())
@@ -367,9 +366,9 @@ class Check:
         return found[-1] if found else None
 
     def assemble(self, facts: dict, attempts: list, stamp: str = "") -> dict:
-        from vit_scale.check.environment import transport_facts
+        from vit_scale.check.environment import collective_logs, transport_facts
 
-        logs = collective_log_text(self.out, stamp, [a["log"] for a in attempts])
+        logs = collective_logs(self.out, stamp, [a["log"] for a in attempts])
         world = facts.get("world") or {}
         backend = world.get("backend") or self.system.backend
         return {
@@ -384,27 +383,6 @@ class Check:
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
             "facts": facts, "out": self.out,
         }
-
-
-def nccl_log_name(stamp: str, attempt: int) -> str:
-    """NCCL_DEBUG_FILE's name: NCCL puts the host for %h and the process id for %p."""
-    return f"nccl.{stamp}.{attempt}.%h.%p.log"
-
-
-def collective_log_text(out: str, stamp: str, rank_logs: list) -> str:
-    """NCCL's lines of this check: its files (one per process), then the launches' logs, where they
-    land when NCCL could not open the file."""
-    import glob
-
-    paths = sorted(glob.glob(os.path.join(out, "logs", f"nccl.{glob.escape(stamp)}.*.log"))) + list(rank_logs)
-    text = ""
-    for path in paths:
-        try:
-            with open(path, errors="replace") as f:
-                text += f.read()
-        except OSError:
-            pass
-    return text
 
 
 def out_of_time(label: str, precision: str, limit_min: float) -> dict:

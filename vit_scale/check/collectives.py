@@ -18,11 +18,14 @@ of a second and a fast one on a GPU gets many iterations), device events on a GP
 perf_counter after a barrier on a CPU, the slowest rank's time.
 
 The checking call runs the collective once on an fp32 buffer of the same length, whatever the
-timed precision: each rank sends its group rank + 1, so a sum is n(n+1)/2, exact in fp32 (integers
-up to 2**24) for every n up to CHECK_EXACT_UP_TO ranks, in any order and grouping of the additions.
-In bf16 the library rounds each ring hop's partial sum to 8 significant bits: from 24 ranks on the
-true sum is off by more than 1% although nothing is wrong (fp16 overflows past 362 ranks). The
-comparison is exact; a wrong result on any rank makes the measurement wrong on every rank.
+timed precision, and compares the result exactly. In bf16 the library rounds each ring hop's
+partial sum to 8 significant bits: from 24 ranks on the true sum is off by more than 1% although
+nothing is wrong (fp16 overflows past 362 ranks). fp32 is exact only on integers up to 2**24, so
+what a rank sends for a sum is chosen to keep every partial sum below that at any rank count
+(`check_value`): whatever order or grouping the library adds in (rings starting anywhere, in
+either direction, trees), each partial sum is a sum of some ranks' positive integers, at most the
+total, so it is exact. A gather adds nothing: each rank sends its group rank + 1, in order. A
+wrong result on any rank makes the measurement wrong on every rank.
 
 The size arithmetic here is torch-free; torch is imported inside the functions that measure.
 """
@@ -32,6 +35,8 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass
+
+from vit_scale.text import human_bytes, human_seconds  # noqa: F401 - moved to text; still importable from here
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
@@ -43,7 +48,7 @@ LATENCY_SIZES = (8, 64, 512, 4096)
 QUICK_LATENCY_SIZES = (8, 4096)
 # after the world's rendezvous, how long any collective of the check may wait for its peers
 COLLECTIVE_TIMEOUT_S = 300
-CHECK_EXACT_UP_TO = 5792              # n(n+1)/2 <= 2**24: every partial sum an exact fp32 integer
+EXACT_FP32 = 2 ** 24                  # every integer up to this is exact in fp32
 
 
 @dataclass(frozen=True)
@@ -87,27 +92,34 @@ def sizes_for(model: str, precision: str, quick: bool) -> list[Size]:
     return sizes
 
 
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.3g} {unit}" if value != int(value) else f"{int(value)} {unit}"
-    return f"{int(n)} B"
-
-
-def human_seconds(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
 def elements(nbytes: int, element_bytes: int, ranks: int) -> int:
     """Whole elements, a multiple of the group's ranks (the all-gather's and reduce-scatter's
     pieces must be equal), at least one per rank."""
     per_rank = max(1, math.ceil(nbytes / element_bytes / ranks))
     return per_rank * ranks
+
+
+def sum_cycle(ranks: int) -> int:
+    """How many distinct values the ranks of a sum send (1 .. cycle, repeating over the ranks): as
+    many as keep their total within EXACT_FP32."""
+    return max(1, min(ranks, EXACT_FP32 // ranks))
+
+
+def check_value(collective: str, rank: int, ranks: int) -> int:
+    """What group rank `rank` of `ranks` sends in the checking call: its rank + 1 for a gather (the
+    order is checked), for a sum a value from 1 to sum_cycle(ranks), so that the total, and so every
+    partial sum, is an exact fp32 integer. Every value is at least 1: a rank left out or counted
+    twice changes the total."""
+    if collective == "all_gather":
+        return rank + 1
+    return rank % sum_cycle(ranks) + 1
+
+
+def expected_sum(ranks: int) -> int:
+    """The total of check_value over the group's ranks, in integers."""
+    cycle = sum_cycle(ranks)
+    whole, rest = divmod(ranks, cycle)
+    return whole * cycle * (cycle + 1) // 2 + rest * (rest + 1) // 2
 
 
 # ---------------------------------------------------------------- measuring (torch from here on)
@@ -210,7 +222,7 @@ def measure(world, collective: str, size: Size, group, ranks: int, settings: Set
     me = dist.get_rank(group) if group is not None else dist.get_rank()
     numel = elements(size.nbytes, ELEMENT_BYTES[size.precision], ranks)
     piece = numel // ranks
-    send, recv = buffers(collective, numel, piece, torch.float32, device, float(me + 1))
+    send, recv = buffers(collective, numel, piece, torch.float32, device, float(check_value(collective, me, ranks)))
     call(collective, send, recv, group)()
     right = result_is_right(collective, recv, ranks, piece)
     # a rank that got a wrong result makes it wrong for all: rank 0 alone writes the facts
@@ -266,12 +278,12 @@ def agreed_max(seconds: float, group, device) -> float:
 
 
 def result_is_right(collective: str, recv, ranks: int, piece: int) -> bool:
-    """The checking call's fp32 result, compared exactly: each rank sent its group rank + 1, so a
-    sum is n(n+1)/2 and a gather is 1, 2, ... n in order."""
+    """The checking call's fp32 result, compared exactly: a sum is expected_sum(ranks), a gather
+    1, 2, ... n in order (see check_value)."""
     import torch
 
     if collective == "all_gather":
         expected = torch.arange(1, ranks + 1, dtype=torch.float32, device=recv.device).repeat_interleave(piece)
     else:
-        expected = torch.full_like(recv, ranks * (ranks + 1) / 2, dtype=torch.float32)
+        expected = torch.full_like(recv, float(expected_sum(ranks)), dtype=torch.float32)
     return recv.dtype == torch.float32 and bool(torch.equal(recv, expected))

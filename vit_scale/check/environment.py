@@ -1,26 +1,31 @@
 """What the ranks run on: versions, devices and their binding, modules, JIT kernels; and the
 network transport the collective library really chose, read from its own log lines.
 
-The transport: NCCL and RCCL print, with NCCL_DEBUG=INFO (the orchestrator sets it with
-NCCL_DEBUG_SUBSYS=INIT,NET for the check's launch), the network they loaded,
+The transport: NCCL and RCCL print, with NCCL_DEBUG=INFO (the worker sets it with
+NCCL_DEBUG_SUBSYS=INIT,NET on the ranks that prove the transport, `logs_transport`), the network
+they loaded,
   "NCCL INFO Using network IB" | "Using network Socket" | "Using network AWS Libfabric"
 (src/init.cc: INFO(NCCL_INIT, "Using network %s", ...)), and for each connection to a rank on
 another node the transport it goes through,
   "Channel 00/0 : 0[0] -> 8[0] [send] via NET/IB/0" | "via NET/Socket/0" | "via NET/AWS Libfabric/0/GDRDMA"
 (src/transport/net.cc: INFO(NCCL_INIT|NCCL_NET, "... via NET/%s/%d..."); within a node, P2P or
 SHM). gloo has one transport on Linux, TCP. The parsing here is torch-free; the orchestrator
-runs it on the launch's log.
+runs it on the launch's log files, read as a stream and only until a connection between nodes
+is seen.
 """
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Iterator
 
 # what a profile without `inter_node_transport` expects between nodes, by its backend
 EXPECTED_BY_BACKEND = {"nccl": ("ib", "ofi"), "gloo": ("tcp",)}
 TRANSPORTS = ("ib", "ofi", "socket", "tcp")
 USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 VIA_NET = re.compile(r"via NET/([^/\n]+)/")
+NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+LOGGING_NODES = 2     # the ranks of this many nodes log: enough to see connections between nodes
 
 
 def transport_class(network: str) -> str:
@@ -40,32 +45,81 @@ def expected_transport(profile: list, backend: str) -> tuple:
     return tuple(profile) or EXPECTED_BY_BACKEND.get(backend, ())
 
 
-def nccl_transport(log_text: str) -> dict:
-    """What NCCL's INFO lines in a launch's log say: the network it loaded, and the transports its
-    connections between nodes went through (empty when every peer was on the rank's node)."""
+def nccl_transport(logs) -> dict:
+    """What NCCL's INFO lines say: the network it loaded, and the transports its connections
+    between nodes went through (empty when every peer was on the rank's node). `logs` is one
+    text, or files as iterables of lines; reading stops at the end of the first file that shows a
+    connection between nodes, so that a launch's many files are not all read."""
     networks, between_nodes, evidence = {}, {}, []
-    for line in log_text.splitlines():
-        found = USING_NETWORK.search(line)
-        if found:
-            networks.setdefault(found.group(1), None)
-            if len(evidence) < 4 and line.strip() not in evidence:
-                evidence.append(line.strip())
-            continue
-        found = VIA_NET.search(line)
-        if found:
-            if found.group(1) not in between_nodes and len(evidence) < 8:
-                evidence.append(line.strip())
-            between_nodes[found.group(1)] = None
+    for lines in [logs.splitlines()] if isinstance(logs, str) else logs:
+        for line in lines:
+            found = USING_NETWORK.search(line)
+            if found:
+                networks.setdefault(found.group(1), None)
+                if len(evidence) < 4 and line.strip() not in evidence:
+                    evidence.append(line.strip())
+                continue
+            found = VIA_NET.search(line)
+            if found:
+                if found.group(1) not in between_nodes and len(evidence) < 8:
+                    evidence.append(line.strip())
+                between_nodes[found.group(1)] = None
+        if between_nodes:
+            break
     return {"networks": list(networks), "between_nodes": list(between_nodes), "evidence": evidence}
 
 
-def transport_facts(backend: str, log_text: str, expected: tuple, gloo_transport: str = "tcp") -> dict:
-    """The transport between nodes as observed, beside what is expected."""
+def nccl_log_name(stamp: str, attempt: int) -> str:
+    """NCCL_DEBUG_FILE's name: NCCL puts the host for %h and the process id for %p."""
+    return f"nccl.{stamp}.{attempt}.%h.%p.log"
+
+
+def logs_transport(rank: int, ranks_per_node: int) -> bool:
+    """Whether this rank writes NCCL's INFO lines: every rank of the first LOGGING_NODES nodes (with
+    srun's block placement), at most 16 files on Frontier whatever the node count. Every rank of
+    them and not their local rank 0 alone: NCCL chooses which GPU of a node carries each ring's
+    connection to the next node (the one nearest a NIC), and the sender on node 0 and the receiver
+    on node 1 are among these ranks whichever it is."""
+    return rank < LOGGING_NODES * max(1, ranks_per_node)
+
+
+def nccl_logging(log_path: str) -> dict:
+    """The environment that makes NCCL write its INFO lines to a file per process (unbuffered:
+    src/debug.cc, ncclDebugInit), read once, at NCCL's first use in the process."""
+    return {**NCCL_LOGGING, "NCCL_DEBUG_FILE": log_path}
+
+
+def collective_logs(out: str, stamp: str, rank_logs: list) -> Iterator[Iterable[str]]:
+    """NCCL's lines of this check, file by file, each a stream of lines (nothing concatenated):
+    its files (one per logging process), then the launches' logs, where they land when NCCL could
+    not open the file."""
+    folder, prefix = os.path.join(out, "logs"), f"nccl.{stamp}."
+    try:
+        with os.scandir(folder) as entries:   # in the directory's order: no list of every name
+            for entry in entries:
+                if entry.name.startswith(prefix) and entry.name.endswith(".log"):
+                    yield lines_of(entry.path)
+    except OSError:
+        pass
+    for path in rank_logs:
+        yield lines_of(path)
+
+
+def lines_of(path: str) -> Iterator[str]:
+    try:
+        with open(path, errors="replace") as f:
+            yield from f
+    except OSError:
+        return
+
+
+def transport_facts(backend: str, logs, expected: tuple, gloo_transport: str = "tcp") -> dict:
+    """The transport between nodes as observed, beside what is expected (`logs`: as nccl_transport)."""
     if backend == "gloo":
         observed = [gloo_transport.lower()]
         return {"backend": "gloo", "observed": observed, "networks": [], "between_nodes": observed,
                 "expected": list(expected), "source": "gloo (TCP is its one transport on Linux)", "evidence": []}
-    seen = nccl_transport(log_text)
+    seen = nccl_transport(logs)
     used = seen["between_nodes"] or seen["networks"]
     return {"backend": backend, "observed": list(dict.fromkeys(transport_class(n) for n in used)),
             "networks": seen["networks"], "between_nodes": seen["between_nodes"], "expected": list(expected),

@@ -176,22 +176,52 @@ def one_device_world(world):
 
 def measure(world, settings: MeterSettings, out_dir: str) -> dict:
     """Every comparison, in a process group of this rank alone (the caller's job: the check's rank 0
-    runs it before the world's process group exists)."""
+    runs it before the world's process group exists). Each measured run starts with nothing of the
+    runs before it alive (`release`), so that its peak is its own: what is kept of a run is its
+    figures, never the run."""
     bare, ours = [], []
-    run = None
+    event = run_dir = None
     for _ in range(settings.rounds):   # alternating, so that drift of the machine hits both alike
+        release(world)
         bare.append(bare_loop("DDP", settings, world))
+        release(world)
         ips, run = trainer("DDP", settings, world, out_dir, study="meter")
         ours.append(ips)
+        event, run_dir = list(run.step_times), run.run_dir   # the normal run's timed steps, as the trainer booked them
+        del run
     ratio = statistics.median(o / b for o, b in zip(ours, bare))
+    release(world)
     _, timed = trainer("DDP", settings, world, out_dir, host_timed_run_class(), study="meter")
-    event = run.step_times      # the normal run's timed steps, as the trainer booked them
     host = timed.host_step_s[len(timed.host_step_s) - len(timed.step_times):]   # the same steps of the synchronised run
+    del timed
+    release(world)
     event_mean, host_mean = statistics.fmean(event), statistics.fmean(host)
     return {"settings": dataclasses.asdict(settings), "strategy": "DDP", "device_type": world.device_type,
             "bare_images_per_s": statistics.median(bare), "trainer_images_per_s": statistics.median(ours),
             "ratio": ratio, "event_step_s": event_mean, "host_step_s": host_mean, "steps_compared": len(event),
-            "timing_difference": (event_mean - host_mean) / host_mean, **memory_error(run.run_dir, world)}
+            "timing_difference": (event_mean - host_mean) / host_mean, **memory_error(run_dir, world)}
+
+
+def release(world) -> None:
+    """Free what the previous loop or run left: its model, optimizer state and DDP's buckets are held
+    by reference cycles (DDP's reducer and hooks point back at the module) that only the collector
+    breaks; then the allocator's cache of their memory is handed back, torch's caching allocator's
+    on a GPU, glibc's free heap on a CPU (the resident set the CPU's peak is read from counts it)."""
+    import gc
+
+    gc.collect()
+    if world.device_type != "cpu":
+        import torch
+
+        torch.cuda.empty_cache()
+        return
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass   # not glibc (macOS, musl): its free memory stays counted
 
 
 def memory_error(run_dir: str, world) -> dict:

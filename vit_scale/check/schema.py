@@ -35,7 +35,9 @@ STRATEGY_ROW = {
     "properties": {"label": {"type": "string"}, "precision": PRECISION,
                    "status": {"enum": ["ok", "refused", "failed", "oom", "timeout", "diverged", "skipped"]},
                    "error": STR_OR_NULL, "replicas_agree": {"type": ["boolean", "null"]},
-                   "images_per_s": NUM_OR_NULL, "steps": {"type": ["integer", "null"]}, "run_dir": STR_OR_NULL},
+                   "images_per_s": NUM_OR_NULL, "steps": {"type": ["integer", "null"]}, "run_dir": STR_OR_NULL,
+                   # the longest collective timeout among the world's group and the groups the label made
+                   "collective_timeout_s": NUM_OR_NULL},
 }
 
 RANK = {

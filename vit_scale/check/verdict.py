@@ -5,9 +5,9 @@ request (system, nodes, labels, ...), the launches, and the facts the worker's r
 """
 from __future__ import annotations
 
-from vit_scale.check.collectives import human_bytes, human_seconds
 from vit_scale.check.lines import Line
 from vit_scale.check.meter import GPU_OVERHEAD_FLOOR, TIMING_TOLERANCE
+from vit_scale.text import human_bytes, human_seconds
 
 SCOPE_TEXT = {"node": "within a node", "world": "across nodes"}
 

@@ -76,6 +76,8 @@ def main(argv=None) -> int:
                      "gloo_transport": os.environ.get("GLOO_DEVICE_TRANSPORT", "tcp").lower()})
     parts = spec["parts"]
     same_network_as_the_world(world)
+    log_transport(world, spec.get("nccl_log"))
+    bound_every_new_group()
     if "meter" in parts and world.rank == 0:
         meter(world, spec, facts)
     join_world(world)
@@ -103,6 +105,17 @@ def same_network_as_the_world(world) -> None:
     os.environ.update(network_requirement(world))
 
 
+def log_transport(world, log_path) -> None:
+    """NCCL's INFO lines, to a file per process, on the few ranks that prove the transport: set
+    before NCCL's first use here (the meter's group on rank 0, else the world's), which is when NCCL
+    reads them. Every rank logging would create a file per rank at once in one directory of a
+    parallel filesystem, written a line at a time inside communicator setup."""
+    from vit_scale.check.environment import logs_transport, nccl_logging
+
+    if log_path and logs_transport(world.rank, world.local_world_size):
+        os.environ.update(nccl_logging(log_path))
+
+
 def join_world(world) -> None:
     """The world's process group: its rendezvous may wait WORLD_TIMEOUT_S (rank 0 meters first),
     its collectives afterwards COLLECTIVE_TIMEOUT_S, so that a rank stuck behind a broken peer
@@ -119,16 +132,82 @@ def join_world(world) -> None:
     c10d._set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))   # gloo and NCCL: the default group's
 
 
-def collective_timeout_s(world) -> float | None:
-    """The world group's collective timeout as its backend holds it (None where torch hides it)."""
+def bound_every_new_group() -> None:
+    """Every group made in this process from here on without a timeout of its own gets
+    COLLECTIVE_TIMEOUT_S, not torch's 10 or 30 minutes: the labels' subgroups (FSDP's
+    init_device_mesh, DeepSpeed's deepspeed.comm.new_group, ColossalAI's ProcessGroupMesh and
+    ProcessGroupManager) all call torch's new_group or split_group without one, and those take
+    the default from c10d's module globals when called (_get_default_timeout), so one hung label
+    ends in minutes, not in 10 of the --time-limit. The world's group and the node groups pass
+    their own."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
+
+    c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+
+
+def group_timeout_s(world, group=None) -> float | None:
+    """A group's collective timeout as its backend holds it (the world's by default; None where
+    torch hides it)."""
     import torch
     import torch.distributed.distributed_c10d as c10d
 
     try:
         device = torch.device("cpu" if world.device_type == "cpu" else "cuda")
-        return c10d._get_default_group()._get_backend(device).options._timeout.total_seconds()
+        return (group or c10d._get_default_group())._get_backend(device).options._timeout.total_seconds()
     except (AttributeError, RuntimeError):
         return None
+
+
+def collective_timeout_s(world) -> float | None:
+    """The world group's collective timeout as its backend holds it (None where torch hides it)."""
+    return group_timeout_s(world)
+
+
+def live_groups() -> list:
+    """The process groups this rank is in, the world's included, as torch's registry holds them."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return list(c10d._world.pg_map)
+
+
+def end_groups_since(world, before: list) -> float | None:
+    """Destroy the groups made since `before` (a label's meshes and subgroups, the node groups), so
+    that their buffers, proxy threads and network endpoints do not pile up over the labels and a
+    late label's failure is not its predecessors' doing; the libraries' caches of them are
+    forgotten so that a later label makes its own. The longest collective timeout among them and
+    the world's: what bounded the label's collectives."""
+    import torch.distributed as dist
+
+    made = [group for group in live_groups() if group not in before]
+    held = [t for t in [group_timeout_s(world)] + [group_timeout_s(world, g) for g in made] if t is not None]
+    if made:
+        dist.barrier()   # no rank still in a collective of a group another rank destroys
+        for group in made:
+            dist.destroy_process_group(group)
+        forget_groups(made)
+    return max(held) if held else None
+
+
+def forget_groups(groups: list) -> None:
+    """Drop references the libraries keep to destroyed groups in module globals: DeepSpeed's
+    deepspeed.utils.groups caches its world and parallel groups and makes them again only when its
+    cache is empty."""
+    module = sys.modules.get("deepspeed.utils.groups")
+    if module is None:
+        return
+    gone = {id(group) for group in groups}
+    for name, value in list(vars(module).items()):
+        if not name.startswith("_") or name.startswith("__"):
+            continue
+        if id(value) in gone:
+            setattr(module, name, None)
+        elif isinstance(value, dict):
+            for key in [k for k, v in value.items() if id(v) in gone]:
+                del value[key]
 
 
 def meter(world, spec: dict, facts: Facts) -> None:
@@ -176,6 +255,7 @@ def interconnect(world, spec: dict, facts: Facts) -> None:
     from vit_scale.errors import UserError
 
     sizes = sizes_for(spec["model"], spec["precisions"][0], spec["quick"])
+    before = live_groups()
     try:
         found = {"model": spec["model"], "measurements": measure_all(world, sizes, QUICK if spec["quick"] else FULL),
                  "error": None}
@@ -184,6 +264,7 @@ def interconnect(world, spec: dict, facts: Facts) -> None:
     except Exception as exc:  # noqa: BLE001 - said in the check's lines; the strategies may still run
         traceback.print_exc()
         found = {"model": spec["model"], "measurements": [], "error": short_error(exc)}
+    end_groups_since(world, before)   # the node groups
     facts.set(interconnect=found)
     facts.done("interconnect")
 
@@ -193,7 +274,9 @@ def strategies(world, spec: dict, facts: Facts) -> None:
 
     for label, precision in spec["labels"]:
         facts.set(in_progress={"label": label, "precision": precision})
+        before = live_groups()
         row = run_label(label, precision, world, spec, spec.get("attempt", 1))
+        row["collective_timeout_s"] = end_groups_since(world, before)
         facts.data["strategies"].append(row)
         facts.set(in_progress=None)
         release_memory(world)

@@ -1,5 +1,6 @@
 """Strategy registry: family -> its file. Adding a family is one file here and one line below;
-its labels are the ones its Strategy class declares, and every list of labels is derived here.
+its labels are the ones its Strategy class declares, and every list of labels is derived here, as
+is the set of option sections (`fsdp.*`, `deepspeed.*` ...) the run configuration composes.
 
 The family files import no torch, DeepSpeed or ColossalAI at import (the planner reads labels
 without them); those packages are loaded only when a run of one of their labels starts.
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import importlib
 import re
+import typing
 from dataclasses import dataclass
 from functools import lru_cache
+from types import SimpleNamespace
+from typing import Literal
 
 from vit_scale.errors import UserError
 
@@ -22,6 +26,10 @@ FAMILIES = {
 }
 
 GROUP_SIZE = "<g>"  # in a label: any positive group size (HYBRID_<g>GPU)
+
+# what every strategy trains in (train.precision); the capability table's columns
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS = typing.get_args(Precision)
 
 
 @lru_cache(maxsize=None)
@@ -68,13 +76,26 @@ def parse_strategy(label: str) -> StrategyLabel:
     raise UserError(f"strategy: unknown strategy '{label}'; allowed: {allowed_text()}")
 
 
-def layout_of(strategy: str, world_size: int, ranks_per_node: int, cfg=None):
-    """The Layout a strategy label has on world_size ranks (cfg: its sections; None: the defaults).
-    Torch-free: the planner and the analysis call it without a process group."""
-    if cfg is None:
-        from vit_scale.config import Config
+@lru_cache(maxsize=None)
+def family_options() -> dict[str, type]:
+    """{family: its options dataclass}, for each family whose Strategy declares one (`options_class`):
+    the run configuration has a section per entry, named after the family, in registry order."""
+    return {family: strategy_class(family).options_class for family in FAMILIES
+            if strategy_class(family).options_class is not None}
 
-        cfg = Config()
+
+def default_options() -> SimpleNamespace:
+    """Every family's options at their defaults, under the names the run configuration gives them:
+    what a layout reads when no run's configuration is at hand."""
+    return SimpleNamespace(**{family: options() for family, options in family_options().items()})
+
+
+def layout_of(strategy: str, world_size: int, ranks_per_node: int, cfg=None):
+    """The Layout a strategy label has on world_size ranks (cfg: anything with the families' option
+    sections, a run's Config or the planner's Scenario; None: the defaults). Torch-free: the planner
+    and the analysis call it without a process group."""
+    if cfg is None:
+        cfg = default_options()
     label = parse_strategy(strategy)
     return strategy_class(label.family).layout(cfg, label, world_size, ranks_per_node)
 

@@ -65,6 +65,9 @@ class ModelFactory:
 class Strategy(ABC):
     family = ""
     labels: tuple = ()  # the strategy labels this family runs; every list of labels is derived from these
+    # the family's options (a dataclass of vit_scale.options fields, declared in the family's file):
+    # the run configuration's section named after the family; None: the family has no options
+    options_class: type | None = None
 
     def __init__(self, cfg, label, world):
         self.cfg, self.label, self.world = cfg, label, world

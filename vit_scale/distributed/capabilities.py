@@ -21,8 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from vit_scale.config import PRECISIONS
-from vit_scale.distributed import all_labels, family_labels, label_pattern
+from vit_scale.distributed import PRECISIONS, all_labels, family_labels, label_pattern
 
 DEVICE_KINDS = ("cpu", "cuda", "rocm")
 ANY = None  # a rule field that matches every value

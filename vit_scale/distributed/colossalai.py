@@ -36,9 +36,13 @@ is tested, on CPU ranks; the GPU plugins' fine-tuning path has not been run.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy
 from vit_scale.distributed.layout import Layout
+from vit_scale.options import AT_LEAST_1, FRACTION, option
 
 PLUGINS = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin", "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin",
            "CAI_GEMINI": "GeminiPlugin", "CAI_FSDP": "TorchFSDPPlugin"}
@@ -47,6 +51,22 @@ INSTALL_HINT = ("pip install --no-deps colossalai==0.5.0 && pip install -c CONST
                 "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
                 "see docs/strategies.md)")
 PRESETS = {"none": {}, "seed000": {"offload_optim_frac": 1.0, "pin_memory": True}}
+
+
+# the colossalai.* keys of the run configuration
+@dataclass
+class ColossalAIConfig:
+    zero_stage: Literal[1, 2] = option(2, "CAI_LOW_LEVEL_ZERO: 1 or 2")
+    cpu_offload: bool = option(False, "CAI_LOW_LEVEL_ZERO")
+    placement_policy: Literal["static", "auto"] = option("static", "CAI_GEMINI")
+    offload_optim_frac: float = option(0.0, "CAI_GEMINI (static placement)", FRACTION)
+    offload_param_frac: float = option(0.0, "CAI_GEMINI (static placement)", FRACTION)
+    pin_memory: bool = option(False, "CAI_GEMINI")
+    preset: Literal["none", "seed000"] = option("none", "seed000: offload_optim_frac=1.0, pin_memory=True "
+                                                        "(overrides both)")
+    initial_scale: float = option(65536.0, "fp16 loss scale to start from (CAI_DDP_FP16 uses torch's GradScaler "
+                                           "default)", AT_LEAST_1)
+    bucket_cap_mb: int = option(25, "CAI_DDP, CAI_DDP_FP16: DDP gradient bucket size", AT_LEAST_1)
 
 
 def _import_colossalai():
@@ -65,6 +85,7 @@ def _import_colossalai():
 class ColossalAIStrategy(Strategy):
     family = "colossalai"
     labels = ("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
+    options_class = ColossalAIConfig
 
     @classmethod
     def jit_kernels(cls, label: str, device_kind: str) -> tuple:

@@ -34,10 +34,32 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy
 from vit_scale.distributed.layout import Layout
+from vit_scale.options import AT_LEAST_1, NON_NEGATIVE, option
+
+
+# the deepspeed.* keys of the run configuration
+@dataclass
+class DeepSpeedConfig:
+    offload_optimizer: bool = option(False, "to CPU; uses DeepSpeed's own optimizer, which offload requires")
+    offload_params: bool = option(False, "ZeRO-3 only (ZERO3, ZEROPP)")
+    overlap_comm: bool = option(True)
+    contiguous_gradients: bool = option(True)
+    reduce_bucket_size: int = option(500_000_000, "", AT_LEAST_1)
+    allgather_bucket_size: int = option(500_000_000, "ZeRO-1/2", AT_LEAST_1)
+    prefetch_bucket_size: int = option(50_000_000, "ZeRO-3: stage3_prefetch_bucket_size", AT_LEAST_1)
+    param_persistence_threshold: int = option(100_000, "ZeRO-3: parameters smaller than this stay gathered",
+                                              NON_NEGATIVE)
+    gradient_clipping: float = option(0.0, "DeepSpeed clips at 1.0 by default; 0 keeps it equal to the others",
+                                      NON_NEGATIVE)
+    hpz_partition_size: int = option(0, "ZEROPP: 0 = ranks per node", NON_NEGATIVE)
+    quantized_weights: bool = option(True, "ZEROPP qwZ (GPU only)")
+    quantized_gradients: bool = option(True, "ZEROPP qgZ (GPU only)")
+    skip_shm_comm: bool = option(True, "CPU only: do not build DeepSpeed's shm op (inference all-reduce only)")
 
 STAGES = {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}
 INSTALL_HINT = "pip install 'vit-scale[deepspeed]' (on a CPU-only machine: DS_BUILD_OPS=0 and a constraints file pinning your torch)"
@@ -77,6 +99,7 @@ def qgz_refusal(quantized_gradients: bool, device_count: int, ranks_per_node: in
 class DeepSpeedStrategy(Strategy):
     family = "deepspeed"
     labels = ("ZERO1", "ZERO2", "ZERO3", "ZEROPP")
+    options_class = DeepSpeedConfig
 
     @classmethod
     def jit_kernels(cls, label: str, device_kind: str) -> tuple:

@@ -13,16 +13,31 @@ records which implementation ran.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import Literal
 
 from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy, module_names
 from vit_scale.distributed.layout import Layout
+from vit_scale.options import option
+
+
+# the fsdp.* keys of the run configuration
+@dataclass
+class FSDPConfig:
+    version: Literal[1, 2] = option(1, "1: FullyShardedDataParallel (the paper's); 2: fully_shard")
+    backward_prefetch: Literal["none", "pre", "post"] = option("pre", "FSDP1: BACKWARD_PRE / BACKWARD_POST / none")
+    limit_all_gathers: bool = option(True, "FSDP1")
+    forward_prefetch: bool = option(False, "FSDP1")
+    use_orig_params: bool = option(False, "FSDP1")
+    cpu_offload: bool = option(False, "needs a GPU with FSDP1 (pinned memory)")
 
 
 class FSDPStrategy(Strategy):
     family = "fsdp"
     # from replicated to fully sharded, the order legends and tables use; g: shard group size
     labels = ("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD")
+    options_class = FSDPConfig
     supports_compile = True
 
     @classmethod

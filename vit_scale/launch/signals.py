@@ -87,3 +87,6 @@ class SignalWatcher:
         for sig, old in self._old_handlers.items():
             signal.signal(sig, old)
         signal.set_wakeup_fd(self._old_wakeup)
+        # wakes the watcher thread (its recv sees the end): else, polling nothing on ranks other
+        # than 0, it would wait forever holding on_stuck and so the whole run (model, optimizer)
+        self._writer.close()

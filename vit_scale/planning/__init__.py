@@ -63,20 +63,16 @@ def plan_row(sc: Scenario) -> dict:
     }
 
 
-def predict_for_run(cfg, world) -> dict | None:
+def predict_for_run(cfg, world, device_memory_gib: float | None = None) -> dict | None:
     """The plan of the run the trainer is about to make (the start record's `plan`).
 
     `world` gives nodes and ranks per node; the device memory is `plan.device_memory_gib` when
-    set, else the device's own (none on a CPU, so `fits` is null there).
+    set, else `device_memory_gib`: the device's own, which the caller reads (none on a CPU, so
+    `fits` is null there). The planner never asks a device: it sits below the run.
     """
     device_memory = cfg.plan.device_memory_gib
-    if device_memory is None and getattr(world, "device_type", "cpu") != "cpu":
-        try:
-            from vit_scale.run.memory import device_memory_gib
-
-            device_memory = device_memory_gib(world.device_type, world.device_index)
-        except Exception:  # noqa: BLE001 - a plan without a verdict beats a failed run
-            device_memory = None
+    if device_memory is None:
+        device_memory = device_memory_gib
     sc = from_config(cfg, nodes=world.nodes, gpus_per_node=world.local_world_size,
                      device_memory_gib=device_memory)
     row = plan_row(sc)

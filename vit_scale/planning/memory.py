@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from math import ceil
 
-from vit_scale.config import FSDPConfig
+from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.planning.scenario import (CAI_REDUCE_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_SUB_GROUP_SIZE, Layout,
                                          Scenario, layout)
 from vit_scale.planning.shapes import Shape, numel

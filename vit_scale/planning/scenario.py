@@ -10,14 +10,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vit_scale.config import ColossalAIConfig, DeepSpeedConfig, FSDPConfig
-from vit_scale.distributed import layout_of, parse_strategy
+from vit_scale.distributed import PRECISIONS, layout_of, parse_strategy
+from vit_scale.distributed.colossalai import ColossalAIConfig
+from vit_scale.distributed.deepspeed import DeepSpeedConfig
+from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.distributed.layout import Layout
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning.shapes import Shape
 
-PRECISIONS = ("fp32", "bf16", "fp16")
 ATTENTION = ("fused", "materialised")
 OPTIMIZER_IMPLS = ("auto", "foreach", "single", "fused")
 

@@ -27,12 +27,12 @@ from vit_scale.recipes import checkpoint as ckpt, lora
 from vit_scale.config import Config, parse_command_line
 from vit_scale.errors import UserError
 from vit_scale.launch.world import World
-from vit_scale.record.writer import EXIT_CODES
-from vit_scale.run.session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary, say
-from vit_scale.launch.signals import SignalWatcher
+from vit_scale.record.end import EndRecord
+from vit_scale.run.meter import StepMeter
+from vit_scale.run.session import RunSession, main as session_main, say
+from vit_scale.run.stopping import SaveThenStop
 from vit_scale.text import plural
 
-EXIT_REQUEUE = 7
 # tests stop a run at an exact step through the real signal path: rank 0 signals itself after
 # that optimizer step (the other ranks learn of it through the per-step agreement, as they
 # would when Slurm's signal reaches only some of them)
@@ -108,24 +108,23 @@ def _checkpoint_facts(cfg: Config, world: World) -> dict:
 
 class FinetuneRun(RunSession):
     """The fine-tuning recipe: real data, a schedule, accumulation, evaluation, checkpoints; and
-    signals as requests to save and stop (StopRequests), agreed by the ranks every step."""
+    signals as requests to save and stop (SaveThenStop), agreed by the ranks every step."""
 
     command = "vit-scale finetune"
 
     def __init__(self, cfg: Config, world: World, inputs: Inputs):
-        super().__init__(cfg, world)
+        super().__init__(cfg, world, signals=SaveThenStop(cfg.checkpoint.signal_grace_s))
         self.strategy.configure_finetune(cfg.finetune)  # before prepare writes deepspeed.json
         self.inputs = inputs
         self.position = ckpt.Position()
         self.total_steps = 0
-        self.meter = None                # the StepMeter, once the loop starts
         self.data_times: list[float] = []
         self.images_per_step = cfg.train.batch_size * world.world_size * cfg.finetune.accumulation_steps
         self.final_eval = None
         self.best_top1 = None
         self.saved: str | None = None
         self.stop_signal: int | None = None
-        self.stop_requests = None        # the signal watcher, made by `watcher`
+        self.diverged_at: int | None = None  # the step at which the ranks agreed the loss was not finite
         self.checkpoint_dir = cfg.checkpoint.dir
         self.lora_facts: dict | None = None  # adapters and parameter counts, when finetune.lora.rank > 0
 
@@ -196,8 +195,7 @@ class FinetuneRun(RunSession):
         smoothing = ft.label_smoothing
         self.criterion = lambda logits, labels: F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
         untimed = min(cfg.train.warmup_steps, max(0, self.total_steps - self.position.step - 1))
-        self.meter = StepMeter(self, self.images_per_step, self.total_steps, untimed, window="steps")
-        self.sync = self.meter.sync
+        self.sync = self.new_meter(StepMeter, self.images_per_step, self.total_steps, untimed).sync
 
         pos = self.position
         for epoch in range(pos.epoch, epochs):
@@ -250,7 +248,7 @@ class FinetuneRun(RunSession):
         compute_time += time.perf_counter() - t2
         loss_value = (loss_sum / accum).item()
         pos.step, pos.step_in_epoch = step, pos.step_in_epoch + 1
-        warmup = self.meter.after_step(
+        warmup = self.meter.book(
             step, loss_value, data_time + compute_time,
             {"epoch": pos.epoch + 1, "lr": lr, "grad_norm": grad_norm, "step_time_s": compute_time,
              "data_time_s": data_time, "images_per_s": self.images_per_step / compute_time},
@@ -262,19 +260,19 @@ class FinetuneRun(RunSession):
         if world.is_main and os.environ.get(TEST_SIGNAL_ENV) == str(step):
             self._signal_myself()
         # the ranks agree, every step, on whether to stop: a signal may reach only some of them
-        received = self.stop_requests is not None and self.stop_requests.received is not None
+        received = self.signals.received is not None
         flags = torch.tensor([int(received), int(not math.isfinite(loss_value))], dtype=torch.int32,
                              device=world.device)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         signalled, diverged = bool(flags[0]), bool(flags[1])
 
         if diverged:
-            self.nonfinite_step = step
+            self.diverged_at = step
             say(world, f"  loss is not finite at step {step}: stopping")
             return True
         if signalled:
             # the signal this rank received, or the usual one when it reached another rank only
-            self.stop_signal = (self.stop_requests.received if received else None) or signal.SIGUSR1
+            self.stop_signal = (self.signals.received if received else None) or signal.SIGUSR1
             say(world, f"  {signal.Signals(self.stop_signal).name if received else 'a signal on another rank'}: "
                        f"stopping after step {step}")
             if cfg.checkpoint.on_signal:
@@ -287,7 +285,7 @@ class FinetuneRun(RunSession):
     def _signal_myself(self) -> None:
         os.kill(os.getpid(), signal.SIGUSR1)
         deadline = time.time() + 10
-        while self.stop_requests.received is None and time.time() < deadline:
+        while self.signals.received is None and time.time() < deadline:
             time.sleep(0.01)  # the handler runs in this thread between bytecodes; give it the chance
 
     def _evaluate(self, epoch: int) -> None:
@@ -317,17 +315,17 @@ class FinetuneRun(RunSession):
 
     # ------------------------------------------------------------ the end
 
-    def finish(self) -> dict:
+    def finish(self) -> EndRecord:
         """End record after train() returned (every rank, all still in step): ok, diverged or stopped."""
         import torch.distributed as dist
 
         from vit_scale.run.replicas import replica_checksums, replicas_agree
 
         stopped = self.stop_signal is not None
+        self.meter.window_s()  # closes the memory window before the replica check allocates
         checksums = None if stopped else replica_checksums(self.strategy, self.world.device)
         peaks = [None] * self.world.world_size
-        dist.all_gather_object(peaks, self.probe.peak())
-        window_s = self.meter.window_s()
+        dist.all_gather_object(peaks, self.meter.result().memory)
         agree = None if stopped else replicas_agree(checksums)
         status, error = "ok", None
         if stopped:
@@ -339,34 +337,21 @@ class FinetuneRun(RunSession):
         elif not agree:
             status, error = "diverged", (f"replicas differ at the end: parameter checksums "
                                          f"{sorted({round(c[0], 6) for c in checksums})} across ranks")
-        elif self.nonfinite_step is not None:
-            status, error = "diverged", f"loss was not finite at step {self.nonfinite_step}"
-        end = self._summary(status, error, None, window_s)
-        end.update(memory=memory_summary(self.world.device_type, peaks, self.probe.window),
-                   replicas_agree=agree, replica_checksums=checksums)
+        elif self.diverged_at is not None:
+            status, error = "diverged", f"loss was not finite at step {self.diverged_at}"
+        end = self._end(status, error, None, peaks=peaks, replicas_agree=agree, replica_checksums=checksums)
         if self.world.is_main and self.final_eval is not None and self.cfg.finetune.confusion_matrix and not stopped:
-            end["files"] = self._write_eval_files()
+            end.extra["files"] = self._write_eval_files()
         return end
 
-    def _summary(self, status: str, error, failed_rank, window_s) -> dict:
-        timed = len(self.step_times)
-        ips = images_per_s(self.step_times, self.images_per_step, window_s) if window_s else None
-        tflops = (self.model_info.get("flops_per_image", 0) * ips["mean"] / self.world.world_size / 1e12
-                  if ips and self.model_info else None)
+    def _end(self, status: str, error, failed_rank, **figures) -> EndRecord:
+        """The end record with fine-tuning's keys after the common ones (docs/run_record.md, "Fine-tuning runs")."""
         data = None
         if self.data_times:
             data = {"mean": statistics.fmean(self.data_times), "max": max(self.data_times),
-                    "fraction": sum(self.data_times) / sum(self.step_times)}
+                    "fraction": sum(self.data_times) / sum(self.meter.result().step_times)}
         result = self.final_eval
-        return {
-            "status": status, "error": error, "failed_rank": failed_rank,
-            "steps_done": self.meter.steps_this_run if self.meter else 0, "timed_steps": timed,
-            "wall_time_s": time.perf_counter() - self.first_step_at if self.first_step_at else None,
-            "images_per_s": ips, "images_per_s_per_device": ips["mean"] / self.world.world_size if ips else None,
-            "memory": None, "tflops_per_device": tflops,
-            "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
-            "replicas_agree": None, "replica_checksums": None, "final_loss": self.last_loss,
-            # fine-tuning additions (docs/run_record.md, "Fine-tuning runs")
+        extra = {
             "step": self.position.step, "total_steps": self.total_steps, "epoch": self.position.epoch + 1,
             "data_time_s": data,
             "eval": ({"loss": result.loss, "top1": result.top1, "top5": result.top5, "images": result.images}
@@ -377,46 +362,30 @@ class FinetuneRun(RunSession):
             "requeue": bool(self.stop_signal is not None and self.saved and self.cfg.checkpoint.on_signal
                             and status == "timeout"),
         }
+        return self.end_record(status, error, failed_rank, extra=extra, **figures)
 
-    def interrupted_summary(self, status: str, error: str, failed_rank) -> dict:
-        return self._summary(status, error, failed_rank, sum(self.step_times))
+    def interrupted_end(self, status: str, error: str, failed_rank) -> EndRecord:
+        return self._end(status, error, failed_rank)
 
-    # ------------------------------------------------------------ what differs from the session's defaults
+    # ------------------------------------------------------------ the summary
 
-    def watcher(self, on_stuck) -> SignalWatcher:
-        self.stop_requests = StopRequests(on_stuck, grace_s=self.cfg.checkpoint.signal_grace_s,
-                                          peer_failure=self.peer_failure_check())
-        return self.stop_requests
-
-    def stuck_error(self, signum) -> str:
-        if not signum:
-            return "a peer rank failed"
-        return ("stopped by a signal and still blocked (in a collective or a save) after "
-                f"checkpoint.signal_grace_s={self.cfg.checkpoint.signal_grace_s}")
-
-    def exit_code(self, end: dict) -> int:
-        if end["status"] == "timeout" and end["requeue"]:
-            return EXIT_REQUEUE
-        return EXIT_CODES[end["status"]]
-
-    def summary_head(self, end: dict) -> str:
-        where = f" at step {end['step']}/{end['total_steps']}" if end.get("step") is not None else ""
-        return (f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(self.world.world_size, 'rank')}: "
-                f"{end['status'].upper()}{where}")
-
-    def summary_extra(self, end: dict) -> list[str]:
-        lines = []
+    def summary_lines(self, end: EndRecord) -> list[str]:
+        step = end.get("step")
+        where = f" at step {step}/{end.get('total_steps')}" if step is not None else ""
+        lines = [f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(self.world.world_size, 'rank')}: "
+                 f"{end.status.upper()}{where}"]
         if end.get("eval"):
-            e = end["eval"]
+            e = end.get("eval")
             lines.append(f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  "
-                         f"loss {e['loss']:.4f}  ({e['images']} images; best top-1 {end['best_top1'] * 100:.2f}%)")
+                         f"loss {e['loss']:.4f}  ({e['images']} images; best top-1 {end.get('best_top1') * 100:.2f}%)")
         if end.get("lora"):
-            f = end["lora"]
+            f = end.get("lora")
             lines.append(f"  LoRA r={f['rank']}: {f['trainable_params']:,} of {f['total_params']:,} parameters trained "
                          f"({100 * f['trainable_params'] / f['total_params']:.2f}%)")
-        if end.get("data_time_s"):
-            lines.append(f"  waiting for data: {end['data_time_s']['fraction'] * 100:.1f}% of the step time"
-                         + ("  (input-bound: raise data.workers)" if end["data_time_s"]["fraction"] > 0.2 else ""))
+        data = end.get("data_time_s")
+        if data:
+            lines.append(f"  waiting for data: {data['fraction'] * 100:.1f}% of the step time"
+                         + ("  (input-bound: raise data.workers)" if data["fraction"] > 0.2 else ""))
         return lines
 
     def _write_eval_files(self) -> dict:
@@ -430,16 +399,6 @@ class FinetuneRun(RunSession):
         plot_confusion(os.path.join(self.run_dir, files["confusion_matrix_png"]), self.final_eval, classes,
                        f"{self.cfg.model} {self.cfg.strategy}, step {self.position.step}")
         return files
-
-
-class StopRequests(SignalWatcher):
-    """Slurm's end-of-time signals as a request rather than an interruption: the handler only notes
-    the signal; the loop finishes its step, the ranks agree to stop, save a checkpoint and leave.
-    The watcher thread still ends a run whose main thread stays stuck for `grace_s` (a collective
-    with a dead peer), as it does for the benchmark."""
-
-    def _handler(self, signum, frame):
-        self.received = signum
 
 
 def check_inputs_of_strategy(cfg: Config, world: World, family) -> tuple:

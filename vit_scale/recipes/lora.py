@@ -13,9 +13,8 @@ import importlib.util
 import re
 
 from vit_scale.errors import UserError
+from vit_scale.models import BLOCK_LINEARS, parse_block_linears
 
-# finetune.lora.targets names -> module paths inside a timm Block
-BLOCK_PATHS = {"qkv": "attn.qkv", "proj": "attn.proj", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
 INSTALL = "pip install 'vit-scale[lora]' (or bash env/setup_venv.sh SYSTEM --extras lora)"
 
 
@@ -23,15 +22,10 @@ def enabled(lora_cfg) -> bool:
     return lora_cfg.rank > 0
 
 
-def parse_targets(text: str) -> list[str]:
-    """finetune.lora.targets as a list in one order, without repeats, so that `qkv,fc1` and
-    `fc1,qkv` describe (and resume) the same adapters; unknown names are left for the caller."""
-    named = [t.strip() for t in text.split(",") if t.strip()]
-    return [t for t in BLOCK_PATHS if t in named] + [t for t in dict.fromkeys(named) if t not in BLOCK_PATHS]
-
-
 def targets(lora_cfg) -> list[str]:
-    return parse_targets(lora_cfg.targets)
+    """finetune.lora.targets in one order, so that `qkv,fc1` and `fc1,qkv` describe (and resume) the
+    same adapters (validation has refused unknown names)."""
+    return parse_block_linears(lora_cfg.targets)
 
 
 def describe(lora_cfg) -> str:
@@ -70,7 +64,7 @@ def check(cfg, world, family) -> None:
 def target_pattern(lora_cfg) -> str:
     """A regular expression peft matches against whole module names. The bare name 'proj' would also
     pick patch_embed.proj, the Conv2d patch embedding, which is not an attention layer."""
-    paths = "|".join(re.escape(BLOCK_PATHS[t]) for t in targets(lora_cfg))
+    paths = "|".join(re.escape(BLOCK_LINEARS[t]) for t in targets(lora_cfg))
     return rf"blocks\.\d+\.({paths})"
 
 

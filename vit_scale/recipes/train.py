@@ -11,11 +11,12 @@ this file holds the loop and its end-of-run figures.
 from __future__ import annotations
 
 import sys
-import time
 
 from vit_scale.config import BENCHMARK_SECTIONS, Config, parse_command_line
 from vit_scale.launch.world import World
-from vit_scale.run.session import RunSession, StepMeter, images_per_s, main as session_main, memory_summary
+from vit_scale.record.end import EndRecord
+from vit_scale.run.meter import EventTimedMeter
+from vit_scale.run.session import RunSession, main as session_main
 
 
 def _parse_args(argv):
@@ -29,8 +30,7 @@ class Run(RunSession):
 
     def __init__(self, cfg: Config, world: World):
         super().__init__(cfg, world)
-        self.timed_window_s = None
-        self.compile = None  # train.compile: what compiling cost (StepMeter.compile_facts)
+        self.compile = None  # train.compile: what compiling cost (EventTimedMeter.compile_facts)
         self.profile = None  # profile.enabled: the traces written after the timed window
 
     def train(self) -> None:
@@ -46,12 +46,12 @@ class Run(RunSession):
         data = SyntheticBatches(cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device,
                                 cfg.train.seed, world.rank, cfg.train.synthetic_batches)
         global_batch = cfg.train.batch_size * world.world_size
-        meter = StepMeter(self, global_batch, cfg.train.steps, cfg.train.warmup_steps, window="wall")
+        meter = self.new_meter(EventTimedMeter, global_batch, cfg.train.steps, cfg.train.warmup_steps)
         for step in range(1, cfg.train.steps + 1):
             images, labels = data[step - 1]
             meter.start()
             meter.stop(step, self.strategy.train_step(images, labels))
-        self.timed_window_s = meter.window_s()
+        meter.window_s()
         self.compile = meter.compile_facts()
         if cfg.profile.enabled:
             from vit_scale.run.profiling import record_traces
@@ -59,54 +59,38 @@ class Run(RunSession):
             self.profile = record_traces(self, lambda k: self.strategy.train_step(*data[k]), cfg.profile.steps,
                                          cfg.profile.ranks)
 
-    def finish(self) -> dict:
+    def finish(self) -> EndRecord:
         """End-of-run collectives (every rank): replica check and memory; rank 0 builds the summary."""
         import torch.distributed as dist
 
         from vit_scale.run.replicas import replica_checksums, replicas_agree
 
         checksums = replica_checksums(self.strategy, self.world.device)
+        figures = self.meter.result()
         peaks = [None] * self.world.world_size
-        dist.all_gather_object(peaks, self.probe.peak())
+        dist.all_gather_object(peaks, figures.memory)
         agree = replicas_agree(checksums)
         status, error = "ok", None
         if not agree:
             status, error = "diverged", (f"replicas differ at the end: parameter checksums "
                                          f"{sorted({round(c[0], 6) for c in checksums})} across ranks")
-        elif self.nonfinite_step is not None:
-            status, error = "diverged", f"loss was not finite from step {self.nonfinite_step}"
-        ips = images_per_s(self.step_times, self.cfg.train.batch_size * self.world.world_size, self.timed_window_s)
-        tflops = self.model_info.get("flops_per_image", 0) * ips["mean"] / self.world.world_size / 1e12 \
-            if self.world.is_main else None
-        return {
-            "status": status, "error": error, "failed_rank": None,
-            "steps_done": self.steps_done, "timed_steps": len(self.step_times),
-            "wall_time_s": time.perf_counter() - self.first_step_at,
-            "images_per_s": ips,
-            "images_per_s_per_device": ips["mean"] / self.world.world_size,
-            "memory": memory_summary(self.world.device_type, peaks, self.probe.window),
-            "tflops_per_device": tflops,
-            "mfu": tflops / self.peak_tflops if tflops is not None and self.peak_tflops else None,
-            "replicas_agree": agree, "replica_checksums": checksums, "final_loss": self.last_loss,
-            "compile": self.compile, "profile": self.profile,
-        }
+        elif figures.nonfinite_step is not None:
+            status, error = "diverged", f"loss was not finite from step {figures.nonfinite_step}"
+        return self.end_record(status, error, peaks=peaks, replicas_agree=agree, replica_checksums=checksums,
+                               extra={"compile": self.compile, "profile": self.profile})
 
-    def summary_extra(self, end: dict) -> list[str]:
+    def interrupted_end(self, status: str, error: str, failed_rank) -> EndRecord:
+        # no TFLOP/s or MFU for a run stopped short: its window never closed
+        return self.end_record(status, error, failed_rank, rates=False)
+
+    def summary_lines(self, end: EndRecord) -> list[str]:
         c = end.get("compile")
         if not c:
-            return []
-        return [f"compiled: first step {c['first_step_s']:.1f} s (compilation included), {c['graphs']} graph(s), "
+            return super().summary_lines(end)
+        return [*super().summary_lines(end),
+                f"compiled: first step {c['first_step_s']:.1f} s (compilation included), {c['graphs']} graph(s), "
                 + ("a recompile inside the timed window: lengthen train.warmup_steps" if c["recompiled_in_window"]
                    else "none made inside the timed window")]
-
-    def interrupted_summary(self, status: str, error: str, failed_rank) -> dict:
-        ips = images_per_s(self.step_times, self.cfg.train.batch_size * self.world.world_size)
-        return {"status": status, "error": error, "failed_rank": failed_rank, "steps_done": self.steps_done,
-                "timed_steps": len(self.step_times),
-                "wall_time_s": time.perf_counter() - self.first_step_at if self.first_step_at else None,
-                "images_per_s": ips, "images_per_s_per_device": ips["mean"] / self.world.world_size if ips else None,
-                "memory": None, "tflops_per_device": None, "mfu": None,
-                "replicas_agree": None, "replica_checksums": None, "final_loss": self.last_loss}
 
 
 def execute(cfg: Config, world: World, keep_process_group: bool = False) -> int:

@@ -2,6 +2,7 @@
 they make, and available to users who write their own readers."""
 from __future__ import annotations
 
+from vit_scale.record.end import END_KEYS
 from vit_scale.record.writer import STATUSES
 
 NUM = {"type": ["number", "null"]}
@@ -57,9 +58,7 @@ STEP = {
 
 END = {
     "type": "object",
-    "required": ["event", "time", "status", "error", "failed_rank", "steps_done", "timed_steps", "wall_time_s",
-                 "images_per_s", "images_per_s_per_device", "memory", "tflops_per_device", "mfu",
-                 "replicas_agree", "replica_checksums", "final_loss"],
+    "required": ["event", "time", *END_KEYS],
     "properties": {
         "event": {"const": "end"},
         "status": {"enum": list(STATUSES)},

@@ -17,6 +17,7 @@ SCHEMA_VERSION = 1
 METRICS_FILE = "metrics.jsonl"
 STATUSES = ("ok", "oom", "timeout", "failed", "diverged", "skipped")
 EXIT_CODES = {"ok": 0, "failed": 1, "oom": 3, "diverged": 4, "timeout": 5, "skipped": 6}
+EXIT_REQUEUE = 7  # stopped by a signal after saving a checkpoint: requeue the job and it resumes
 
 
 def run_directory(output_dir: str, study: str, model: str, strategy: str, nodes: int, run_id: str) -> str:

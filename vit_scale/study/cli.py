@@ -24,6 +24,7 @@ from vit_scale.cluster.systems import study_file
 from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
+from vit_scale.study.forecast import forecast
 from vit_scale.study.ledger import (
     Ledger,
     end_for_the_record,
@@ -222,6 +223,7 @@ class StudyRun:
             code = check_first(self, supervisor)
             if code:
                 return code
+        forecast(self)   # predict: true: the predicted table and figure before the first run
         started, failed, done = time.monotonic(), 0, 0
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"

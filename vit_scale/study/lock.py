@@ -18,6 +18,8 @@ kernel and pid namespace: pid and start time from /proc/PID/stat, so a recycled 
 for the holder), its Slurm job is no longer running (squeue), or it is this very Slurm job before a
 requeue (SLURM_RESTART_COUNT is lower; the job id is the same). A holder that cannot be checked
 from here (another machine, no Slurm job) is named, with the command that removes its locks.
+A takeover goes through a guard file; a guard left by a study that died in its takeover is aged
+by this study's own clock, never by a file's mtime, which another machine's clock stamped.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ ENDED_STATES = {"PENDING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_
                 "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "REVOKED"}
 ATTEMPTS = 50          # x RETRY_S: how long a lock that changes hands under us is tried again
 RETRY_S = 0.1
-TAKEOVER_STALE_S = 60  # a takeover guard older than this was left by a study that died in those milliseconds
+TAKEOVER_STALE_S = 60  # a takeover guard seen this long (our own clock) was left by a study that died in its takeover
 
 
 def lock_path(study_dir: str, model: str, nodes: int) -> str:
@@ -247,34 +249,42 @@ def _read_lock(path: str) -> dict | None:
     return record if isinstance(record, dict) else {}
 
 
-def _take_over(path: str, stale: dict, me: dict) -> bool:
-    """Replace the lock of a holder that is gone with ours. A guard file makes the check and the
-    replacement one step: two studies both finding the same stale lock must not both win."""
+def _take_over(path: str, stale: dict, me: dict, guards: dict) -> str:
+    """Replace the lock of a holder that is gone with ours: "taken", "lost" (someone else was
+    first) or "guarded" (another study's takeover is under way: try again). A guard file makes the
+    check and the replacement one step: two studies both finding the same stale lock must not both
+    win.
+
+    A guard is left only by a study that died in those milliseconds, and is removed when its writer
+    is known to be gone or once this study has seen that same guard (its token) for
+    TAKEOVER_STALE_S by its own monotonic clock (`guards`: token -> when first seen). Never by the
+    guard's mtime against this host's clock: the file server (or on Lustre the writing client)
+    stamps the mtime, and with more than TAKEOVER_STALE_S of skew between them a live guard would
+    look stale and two studies could both take the lock over."""
     guard = path + ".takeover"
     if not _write_new(guard, me):
         held = _read_lock(guard)
-        stuck = held is not None and (holder_state(held, me)[0] == "gone" or _age_s(guard) > TAKEOVER_STALE_S)
-        if stuck:
-            with contextlib.suppress(OSError):
-                os.unlink(guard)
-        return False
+        if held is None:
+            return "lost"   # gone meanwhile: try again at once
+        token = held.get("token") or json.dumps(held, sort_keys=True)
+        seen = guards.setdefault(token, time.monotonic())
+        if holder_state(held, me)[0] == "gone" or time.monotonic() - seen > TAKEOVER_STALE_S:
+            again = _read_lock(guard)
+            if again is not None and (again.get("token") or json.dumps(again, sort_keys=True)) == token:
+                with contextlib.suppress(OSError):
+                    os.unlink(guard)
+            return "lost"
+        return "guarded"
     try:
         current = _read_lock(path)
         if current is not None and current.get("token") != stale.get("token"):
-            return False   # another study took it over first
+            return "lost"   # another study took it over first
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        return _write_new(path, me)
+        return "taken" if _write_new(path, me) else "lost"
     finally:
         with contextlib.suppress(OSError):
             os.unlink(guard)
-
-
-def _age_s(path: str) -> float:
-    try:
-        return time.time() - os.stat(path).st_mtime
-    except OSError:
-        return 0.0
 
 
 class Refused(Exception):
@@ -285,9 +295,11 @@ class Refused(Exception):
 
 def take(path: str, me: dict) -> dict | None:
     """Take one lock: None when it was free, the old holder's record (with its "why") when it
-    was taken over; Refused when someone holds it or nobody can tell."""
-    unreadable, held = 0, None
-    for _ in range(ATTEMPTS):
+    was taken over; Refused when someone holds it or nobody can tell. Waiting on another study's
+    takeover guard counts no attempt (it ends in milliseconds, or is stale after TAKEOVER_STALE_S)."""
+    unreadable, held, guards, attempts = 0, None, {}, 0
+    while attempts < ATTEMPTS:
+        attempts += 1
         if _write_new(path, me):
             return None
         held = _read_lock(path)
@@ -300,8 +312,11 @@ def take(path: str, me: dict) -> dict | None:
         state, why = holder_state(held, me)
         if state != "gone":
             raise Refused(path, held, state, why)
-        if _take_over(path, held, me):
+        outcome = _take_over(path, held, me, guards)
+        if outcome == "taken":
             return {**held, "why": why}
+        if outcome == "guarded":
+            attempts -= 1
         time.sleep(RETRY_S)
     raise Refused(path, held or {}, "unknown", "another study is taking over just now; try again")
 

@@ -34,6 +34,7 @@ STUDY_KEYS = {
     "use_orig_params": ("--use-orig-params", "fsdp.use_orig_params"),
     "skip_if_not_fits": ("--skip-if-not-fits", "plan.skip_if_not_fits"),
     "launcher": ("--launcher", None),
+    "predict": ("--predict", None),      # vit_scale/study/forecast.py: the predicted curves before the runs
     "set": ("--set", None),
     "settings": (None, None),
     "description": (None, None),

@@ -1,0 +1,222 @@
+"""Each measured point held against its prediction (vit_scale.planning.predict): prediction.csv, the
+predicted curves' figure and the report's "Measured against predicted".
+
+Per study directory (the one holding model/strategy/nN/run directories): calibration from its
+check.json when that check ran in the same allocation as the run (Slurm job id; a check outside
+Slurm counts for the runs beside it), else the system profile's defaults, else none; compute from
+the study's own 1-node rung (each strategy its own 1-node run where there is one). The system is
+the check's, else read off the device (cpu: local, rocm: frontier, cuda: cuda).
+
+A point more than 20% below its prediction is explained: where the run was traced, by its exposed
+communication measured (analysis/traces.py) against predicted; else by how much each component
+(compute, exposed intra-node, exposed inter-node communication) would have to grow to account for
+the difference alone. Torch-free.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from vit_scale.errors import UserError
+from vit_scale.planning import predict as pr
+
+BELOW = 0.20                 # a point this far below its prediction is explained
+CHECK_FILE = "check.json"
+SYSTEM_OF_DEVICE = {"cpu": "local", "rocm": "frontier", "cuda": "cuda"}
+COLUMNS = ["study", "model", "series", "strategy", "nodes", "world_size", "ranks_per_node", "batch_per_device",
+           "precision", "status", "measured_ips", "predicted_ips", "error", "predicted_efficiency",
+           "measured_step_ms", "predicted_step_ms", "predicted_compute_ms", "predicted_optimizer_ms",
+           "predicted_exposed_intra_ms", "predicted_exposed_inter_ms", "traced_exposed_ms", "calibration",
+           "calibration_source", "compute_source", "explanation", "path"]
+
+
+@dataclass
+class Predictions:
+    rows: pd.DataFrame                              # prediction.csv
+    calibrations: list = field(default_factory=list)  # one line per calibration used: what and where
+    notes: list = field(default_factory=list)         # points not predicted, checks not used, and why
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def study_dir(run_dir: str) -> str:
+    """The study directory of a run: the nearest of its four ancestors with a check.json, else the fourth
+    (STUDY/model/strategy/nN/RUN, as vit-scale study lays runs out)."""
+    probe = run_dir
+    for _ in range(4):
+        probe = os.path.dirname(probe)
+        if os.path.isfile(os.path.join(probe, CHECK_FILE)):
+            return probe
+    return probe
+
+
+def _read_check(directory: str) -> dict | None:
+    path = os.path.join(directory, CHECK_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        return pr.read_check(path)
+    except UserError:
+        return {}
+
+
+class _Calibrations:
+    """One Calibration per (study directory, system, model, precision, same allocation), with the notes
+    of checks not used."""
+
+    def __init__(self):
+        self.cache, self.notes = {}, []
+
+    def for_run(self, run, directory: str) -> pr.Calibration:
+        check = _read_check(directory)
+        world = run.start.get("world") or {}
+        system = (check or {}).get("system") or SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
+        job = (run.start.get("slurm") or {}).get("job_id")
+        check_job = ((check or {}).get("slurm") or {}).get("job_id")
+        same = check is not None and (check_job is None or job is None or str(check_job) == str(job))
+        model, precision = run.start["model"]["name"], pr.run_precision(run.start)
+        key = (directory, system, model, precision, same)
+        if key not in self.cache:
+            self.cache[key] = self._make(directory, check, system, model, precision, same, check_job)
+        return self.cache[key]
+
+    def _make(self, directory, check, system, model, precision, same, check_job) -> pr.Calibration:
+        try:
+            profile = pr.profile_calibration(pr.profile_path(system))
+        except UserError as exc:
+            profile = None
+            self._note(f"{system}: no profile defaults ({exc})")
+        path = os.path.join(directory, CHECK_FILE)
+        if check == {}:
+            self._note(f"{path} not used: it cannot be read as a check.json")
+        elif check is not None and not same:
+            self._note(f"{path} not used for runs outside its allocation (Slurm job {check_job})")
+        elif check is not None:
+            try:
+                return pr.check_calibration(path, system=system, models=[model], precisions=[precision],
+                                            defaults=profile, check=check)
+            except UserError as exc:
+                self._note(f"{path} not used for {model} in {precision}: {exc}")
+        return profile if profile is not None else pr.no_calibration(f"no check.json and no {system} profile defaults")
+
+    def _note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+def _options(run) -> str:
+    return json.dumps((run.start.get("strategy") or {}).get("options") or {}, sort_keys=True, default=str)
+
+
+def _traced(breakdown: pd.DataFrame | None) -> dict:
+    """run directory -> mean exposed communication (ms) over its traced ranks."""
+    if breakdown is None or breakdown.empty:
+        return {}
+    means = breakdown.groupby("run_dir")["comm_exposed_ms"].mean()
+    return {os.path.normpath(k): float(v) for k, v in means.items()}
+
+
+def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = None) -> Predictions:
+    """A prediction for every row of the results table whose run record is among `runs`."""
+    by_path = {os.path.normpath(r.path): r for r in runs}
+    traced = _traced(breakdown)
+    cals = _Calibrations()
+    sources: dict = {}
+    notes: list = []
+    rows = []
+    for _, row in results.iterrows():
+        run = by_path.get(os.path.normpath(str(row["path"])))
+        if run is None:
+            continue
+        directory = study_dir(run.run_dir)
+        label = f"{row['model']} {row['series']} on {int(row['nodes'])} node(s)"
+        try:
+            cal = cals.for_run(run, directory)
+            if directory not in sources:
+                group = [r for r in runs if study_dir(r.run_dir) == directory]
+                sources[directory] = pr.compute_from(directory, runs=group)
+            sc = pr.scenario_of_run(run.start)
+            world = run.start.get("world") or {}
+            blocking = pr.blocking_for(world.get("backend"), world.get("device_type"))
+            p = pr.predict([sc], cal, sources[directory], blocking, options=[_options(run)])[0]
+        except (UserError, ValueError, TypeError, KeyError) as exc:
+            # a record the planner cannot place (a label it does not know, a malformed option): the
+            # point goes unpredicted and the report says why; the rest of the analysis goes on
+            notes.append(f"{label}: not predicted: {exc}")
+            continue
+        rows.append(_row(row, run, sc, p, cal, traced.get(os.path.normpath(run.run_dir))))
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    used = []
+    for cal in {id(c): c for c in cals.cache.values()}.values():
+        line = cal.describe()
+        if line not in used:
+            used.append(line)
+    return Predictions(df, used, cals.notes + notes)
+
+
+def _row(row, run, sc, p, cal, traced_ms) -> dict:
+    b = p.breakdown
+    measured = _num(row["ips_mean"]) if row["status"] == "ok" else math.nan
+    predicted = _num(p.images_per_s)
+    world = sc.world
+
+    def ms(x):
+        return x * 1e3 if x is not None else math.nan
+    out = {"study": row["study"], "model": row["model"], "series": row["series"], "strategy": row["strategy"],
+           "nodes": int(row["nodes"]), "world_size": int(row["world_size"]), "ranks_per_node": sc.gpus_per_node,
+           "batch_per_device": int(row["batch_per_device"]), "precision": sc.precision, "status": row["status"],
+           "measured_ips": measured, "predicted_ips": predicted,
+           # rounded, and + 0.0 so that a rung that reproduces itself reads +0.0%, not -0.0%
+           "error": round(measured / predicted - 1, 9) + 0.0 if predicted and not math.isnan(measured) else math.nan,
+           "predicted_efficiency": _num(p.scaling_efficiency),
+           "measured_step_ms": sc.batch_size * world / measured * 1e3 if measured > 0 else math.nan,
+           "predicted_step_ms": ms(b.step_s) if b else math.nan,
+           "predicted_compute_ms": ms(b.forward_s + b.backward_s) if b else math.nan,
+           "predicted_optimizer_ms": ms(b.optimizer_s) if b else math.nan,
+           "predicted_exposed_intra_ms": ms(b.exposed_intra_s) if b else math.nan,
+           "predicted_exposed_inter_ms": ms(b.exposed_inter_s) if b else math.nan,
+           "traced_exposed_ms": traced_ms if traced_ms is not None else math.nan,
+           "calibration": cal.kind, "calibration_source": cal.source, "compute_source": p.compute_source,
+           "explanation": "", "path": row["path"]}
+    busy = b.communication_s if b else {}
+    out["explanation"] = explain(out, busy, cal.kind)
+    return out
+
+
+def explain(r: dict, busy: dict, calibration: str = "profile") -> str:
+    """For a point more than BELOW under its prediction: where the missing time is. busy: the predicted
+    communication per scope, hidden or not (which scopes the strategy communicates in)."""
+    if not (r["error"] < -BELOW):
+        return ""
+    gap = r["measured_step_ms"] - r["predicted_step_ms"]
+    head = (f"{-r['error']:.0%} below its prediction: the step took {r['measured_step_ms']:.4g} ms against "
+            f"{r['predicted_step_ms']:.4g} ms predicted ({gap:+.4g} ms)")
+    predicted_exposed = r["predicted_exposed_intra_ms"] + r["predicted_exposed_inter_ms"]
+    if not math.isnan(r["traced_exposed_ms"]):
+        diff = r["traced_exposed_ms"] - predicted_exposed
+        share = max(0.0, min(1.0, diff / gap)) if gap > 0 else 0.0
+        return (f"{head}; traced: exposed communication {r['traced_exposed_ms']:.4g} ms measured against "
+                f"{predicted_exposed:.4g} ms predicted ({diff:+.4g} ms, {share:.0%} of the difference); the rest "
+                f"({gap - max(diff, 0.0):.4g} ms) is compute, memory copies or idle time (time_breakdown.csv)")
+    parts = [_grow("compute", r["predicted_compute_ms"], gap)]
+    if calibration == "none":
+        scopes = {"intra": r["ranks_per_node"] > 1, "inter": r["nodes"] > 1}
+    else:
+        scopes = {s: busy.get(s, 0.0) > 0 for s in ("intra", "inter")}
+    for scope, words in (("intra", "exposed intra-node communication"), ("inter", "exposed inter-node communication")):
+        if scopes[scope]:
+            parts.append(_grow(words, r[f"predicted_exposed_{scope}_ms"], gap))
+    return f"{head}; not traced: to account for it alone, " + ", or ".join(parts)
+
+
+def _grow(what: str, now_ms: float, gap_ms: float) -> str:
+    then = now_ms + gap_ms
+    if now_ms > 0:
+        return f"{what} would have to grow {then / now_ms:.2f}x ({now_ms:.4g} -> {then:.4g} ms)"
+    return f"{what} would have to grow from 0 to {then:.4g} ms"

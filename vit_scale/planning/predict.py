@@ -1,0 +1,431 @@
+"""Predicted step times and images/s for a list of points, from a calibration and a compute source:
+the one entry point `vit-scale plan` and the analysis share.
+
+    cal = choose_calibration(check="runs/study/check.json", profile=profile_path("frontier"),
+                             system="frontier", models=["vit_base"], precisions=["bf16"])
+    comp = compute_from("runs/study")                      # or compute_from_flops(peak, efficiency)
+    rows = predict(points, cal, comp, blocking=False)      # points: Scenarios
+
+Calibration, in this order: a check.json's fits (from the size sweep of `vit-scale check`; their
+gaps filled by the profile's defaults), the system profile's `network:` defaults, or none (no
+communication timed: the compute-bound ceiling). The result says which it used.
+
+Compute: a measured step of the same model, batch and precision (a run directory, or a study
+directory's 1-node rung: each strategy its own 1-node run where there is one), its compute being
+the measured step less the exposed communication this model predicts for that very run; or the
+counted FLOPs over the profile's peak times a stated efficiency.
+
+Bad input (a missing or unreadable file, a check.json of another system, model or precision, a
+fit with too few points, a run directory of another model, batch or precision) raises
+errors.UserError: one line naming the file or option and what is expected. Torch-free.
+Model and limits: docs/plan.md, "Predicted step time" and "Predictions: calibration and compute".
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+
+from vit_scale.distributed.colossalai import ColossalAIConfig
+from vit_scale.distributed.deepspeed import DeepSpeedConfig
+from vit_scale.distributed.fsdp import FSDPConfig
+from vit_scale.errors import UserError
+from vit_scale.models import get_spec
+from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
+from vit_scale.planning.scenario import Scenario
+from vit_scale.planning.shapes import Shape
+from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
+from vit_scale.record import reader
+
+CALIBRATIONS = ("check", "profile", "none")
+FIT_KEYS = ("collective", "scope", "ranks", "alpha_us", "bus_gbps", "max_rel_residual", "sizes", "flags")
+BISECT_STEPS = 32        # halvings of the compute interval: 2^-32 of the step, far below its noise
+
+
+# ---------------------------------------------------------------- calibration
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the collectives cost in a prediction, and where that came from."""
+    kind: str                 # "check", "profile" or "none"
+    network: Network
+    source: str               # the file read, or why there is none
+    notes: tuple = ()         # fits not used and why; fallbacks taken
+
+    def describe(self) -> str:
+        what = {"check": "check.json's fits", "profile": "the system profile's defaults",
+                "none": "none (communication not timed: the compute-bound ceiling)"}[self.kind]
+        text = f"{what}" + (f" ({self.source})" if self.kind != "none" or self.source else "")
+        return text + (f"; {'; '.join(self.notes)}" if self.notes else "")
+
+
+def no_calibration(why: str = "") -> Calibration:
+    """Collectives cost nothing: every prediction is the compute-bound ceiling (ideal scaling)."""
+    free = Link(0.0, math.inf, "none")
+    return Calibration("none", Network(free, free, source="none: communication not timed"), why)
+
+
+def profile_path(system: str) -> str:
+    """configs/systems/SYSTEM.yaml of this checkout, else of VIT_SCALE_HOME (an installed copy)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for home in (here, os.environ.get("VIT_SCALE_HOME", "")):
+        path = os.path.join(home, "configs", "systems", f"{system}.yaml")
+        if home and os.path.isfile(path):
+            return path
+    raise UserError(f"--system: no profile configs/systems/{system}.yaml; set VIT_SCALE_HOME to the vit-scale checkout")
+
+
+def _read_yaml(path: str, option: str) -> dict:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise UserError(f"{option}: cannot read {path} ({exc.strerror or exc}); expected a system profile") from None
+    except yaml.YAMLError:
+        raise UserError(f"{option}: {path} is not YAML; expected a system profile "
+                        f"(configs/systems/NAME.yaml)") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{option}: {path} is not a mapping; expected a system profile (configs/systems/NAME.yaml)")
+    return data
+
+
+def read_profile(path: str) -> dict:
+    """A system profile's YAML mapping; an unreadable one is a UserError naming it."""
+    return _read_yaml(path, "--system")
+
+
+def profile_calibration(path: str) -> Calibration | None:
+    """The profile's `network:` defaults, or None when it has no such section."""
+    try:
+        net = network_from_profile(_read_yaml(path, "--system"), os.path.basename(path))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return None if net is None else Calibration("profile", net, os.path.basename(path))
+
+
+def peak_tflops(path: str, precision: str) -> float | None:
+    """The profile's dense peak per device for `precision` (None when it gives none: a CPU)."""
+    peak = _read_yaml(path, "--system").get("peak_tflops")
+    value = peak.get(precision) if isinstance(peak, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def _params(model: str) -> int:
+    return Shape.from_spec(get_spec(model)).params
+
+
+def read_check(path: str) -> dict:
+    """check.json as a dict; a missing, unreadable or foreign file is a UserError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise UserError(f"--calibration: cannot read {path} ({exc.strerror or exc}); expected a check.json "
+                        f"written by vit-scale check") from None
+    except ValueError:
+        raise UserError(f"--calibration: {path} is not JSON; expected a check.json written by "
+                        f"vit-scale check") from None
+    if not isinstance(data, dict) or data.get("schema") != 1 or "system" not in data:
+        raise UserError(f"--calibration: {path} is not a check.json of schema 1 (no schema/system keys); "
+                        f"expected one written by vit-scale check")
+    return data
+
+
+def read_fits(check: dict, where: str) -> list:
+    """check.json's `fits` (one alpha_beta.Fit.as_dict each) back into Fits. A fit with fewer sizes than
+    a fit needs is bad input; a fit marked for another reason comes back marked (not used)."""
+    found = check.get("fits")
+    if not isinstance(found, list) or not found:
+        raise UserError(f"--calibration: {where} has no fits (from the size sweep); run vit-scale check in full "
+                        f"mode (without --quick) to measure them")
+    fits = []
+    for i, entry in enumerate(found):
+        if not isinstance(entry, dict) or any(k not in entry for k in FIT_KEYS):
+            raise UserError(f"--calibration: {where}: fits[{i}] needs the keys {', '.join(FIT_KEYS)}")
+        name = f"fits[{i}] ({entry['collective']}, {entry['scope']})"
+        if entry["collective"] not in COLLECTIVES or entry["scope"] not in SCOPES:
+            raise UserError(f"--calibration: {where}: {name}: collective must be one of {', '.join(COLLECTIVES)} "
+                            f"and scope one of {', '.join(SCOPES)}")
+        numbers = [entry[k] for k in ("ranks", "sizes", "alpha_us", "bus_gbps", "max_rel_residual")]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers) \
+                or not isinstance(entry["flags"], list):
+            raise UserError(f"--calibration: {where}: {name}: ranks, sizes, alpha_us, bus_gbps and max_rel_residual "
+                            f"must be numbers and flags a list")
+        if entry["sizes"] < MIN_SIZES:
+            raise UserError(f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
+                            f"{MIN_SIZES} (run vit-scale check in full mode)")
+        flags = tuple(str(f) for f in entry["flags"])
+        if not flags and not (entry["bus_gbps"] > 0 and entry["alpha_us"] >= 0):
+            flags = ("no positive bandwidth",)
+        fits.append(Fit(entry["collective"], entry["scope"], int(entry["ranks"]), float(entry["alpha_us"]),
+                        float(entry["bus_gbps"]), float(entry["max_rel_residual"]), int(entry["sizes"]), flags))
+    return fits
+
+
+def check_calibration(path: str, *, system: str, models, precisions, defaults: Calibration | None = None,
+                      check: dict | None = None) -> Calibration:
+    """A check.json's usable fits over `defaults` (the profile's). The check must be of `system`, cover
+    every precision asked and a model at least as large as each one asked (its sweep stops at that
+    model's largest message). Fits marked by the check are not used; the result says which."""
+    data = check if check is not None else read_check(path)
+    if data.get("system") != system:
+        raise UserError(f"--calibration: {path} is a check of system {data.get('system')!r}; expected a check of "
+                        f"{system!r} (the scenario's system)")
+    have = [p for p in data.get("precisions") or []]
+    missing = [p for p in dict.fromkeys(precisions) if p not in have]
+    if missing:
+        raise UserError(f"--calibration: {path} measured precision {', '.join(have) or 'none'}; expected "
+                        f"{', '.join(missing)} (the scenario's)")
+    checked = data.get("model")
+    try:
+        checked_params = _params(checked)
+    except UserError:
+        raise UserError(f"--calibration: {path} names model {checked!r}, which this vit-scale does not know") from None
+    larger = [m for m in dict.fromkeys(models) if m != checked and _params(m) > checked_params]
+    if larger:
+        raise UserError(f"--calibration: {path} is a check of {checked}, whose messages are smaller than "
+                        f"{', '.join(larger)}'s; expected a check of {larger[-1]} (or a larger model)")
+    fits = read_fits(data, path)
+    usable = [f for f in fits if f.usable]
+    notes = [f"{f.collective}/{f.scope} not used: {'; '.join(f.flags)}" for f in fits if not f.usable]
+    if defaults is not None:
+        base = defaults.network
+    else:
+        by_scope = {s: next((f.link() for f in sorted(usable, key=lambda f: f.collective != "all_reduce")
+                             if f.scope == s), None) for s in SCOPES}
+        if by_scope["intra"] is None and by_scope["inter"] is None:
+            raise UserError(f"--calibration: {path} has no usable fit and the system profile no network defaults; "
+                            f"expected at least one usable fit")
+        for s, other in (("intra", "inter"), ("inter", "intra")):
+            if by_scope[s] is None:
+                notes.append(f"no usable {s}-node fit and no profile defaults: {s} timed with the {other} fit")
+                by_scope[s] = by_scope[other]
+        base = Network(by_scope["intra"], by_scope["inter"], source=f"fits of {os.path.basename(path)}")
+    if not usable:
+        notes.append("no usable fit: the profile's defaults used for every collective")
+    network = base.with_fits(usable)
+    return Calibration("check", dataclasses.replace(network, source=f"{path}: {network.source}"), path, tuple(notes))
+
+
+def choose_calibration(check: str | None = None, profile: str | None = None, *, system: str = "",
+                       models=(), precisions=()) -> Calibration:
+    """check.json (over the profile's defaults) > the profile's defaults > none."""
+    defaults = profile_calibration(profile) if profile else None
+    if check:
+        return check_calibration(check, system=system, models=models, precisions=precisions, defaults=defaults)
+    if defaults is not None:
+        return defaults
+    return no_calibration(f"{os.path.basename(profile)} has no network section" if profile else "no check.json "
+                          "and no system profile")
+
+
+# ---------------------------------------------------------------- a run record as a scenario
+
+def _d(x) -> dict:
+    return x if isinstance(x, dict) else {}
+
+
+def _section(cls, config: dict, options: dict):
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in {**_d(config), **options}.items() if k in names}
+    return cls(**values)
+
+
+def run_precision(start: dict) -> str:
+    """The run's precision: the resolved config's train.precision, else the strategy's options."""
+    train = _d(_d(start.get("config")).get("train"))
+    return str(train.get("precision") or _d(_d(start.get("strategy")).get("options")).get("precision") or "bf16")
+
+
+def scenario_of_run(start: dict) -> Scenario:
+    """The planner's Scenario for the run a start record describes (it ran, so no memory verdict)."""
+    cfg, strat, world = _d(start.get("config")), _d(start.get("strategy")), _d(start.get("world"))
+    options = _d(strat.get("options"))
+    train = _d(cfg.get("train"))
+    ckpt = train.get("activation_checkpointing", options.get("activation_checkpointing", False))
+    return Scenario(model=start["model"]["name"], strategy=strat["label"], nodes=int(world["nodes"]),
+                    gpus_per_node=int(world.get("ranks_per_node") or world["world_size"] // max(1, world["nodes"])),
+                    batch_size=int(start["batch"]["per_device"]), precision=run_precision(start),
+                    activation_checkpointing=bool(ckpt), num_classes=int(train.get("num_classes", 1000)),
+                    device_memory_gib=None,
+                    fsdp=_section(FSDPConfig, cfg.get("fsdp"), options if strat.get("family") == "fsdp" else {}),
+                    deepspeed=_section(DeepSpeedConfig, cfg.get("deepspeed"),
+                                       options if strat.get("family") == "deepspeed" else {}),
+                    colossalai=_section(ColossalAIConfig, cfg.get("colossalai"),
+                                        options if strat.get("family") == "colossalai" else {}))
+
+
+def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
+    """gloo on a CPU returns from a collective when it is done (vit_scale.planning.step_time.timeline)."""
+    return backend == "gloo" or device_type == "cpu"
+
+
+# ---------------------------------------------------------------- compute
+
+@dataclass(frozen=True)
+class MeasuredStep:
+    """One ok run's mean step (global batch over its mean images/s) and the scenario it ran."""
+    scenario: Scenario
+    step_s: float
+    run_dir: str
+    blocking: bool
+    options: str = ""         # the strategy's options, to prefer a run of the same series
+
+    @property
+    def key(self) -> tuple:
+        return (self.scenario.model, self.scenario.batch_size, self.scenario.precision)
+
+
+def measured_step(run) -> MeasuredStep | None:
+    """A vit_scale.record.reader RunRecord's mean step, or None when it gives no speed."""
+    end = run.end or {}
+    ips = _d(end.get("images_per_s")).get("mean")
+    if run.status != "ok" or not isinstance(ips, (int, float)) or not ips > 0 or end.get("replicas_agree") is False:
+        return None
+    start = run.start
+    sc = scenario_of_run(start)
+    world = _d(start.get("world"))
+    options = json.dumps(_d(_d(start.get("strategy")).get("options")), sort_keys=True, default=str)
+    return MeasuredStep(sc, sc.batch_size * sc.world / ips, run.run_dir,
+                        blocking_for(world.get("backend"), world.get("device_type")), options)
+
+
+def compute_of(step: MeasuredStep, network: Network) -> Compute:
+    """The compute c of a measured step s: the c at which the model's predicted step for that very run,
+    c plus the communication it does not hide, equals s (found by bisection: the predicted step grows with
+    compute). All of it is counted as forward and backward: a measured step does not say how much was the
+    optimizer's."""
+    sc = dataclasses.replace(step.scenario, device_memory_gib=None)
+    ckpt = sc.activation_checkpointing
+
+    def predicted(c: float) -> float:
+        return predict_step(sc, network, Compute.measured(c, 0.0, "", ckpt), step.blocking).breakdown.step_s
+
+    s = step.step_s
+    if predicted(s) <= s * (1 + 1e-9):   # nothing exposed even with all of it as compute (up to rounding)
+        c = s
+    elif predicted(0.0) >= s:   # the predicted communication alone takes longer than the measured step
+        c = 0.0
+    else:
+        lo, hi = 0.0, s
+        for _ in range(BISECT_STEPS):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if predicted(mid) < s else (lo, mid)
+        c = (lo + hi) / 2
+    where = os.path.basename(step.run_dir.rstrip(os.sep)) or step.run_dir
+    src = (f"measured step of {sc.strategy} on {sc.nodes} node(s) ({where}: {s * 1e3:.4g} ms) less "
+           f"{(s - c) * 1e3:.3g} ms exposed communication predicted for it")
+    if c == 0.0:
+        src += " (the predicted communication alone exceeds the measured step: compute taken as 0)"
+    return Compute.measured(c, 0.0, src, ckpt)
+
+
+@dataclass
+class ComputeSource:
+    """Where each point's compute comes from: measured steps (each point takes the best-matching one of
+    its model, batch and precision), or the counted FLOPs over a peak times an efficiency."""
+    steps: list = field(default_factory=list)   # MeasuredSteps
+    origin: str = ""                            # the --compute-from path
+    peak: float | None = None                # TFLOP/s per device, for FLOPs
+    efficiency: float | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def kind(self) -> str:
+        return "measured" if self.origin else "flops"
+
+    def describe(self) -> str:
+        if self.origin:
+            return f"measured steps from {self.origin} ({len(self.steps)} run(s))"
+        return f"counted FLOPs over {self.peak:g} TFLOP/s x {self.efficiency:.0%} efficiency"
+
+    def step_for(self, sc: Scenario, options: str = "") -> MeasuredStep:
+        """Same model, batch and precision on 1 node: the same strategy and options, else the same
+        strategy, else the fastest 1-node run of any strategy (the least communication in the way)."""
+        key = (sc.model, sc.batch_size, sc.precision)
+        same = [s for s in self.steps if s.key == key]
+        if not same:
+            have = sorted({f"{m} at batch {b} in {p}" for m, b, p in (s.key for s in self.steps)})
+            raise UserError(f"--compute-from: {self.origin} has no run of {sc.model} at batch {sc.batch_size} in "
+                            f"{sc.precision}; expected a run of the same model, batch and precision "
+                            f"(it has: {', '.join(have) or 'no ok run'})")
+        one_node = [s for s in same if s.scenario.nodes == 1] or same
+        for pick in ([s for s in one_node if s.scenario.strategy == sc.strategy and s.options == options],
+                     [s for s in one_node if s.scenario.strategy == sc.strategy]):
+            if pick:
+                return min(pick, key=lambda s: (s.scenario.nodes, s.step_s))
+        return min(one_node, key=lambda s: (s.scenario.nodes, s.step_s))
+
+    def compute_for(self, sc: Scenario, network: Network, options: str = "") -> Compute:
+        if not self.origin:
+            return Compute.from_flops(sc, self.peak, self.efficiency)
+        step = self.step_for(sc, options)
+        key = (step.run_dir, id(network))
+        if key not in self._cache:
+            self._cache[key] = compute_of(step, network)
+        return self._cache[key]
+
+
+def compute_from(path: str, runs: list | None = None) -> ComputeSource:
+    """`--compute-from PATH`: a run directory (its metrics.jsonl) or a study directory (every ok run
+    under it; each point then uses its 1-node rung). runs: RunRecords already read from PATH."""
+    if runs is None:
+        if not os.path.isdir(path):
+            raise UserError(f"--compute-from: {path} is not a directory; expected a run directory or a study "
+                            f"directory")
+        runs = reader.collect([path]).runs
+    steps = [s for s in (measured_step(r) for r in runs) if s is not None]
+    if not steps:
+        raise UserError(f"--compute-from: {path} holds no run that finished ok with a speed; expected a run "
+                        f"directory (metrics.jsonl) or a study directory")
+    return ComputeSource(steps=steps, origin=path)
+
+
+def compute_from_flops(peak: float | None, efficiency: float, where: str = "the system profile") -> ComputeSource:
+    if peak is None or not peak > 0:
+        raise UserError(f"--compute-from: {where} gives no peak TFLOP/s for this precision; give --compute-from "
+                        f"RUNDIR (a measured run) instead")
+    if not 0 < efficiency <= 1:
+        raise UserError(f"--efficiency: must be in (0, 1], got {efficiency}")
+    return ComputeSource(peak=peak, efficiency=efficiency)
+
+
+def efficiency_from_runs(runs) -> float | None:
+    """The median MFU of the ok runs that recorded one: the default efficiency for FLOPs."""
+    mfus = sorted(float((r.end or {})["mfu"]) for r in runs
+                  if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)) and r.end["mfu"] > 0)
+    return mfus[len(mfus) // 2] if mfus else None
+
+
+# ---------------------------------------------------------------- the predictions
+
+def predict(points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False,
+            options: list | None = None) -> list:
+    """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
+    point on 1 node. options: per point, the strategy options' JSON (prefers a compute run of the same
+    series). Raises UserError for a point whose compute source does not fit it."""
+    out, base = [], {}
+    for i, sc in enumerate(points):
+        opt = options[i] if options else ""
+        comp = compute.compute_for(sc, calibration.network, opt)
+        p = predict_step(sc, calibration.network, comp, blocking)
+        one = dataclasses.replace(sc, nodes=1)
+        key = repr(one)
+        if key not in base:
+            base[key] = p if sc.nodes == 1 else predict_step(one, calibration.network, comp, blocking)
+        b = base[key]
+        if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
+            p.scaling_efficiency = p.images_per_s_per_gpu / b.images_per_s_per_gpu
+        p.rules = p.rules + [f"calibration: {calibration.describe()}"]
+        out.append(p)
+    return out
+
+
+__all__ = ["CALIBRATIONS", "Calibration", "ComputeSource", "MeasuredStep", "StepPrediction", "blocking_for",
+           "check_calibration", "choose_calibration", "compute_from", "compute_from_flops", "compute_of",
+           "efficiency_from_runs", "measured_step", "no_calibration", "peak_tflops", "predict", "profile_calibration",
+           "profile_path", "read_check", "read_fits", "read_profile", "scenario_of_run"]

@@ -1,0 +1,73 @@
+"""check.json read back, for the study's summary and the analysis report. No torch.
+
+The facts a reader of figures needs beside them: the verdict, the versions, the transport
+between nodes, and the bus bandwidth of each collective within and across nodes. Beside the run
+record's reader because both are what the analysis reads of a study directory: `vit-scale check`
+writes the file, this reads it, and the analysis may import only what lies below the check.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+CHECK_FILE = "check.json"
+
+
+def read_check(directory: str) -> dict | None:
+    """DIRECTORY/check.json, or None when there is none or it cannot be read."""
+    try:
+        with open(os.path.join(directory, CHECK_FILE)) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("schema") == 1 else None
+
+
+def verdict(check: dict) -> str:
+    broken = [line for line in check.get("lines") or [] if line.get("needed") and line.get("status") in
+              ("fail", "refused")]
+    return "ready" if not broken else f"{len(broken)} broken"
+
+
+def versions(check: dict) -> str:
+    v = (check.get("facts") or {}).get("versions") or {}
+    parts = [f"torch {v['torch']}"] if v.get("torch") else []
+    parts += [f"{name} {v[key]}" for key, name in (("cuda", "CUDA"), ("hip", "HIP"), ("nccl", "NCCL/RCCL"),
+                                                    ("driver", "driver")) if v.get(key)]
+    return ", ".join(parts)
+
+
+def transport(check: dict) -> str:
+    t = check.get("transport") or {}
+    observed = ", ".join(t.get("observed") or []) or "unknown"
+    networks = ", ".join(t.get("between_nodes") or t.get("networks") or [])
+    return f"{observed}{f' ({networks})' if networks and networks != observed else ''}, expected " \
+           f"{' or '.join(t.get('expected') or []) or '?'}"
+
+
+def bandwidth_rows(check: dict) -> list[dict]:
+    """One row a measurement that is not a latency size: what the figures' communication rides on."""
+    found = ((check.get("facts") or {}).get("interconnect") or {}).get("measurements") or []
+    return [m for m in found if m.get("size") != "latency"]
+
+
+def latency_rows(check: dict) -> list[dict]:
+    """The smallest size of each collective and scope: its time is the latency."""
+    found = ((check.get("facts") or {}).get("interconnect") or {}).get("measurements") or []
+    smallest: dict = {}
+    for m in found:
+        key = (m.get("collective"), m.get("scope"))
+        if m.get("size") == "latency" and (key not in smallest or m["bytes"] < smallest[key]["bytes"]):
+            smallest[key] = m
+    return list(smallest.values())
+
+
+def headline(check: dict) -> str:
+    """One line: verdict, versions, transport, the bucket all-reduce's bus bandwidth in the widest scope."""
+    rows = [m for m in bandwidth_rows(check) if m.get("collective") == "all_reduce" and m.get("size") == "bucket"]
+    widest = max(rows, key=lambda m: m.get("ranks", 0), default=None)
+    where = "across nodes" if widest and widest["scope"] == "world" else "within a node"
+    bw = f", all_reduce busbw {widest['busbw_gbs']:.3g} GB/s {where}" if widest else ""
+    software = versions(check)
+    return f"{verdict(check)} ({check.get('time_iso', '?')}): {software + '; ' if software else ''}transport " \
+           f"{transport(check)}{bw}"
