@@ -240,3 +240,20 @@ def test_one_repetition_is_the_local_default_and_the_report_says_so(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Every point here ran once (1 repetition)" in md, md
     assert "vit-scale study --repeat N runs each point N times" in md
+
+
+def test_two_repetitions_far_apart_still_make_every_figure(tmp_path):
+    """Two runs of a point that disagree (a busy laptop) give a median's interval reaching 0, and
+    efficiency an interval without an upper end: the heat map says so instead of failing. Records
+    written without a trainer (analysis/synthetic.py)."""
+    from analysis.synthetic import write_run
+    from analysis.weak_scaling import main as analyse
+
+    for nodes, first, second in ((1, 100.0, 10.0), (2, 180.0, 20.0)):
+        for i, ips in enumerate((first, second)):
+            write_run(str(tmp_path / "runs"), study="rep", model="vit_micro", strategy="DDP", nodes=nodes,
+                      ranks_per_node=1, ips=ips, device="cpu", steps=6, warmup=1, time=1.7e9 + 10 * i + nodes,
+                      run_id=f"r{nodes}.{i}")
+    assert analyse([str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--quiet"]) == 0
+    assert (tmp_path / "report" / "efficiency.png").is_file()
+    assert points(tmp_path / "report") == {1: 2, 2: 2}
