@@ -62,6 +62,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_predicted_bytes",
         "test_profiling",
         "test_study",
+        "test_study_orphans",
         "test_study_repeat",
         "test_tracking",
         "test_trainer_equivalence",
@@ -69,6 +70,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
     ],
     "cluster": [
         "test_check",
+        "test_check_allocations",
         "test_env_lmod",
         "test_jobs_slurm",
         "test_launchers",
