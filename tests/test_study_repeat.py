@@ -3,6 +3,7 @@ any point again), each repetition a run of its own with its index in the ledger 
 a resume that counts them. The order and the bad input come from the plan and the command line
 (nothing launched); one real local study (vit_micro, DDP on 1 and 2 emulated nodes of one CPU rank
 each, a repetition made to fail for real in its second step) is run, then resumed."""
+
 import csv
 import os
 import re
@@ -22,8 +23,26 @@ from vit_scale.study.plan import make_plan
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
 LOCAL = os.path.join(ROOT, "configs", "studies", "local.yaml")
-FAST = ["--models", "vit_micro", "--strategies", "DDP", "--nodes", "1,2", "--ranks-per-node", "1",
-        "--steps", "6", "--warmup-steps", "1", "--batch-size", "2", "--study", "rep", "--out", "runs"]
+FAST = [
+    "--models",
+    "vit_micro",
+    "--strategies",
+    "DDP",
+    "--nodes",
+    "1,2",
+    "--ranks-per-node",
+    "1",
+    "--steps",
+    "6",
+    "--warmup-steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--study",
+    "rep",
+    "--out",
+    "runs",
+]
 
 
 def plan(cli, study_file=LOCAL):
@@ -58,27 +77,42 @@ def test_the_study_files_repeat_and_the_command_line_over_it(tmp_path):
 
 
 def test_dry_run_prints_the_rounds_and_starts_nothing(tmp_path):
-    proc = subprocess.run(["bash", WEAK_SCALING, *FAST, "--repeat", "2", "--dry-run"], cwd=tmp_path,
-                          env=job_env(), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", WEAK_SCALING, *FAST, "--repeat", "2", "--dry-run"],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "4 runs (1 model(s) x 1 strategy x nodes 1,2 x 2 repetitions, in rounds)" in out, out
     labels = [line for line in out.splitlines() if line.startswith("[")]
-    assert labels == ["[1/4] vit_micro DDP n1 (1 rank) repetition 1/2",
-                      "[2/4] vit_micro DDP n2 (2 ranks) repetition 1/2",
-                      "[3/4] vit_micro DDP n1 (1 rank) repetition 2/2",
-                      "[4/4] vit_micro DDP n2 (2 ranks) repetition 2/2"]
+    assert labels == [
+        "[1/4] vit_micro DDP n1 (1 rank) repetition 1/2",
+        "[2/4] vit_micro DDP n2 (2 ranks) repetition 1/2",
+        "[3/4] vit_micro DDP n1 (1 rank) repetition 2/2",
+        "[4/4] vit_micro DDP n2 (2 ranks) repetition 2/2",
+    ]
     assert out.count("output.repetition=1") == 1 + 2 and out.count("output.repetition=2") == 1 + 2  # a line a rank
     assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "two"])
 def test_bad_repeat_on_the_command_line_is_one_line(tmp_path, value):
-    proc = subprocess.run(["bash", WEAK_SCALING, *FAST, "--repeat", value], cwd=tmp_path, env=job_env(),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", WEAK_SCALING, *FAST, "--repeat", value],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.splitlines() == [f"weak_scaling.sh: --repeat: '{value}' is not allowed; allowed: a whole number "
-                                        f"of at least 1"], proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"weak_scaling.sh: --repeat: '{value}' is not allowed; allowed: a whole number of at least 1"
+    ], proc.stderr
     assert proc.stdout == "" and os.listdir(tmp_path) == []
 
 
@@ -93,10 +127,11 @@ def test_bad_repeat_in_the_study_file_is_one_line(tmp_path, monkeypatch, capsys,
     captured = capsys.readouterr()
     assert captured.out == ""
     (line,) = captured.err.splitlines()
-    assert line.startswith(f"vit-scale study: 'repeat' in {study_file}: ") and \
-        line.endswith("is not allowed; allowed: a whole number of at least 1"), line
+    assert line.startswith(f"vit-scale study: 'repeat' in {study_file}: ") and line.endswith(
+        "is not allowed; allowed: a whole number of at least 1"
+    ), line
     assert os.listdir(work) == []
-    with pytest.raises(UserError):   # the plan refuses it too, for every caller (the sweep plans first)
+    with pytest.raises(UserError):  # the plan refuses it too, for every caller (the sweep plans first)
         plan({}, str(study_file))
 
 
@@ -111,34 +146,54 @@ def test_a_resume_gives_each_repetition_one_earlier_ok_run():
 
 
 def _row(nodes, repetition, status, ips="-"):
-    return {"model": "vit_micro", "strategy": "DDP", "variant": "-", "nodes": str(nodes), "ranks": str(nodes),
-            "status": status, "images_per_s": ips, "repetition": str(repetition)}
+    return {
+        "model": "vit_micro",
+        "strategy": "DDP",
+        "variant": "-",
+        "nodes": str(nodes),
+        "ranks": str(nodes),
+        "status": status,
+        "images_per_s": ips,
+        "repetition": str(repetition),
+    }
 
 
 def test_the_summary_shows_the_median_of_a_points_ok_repetitions():
-    rows = [_row(1, 1, "ok", "100.0"), _row(1, 2, "failed"), _row(1, 3, "ok", "120.0"),
-            _row(2, 1, "oom"), _row(2, 2, "oom"), _row(2, 3, "oom"),
-            _row(1, 2, "ok", "90.0")]   # a resume ran repetition 2 again: its last line wins
+    rows = [
+        _row(1, 1, "ok", "100.0"),
+        _row(1, 2, "failed"),
+        _row(1, 3, "ok", "120.0"),
+        _row(2, 1, "oom"),
+        _row(2, 2, "oom"),
+        _row(2, 3, "oom"),
+        _row(1, 2, "ok", "90.0"),
+    ]  # a resume ran repetition 2 again: its last line wins
     table = summary(rows)
     assert table[1].split() == ["vit_micro", "DDP", "100.0", "[3/3]", "oom", "[0/3]"], table
-    assert table[-1] == ("  3 ok, 3 oom; 3 repetitions of each point: img/s is the median of its ok ones, "
-                         "[k/n] k of its n repetitions ok"), table
+    assert table[-1] == (
+        "  3 ok, 3 oom; 3 repetitions of each point: img/s is the median of its ok ones, "
+        "[k/n] k of its n repetitions ok"
+    ), table
     # one repetition (and a ledger from before repeats, without the column): the table as it was
     single = [{k: v for k, v in _row(1, 1, "ok", "100.0").items() if k != "repetition"}, _row(2, 1, "oom")]
-    assert [line.split() for line in summary(single)] == [["model", "strategy", "n1", "img/s", "n2", "img/s"],
-                                                          ["vit_micro", "DDP", "100.0", "oom"],
-                                                          ["1", "ok,", "1", "oom"]]
+    assert [line.split() for line in summary(single)] == [
+        ["model", "strategy", "n1", "img/s", "n2", "img/s"],
+        ["vit_micro", "DDP", "100.0", "oom"],
+        ["1", "ok,", "1", "oom"],
+    ]
 
 
 def test_a_ledger_from_before_repeats_reads_with_the_lines_added_to_it(tmp_path):
-    old_columns = COLUMNS[:COLUMNS.index("repetition")]
+    old_columns = COLUMNS[: COLUMNS.index("repetition")]
     path = tmp_path / "study_runs.tsv"
     old = {**_row(1, 1, "ok", "100.0"), "run_dir": "a"}
     path.write_text("\t".join(old_columns) + "\n" + "\t".join(old.get(c, "-") for c in old_columns) + "\n")
     Ledger(str(path)).add(**{**_row(1, 2, "ok", "120.0"), "run_dir": "b"})
     rows = Ledger(str(path)).rows()
-    assert [(r["run_dir"], r["images_per_s"], r.get("repetition")) for r in rows] == [("a", "100.0", None),
-                                                                                     ("b", "120.0", "2")]
+    assert [(r["run_dir"], r["images_per_s"], r.get("repetition")) for r in rows] == [
+        ("a", "100.0", None),
+        ("b", "120.0", "2"),
+    ]
     assert summary(rows)[1].split() == ["vit_micro", "DDP", "110.0", "[2/2]"]
 
 
@@ -160,24 +215,41 @@ def test_a_repeated_study_keeps_every_repetition_and_its_resume_counts_them(tmp_
     study_dir, report = tmp_path / "runs" / "rep", tmp_path / "report" / "rep"
 
     def study(*extra, **env):
-        proc = subprocess.run(["bash", WEAK_SCALING, *FAST, "--repeat", "2", *extra], cwd=tmp_path,
-                              env=job_env(**env), capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(
+            ["bash", WEAK_SCALING, *FAST, "--repeat", "2", *extra],
+            cwd=tmp_path,
+            env=job_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         return proc.returncode, proc.stdout, proc.stderr
 
     # repetition 2 on one node fails for real in its second step; the other three runs are ok
-    failing = python_injecting(tmp_path, "failing", "True", 'raise RuntimeError("injected by the test")',
-                               '[[ " $* " == *" output.repetition=2 "* ]] && [ "${GROUP_WORLD_SIZE:-1}" = 1 ]')
+    failing = python_injecting(
+        tmp_path,
+        "failing",
+        "True",
+        'raise RuntimeError("injected by the test")',
+        '[[ " $* " == *" output.repetition=2 "* ]] && [ "${GROUP_WORLD_SIZE:-1}" = 1 ]',
+    )
     code, out, err = study(VIT_SCALE_PYTHON=failing)
     assert code == 1, out + err
-    for line in ["[1/4] vit_micro DDP n1 (1 rank) repetition 1/2 ... ok ",
-                 "[2/4] vit_micro DDP n2 (2 ranks) repetition 1/2 ... ok ",
-                 "[3/4] vit_micro DDP n1 (1 rank) repetition 2/2 ... FAILED (exit 1",
-                 "[4/4] vit_micro DDP n2 (2 ranks) repetition 2/2 ... ok "]:
+    for line in [
+        "[1/4] vit_micro DDP n1 (1 rank) repetition 1/2 ... ok ",
+        "[2/4] vit_micro DDP n2 (2 ranks) repetition 1/2 ... ok ",
+        "[3/4] vit_micro DDP n1 (1 rank) repetition 2/2 ... FAILED (exit 1",
+        "[4/4] vit_micro DDP n2 (2 ranks) repetition 2/2 ... ok ",
+    ]:
         assert line in out, out
     # the ledger: one line a run, with its repetition, each in a run directory of its own
     rows = ledger(study_dir)
-    assert [(r["nodes"], r["repetition"], r["status"]) for r in rows] == \
-        [("1", "1", "ok"), ("2", "1", "ok"), ("1", "2", "failed"), ("2", "2", "ok")], rows
+    assert [(r["nodes"], r["repetition"], r["status"]) for r in rows] == [
+        ("1", "1", "ok"),
+        ("2", "1", "ok"),
+        ("1", "2", "failed"),
+        ("2", "2", "ok"),
+    ], rows
     assert len({r["run_dir"] for r in rows}) == 4 and {r["run_dir"] for r in rows} == run_dirs(study_dir)
     # the records: the same point (settings) for both repetitions, each naming its repetition
     records = runs_by_strategy_and_nodes(study_dir)
@@ -197,8 +269,12 @@ def test_a_repeated_study_keeps_every_repetition_and_its_resume_counts_them(tmp_
     assert out.count("ok earlier, skipped") == 3, out
     assert "[3/4] vit_micro DDP n1 (1 rank) repetition 2/2 ... ok " in out, out
     new = ledger(study_dir)[4:]
-    assert [(r["nodes"], r["repetition"], r["status"]) for r in new] == \
-        [("1", "1", "ok"), ("2", "1", "ok"), ("1", "2", "ok"), ("2", "2", "ok")], new
+    assert [(r["nodes"], r["repetition"], r["status"]) for r in new] == [
+        ("1", "1", "ok"),
+        ("2", "1", "ok"),
+        ("1", "2", "ok"),
+        ("2", "2", "ok"),
+    ], new
     assert len(run_dirs(study_dir)) == 5
 
     # resumed with every repetition ok: nothing runs; the analysis has both repetitions of each point
@@ -219,8 +295,9 @@ def test_a_repeated_study_keeps_every_repetition_and_its_resume_counts_them(tmp_
     assert "[2/4] vit_micro DDP n2 (2 ranks) repetition 1/2 ... ok " in out, out
     (again,) = run_dirs(study_dir) - before
     assert again.startswith(str(study_dir / "vit_micro" / "DDP" / "n2"))
-    (start, end), = [rec for rec in runs_by_strategy_and_nodes(study_dir)[("DDP", 2)] if rec[0]["run_id"] ==
-                     os.path.basename(again)]
+    ((start, end),) = [
+        rec for rec in runs_by_strategy_and_nodes(study_dir)[("DDP", 2)] if rec[0]["run_id"] == os.path.basename(again)
+    ]
     assert start["config"]["output"]["repetition"] == 1 and end["status"] == "ok"
 
 
@@ -234,8 +311,18 @@ def test_one_repetition_is_the_local_default_and_the_report_says_so(tmp_path):
     assert study.repeat == 1 and {run.repetition for run in study.runs} == {1}
     for strategy, ips in (("DDP", 100.0), ("FULL_SHARD", 80.0)):
         for nodes in (1, 2):
-            write_run(str(tmp_path / "runs"), study="local", model="vit_micro", strategy=strategy, nodes=nodes,
-                      ranks_per_node=2, ips=ips * nodes, device="cpu", steps=20, warmup=5)
+            write_run(
+                str(tmp_path / "runs"),
+                study="local",
+                model="vit_micro",
+                strategy=strategy,
+                nodes=nodes,
+                ranks_per_node=2,
+                ips=ips * nodes,
+                device="cpu",
+                steps=20,
+                warmup=5,
+            )
     assert analyse([str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--quiet", "--no-plots"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Every point here ran once (1 repetition)" in md, md
@@ -251,9 +338,20 @@ def test_two_repetitions_far_apart_still_make_every_figure(tmp_path):
 
     for nodes, first, second in ((1, 100.0, 10.0), (2, 180.0, 20.0)):
         for i, ips in enumerate((first, second)):
-            write_run(str(tmp_path / "runs"), study="rep", model="vit_micro", strategy="DDP", nodes=nodes,
-                      ranks_per_node=1, ips=ips, device="cpu", steps=6, warmup=1, time=1.7e9 + 10 * i + nodes,
-                      run_id=f"r{nodes}.{i}")
+            write_run(
+                str(tmp_path / "runs"),
+                study="rep",
+                model="vit_micro",
+                strategy="DDP",
+                nodes=nodes,
+                ranks_per_node=1,
+                ips=ips,
+                device="cpu",
+                steps=6,
+                warmup=1,
+                time=1.7e9 + 10 * i + nodes,
+                run_id=f"r{nodes}.{i}",
+            )
     assert analyse([str(tmp_path / "runs"), "--out", str(tmp_path / "report"), "--quiet"]) == 0
     assert (tmp_path / "report" / "efficiency.png").is_file()
     assert points(tmp_path / "report") == {1: 2, 2: 2}
