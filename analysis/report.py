@@ -97,8 +97,8 @@ def _statistics_text(results: pd.DataFrame) -> str:
     )
     if runs == [1]:
         return text + (
-            " Every point here ran once: each interval describes that run only, and run-to-run variation "
-            "is unmeasured (repeat the points to measure it)."
+            " Every point here ran once (1 repetition): each interval describes that run only, and "
+            "run-to-run variation is unmeasured (vit-scale study --repeat N runs each point N times)."
         )
     if runs:
         cv = ok["ips_run_cv"].dropna()

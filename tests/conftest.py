@@ -64,6 +64,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_profiling",
         "test_study",
         "test_study_orphans",
+        "test_study_repeat",
         "test_tracking",
         "test_trainer_equivalence",
         "test_trainer_failures",

@@ -91,6 +91,9 @@ class OutputConfig:
         "empty: <UTC time>[-j<job>.<step>]",
         Rule(f"empty, or {NAME.allowed}", lambda v: not v or _is_name(v), NAME.says),
     )
+    repetition: int = option(
+        0, "which of a study's --repeat runs of its point (1, 2 ...); 0: not a study's", NON_NEGATIVE
+    )
 
     def check(self) -> None:
         probe = self.dir

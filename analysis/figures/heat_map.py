@@ -75,6 +75,8 @@ def interval_points(eff, low, high) -> str:
     if any(v is None or pd.isna(v) for v in (eff, low, high)) or high <= low:
         return ""
     half = max(eff - low, high - eff) * 100
+    if not math.isfinite(half):  # an interval of a median that reaches 0 (two runs far apart) has no upper end
+        return "±∞"
     return f"±{max(1, math.ceil(half - 1e-9))}"
 
 

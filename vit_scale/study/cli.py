@@ -27,7 +27,16 @@ from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
 from vit_scale.record.check_file import checks_of, headline, read_check
 from vit_scale.study.forecast import forecast
-from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary, unattended
+from vit_scale.study.ledger import (
+    Ledger,
+    end_for_the_record,
+    ok_runs,
+    repetitions_done,
+    run_result,
+    status_of_code,
+    summary,
+    unattended,
+)
 from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan
 from vit_scale.study.preflight import check_first
@@ -54,6 +63,7 @@ What to run (lists are comma-separated; defaults come from the study file):
   --batch-size LIST        images per GPU (rank) and step; fixed as nodes grow; several: one run each
   --steps N                steps per run
   --warmup-steps N         first steps left out of every figure
+  --repeat N               runs of each point (default 1), in rounds: every point once before any point again
 FSDP and precision modifiers (several values: each is one more run, a grid):
   --precision LIST         fp32 bf16 fp16
   --backward-prefetch LIST none pre post
@@ -214,7 +224,7 @@ class StudyRun:
         print(
             f"vit-scale study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} "
             f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
-            f" x {size})"
+            f" x {size}{f' x {p.repeat} repetitions, in rounds' if p.repeat > 1 else ''})"
         )
         kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, p.ranks_per_node * max(p.nodes))
         job = os.environ.get("SLURM_JOB_ID")
@@ -254,6 +264,7 @@ class StudyRun:
         started, failed, done = time.monotonic(), 0, 0
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
+        done_before = {} if self.force else self.repetitions_done_before()
         for index, run in enumerate(p.runs, 1):
             if supervisor and supervisor.interrupted:
                 break
@@ -264,9 +275,11 @@ class StudyRun:
             )
             if run.variant != "-":
                 label += " " + run.variant.replace(",", " ")
-            parent = os.path.join(self.study_dir, run.model, run.strategy, f"n{run.nodes}")
+            if p.repeat > 1:
+                label += f" repetition {run.repetition}/{p.repeat}"
+            parent = self.parent_dir(run)
             kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
-            earlier = None if self.force else find_ok(parent, run.settings)
+            earlier = done_before.get((parent, tuple(run.settings), run.repetition))
             if earlier and unattended(earlier, ledger, logs):
                 print(
                     f"{label}: {earlier} says ok, but it has no ledger row: its study was killed before the run "
@@ -288,6 +301,7 @@ class StudyRun:
                         images_per_s=run_result(earlier)[1],
                         seconds=0,
                         run_dir=earlier,
+                        repetition=run.repetition,
                     )
                 done += 1
                 continue
@@ -304,7 +318,12 @@ class StudyRun:
                 self.python,
                 run.settings
                 + run.system_settings
-                + [f"output.dir={self.out}", f"output.study={p.name}", f"output.run_id={run_id}"],
+                + [
+                    f"output.dir={self.out}",
+                    f"output.study={p.name}",
+                    f"output.run_id={run_id}",
+                    f"output.repetition={run.repetition}",
+                ],
                 system=self.system,
                 nodes=run.nodes,
                 ranks_per_node=run.ranks_per_node,
@@ -364,11 +383,27 @@ class StudyRun:
                 seconds=seconds,
                 run_dir=run_dir if os.path.isdir(run_dir) else "-",
                 log=log,
+                repetition=run.repetition,
             )
             done += 1
         if self.dry_run:
             return 0
         return self.finish(ledger, failed, done, time.monotonic() - started, supervisor)
+
+    def parent_dir(self, run) -> str:
+        """Where the trainer puts the run directories of one point (each run its own run id)."""
+        return os.path.join(self.study_dir, run.model, run.strategy, f"n{run.nodes}")
+
+    def repetitions_done_before(self) -> dict:
+        """(point's directory, settings, repetition) -> the earlier ok run that stands for it, looked
+        up once before the first run (a run this study makes fills its own repetition only)."""
+        done = {}
+        for run in self.plan.runs:
+            point = (self.parent_dir(run), tuple(run.settings))
+            if run.repetition == 1:  # the first round holds every point once
+                for repetition, run_dir in repetitions_done(ok_runs(*point), self.plan.repeat).items():
+                    done[(*point, repetition)] = run_dir
+        return done
 
     def prepare_kernels(self, supervisor, logs: str) -> None:
         """`vit-scale prepare` on a compute node before the first run, when a strategy of the study

@@ -1,5 +1,6 @@
-"""The study's ledger (OUT/STUDY/study_runs.tsv: one line per run attempted or found done), an
-earlier ok run with the same settings (resume), and the table printed at the end."""
+"""The study's ledger (OUT/STUDY/study_runs.tsv: one line per run attempted or found done), the
+earlier ok runs with the same settings (resume: which repetitions of a point are done), and the
+table printed at the end."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import csv
 import glob
 import json
 import os
+import statistics
 import time
 
 from vit_scale.record.reader import read_run_dir, start_and_end
@@ -27,6 +29,7 @@ COLUMNS = (
     "seconds",
     "run_dir",
     "log",
+    "repetition",
 )
 STATUS_OF_CODE = {code: status for status, code in EXIT_CODES.items()}
 STATUS_OF_CODE[2] = "bad-input"
@@ -56,7 +59,13 @@ class Ledger:
         if not os.path.exists(self.path):
             return []
         with open(self.path) as f:
-            return list(csv.DictReader(f, delimiter="\t"))
+            lines = list(csv.reader(f, delimiter="\t"))
+        header = lines[0] if lines else []
+        if tuple(header) == COLUMNS[: len(header)]:
+            # a ledger begun by an older version lacks the newer last columns (repetition), which the
+            # lines this version appends to it have
+            header = list(COLUMNS)
+        return [dict(zip(header, line, strict=False)) for line in lines[1:] if line]
 
     def has_run(self, run_dir: str) -> bool:
         """Whether a row names this run directory already: one row a run, however often it is resumed."""
@@ -142,7 +151,15 @@ def _same_value(recorded, wanted: str) -> bool:
 
 def find_ok(parent: str, settings: list) -> str | None:
     """The newest run under `parent` whose record says ok and whose config has every KEY=VALUE."""
+    found = ok_runs(parent, settings)
+    return found[0][0] if found else None
+
+
+def ok_runs(parent: str, settings: list) -> list[tuple[str, int]]:
+    """The runs under `parent` whose record says ok and whose config has every KEY=VALUE, newest
+    first, each with the repetition its record names (0 when none: from before repeats)."""
     wanted = [item.partition("=")[::2] for item in settings]
+    found = []
     for path in sorted(glob.glob(os.path.join(parent, "*", METRICS_FILE)), reverse=True):
         run_dir = os.path.dirname(path)
         start, end = start_and_end(run_dir)
@@ -150,24 +167,55 @@ def find_ok(parent: str, settings: list) -> str | None:
             continue
         config = _flat(start.get("config") or {})
         if all(key in config and _same_value(config[key], value) for key, value in wanted):
-            return run_dir
-    return None
+            repetition = config.get("output.repetition")
+            found.append((run_dir, repetition if isinstance(repetition, int) else 0))
+    return found
+
+
+def repetitions_done(found: list[tuple[str, int]], repeat: int) -> dict[int, str]:
+    """Repetition (1 .. repeat) -> the earlier ok run that stands for it. A run fills the repetition
+    its record names where that one is free; the rest (runs from before repeats, a second ok run of
+    one repetition, one beyond `repeat`) fill the free ones, newest first. So a resume counts what
+    is done: 2 ok runs of a point with --repeat 3 leave one to run, whichever failed."""
+    done: dict[int, str] = {}
+    spare = []
+    for run_dir, repetition in found:
+        if 1 <= repetition <= repeat and repetition not in done:
+            done[repetition] = run_dir
+        else:
+            spare.append(run_dir)
+    for repetition in range(1, repeat + 1):
+        if repetition not in done and spare:
+            done[repetition] = spare.pop(0)
+    return done
+
+
+def repetition_of(row: dict) -> int:
+    """A ledger row's repetition; 1 for rows written before repeats (no such column)."""
+    value = str(row.get("repetition") or "")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def summary(rows: list[dict], per: str = "n") -> list[str]:
-    """Model x strategy (x variant) against node or GPU count; the last line about a run wins
-    (a resumed study lists a run again)."""
+    """Model x strategy (x variant) against node or GPU count; the last line about each repetition
+    of a point wins (a resumed study lists a run again). Where points have several repetitions a
+    cell is the median img/s of the ok ones and [ok/repetitions]."""
     if not rows:
         return ["  no runs"]
     latest = {}
     for row in rows:
         size = int(row["nodes"]) if per == "n" else int(row["ranks"])
-        latest[(row["model"], row["strategy"], row["variant"], size)] = row
-    sizes = sorted({key[3] for key in latest})
+        latest[(row["model"], row["strategy"], row["variant"], size, repetition_of(row))] = row
+    points: dict = {}
+    for key, row in latest.items():
+        points.setdefault(key[:4], []).append(row)
+    repeats = sorted({len(group) for group in points.values()})
+    position = {id(row): i for i, row in enumerate(rows)}
+    sizes = sorted({key[3] for key in points})
     order = {}
     for row in rows:
         order.setdefault((row["model"], row["strategy"], row["variant"]), len(order))
-    lines = sorted({key[:3] for key in latest}, key=lambda k: order[k])
+    lines = sorted({key[:3] for key in points}, key=lambda k: order[k])
     with_variant = any(k[2] != "-" for k in lines)
     unit = "n" if per == "n" else "g"
     header = ["model", "strategy"] + (["variant"] if with_variant else []) + [f"{unit}{s} img/s" for s in sizes]
@@ -175,13 +223,14 @@ def summary(rows: list[dict], per: str = "n") -> list[str]:
     for model, strategy, variant in lines:
         row = [model, strategy] + ([variant] if with_variant else [])
         for s in sizes:
-            item = latest.get((model, strategy, variant, s))
-            if item is None:
+            group = points.get((model, strategy, variant, s))
+            if group is None:
                 row.append("")
-            elif item["status"] == "ok" and item["images_per_s"] not in ("", "-"):
-                row.append(item["images_per_s"])
-            else:
-                row.append(item["status"])
+                continue
+            ok = [float(r["images_per_s"]) for r in group if r["status"] == "ok" and r["images_per_s"] not in ("", "-")]
+            # without a measured run: the status of the one the ledger lists last
+            cell = f"{statistics.median(ok):.1f}" if ok else max(group, key=lambda r: position[id(r)])["status"]
+            row.append(cell + (f" [{len(ok)}/{len(group)}]" if repeats[-1] > 1 else ""))
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     fixed = len(header) - len(sizes)
@@ -192,5 +241,11 @@ def summary(rows: list[dict], per: str = "n") -> list[str]:
     counts: dict = {}
     for row in latest.values():
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    out.append("  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    line = "  " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+    if repeats[-1] > 1:
+        each = f"{repeats[0]}" if len(repeats) == 1 else f"{repeats[0]} to {repeats[-1]}"
+        line += (
+            f"; {each} repetitions of each point: img/s is the median of its ok ones, [k/n] k of its n repetitions ok"
+        )
+    out.append(line)
     return out

@@ -3,6 +3,7 @@ the trainer's own tables of models and strategies before anything starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -24,6 +25,7 @@ STUDY_KEYS = {
     "batch_size": ("--batch-size", "train.batch_size"),
     "steps": ("--steps", "train.steps"),
     "warmup_steps": ("--warmup-steps", "train.warmup_steps"),
+    "repeat": ("--repeat", None),
     "precision": ("--precision", "train.precision"),
     "activation_checkpointing": ("--activation-checkpointing", "train.activation_checkpointing"),
     "fsdp_version": ("--fsdp-version", "fsdp.version"),
@@ -77,6 +79,7 @@ class PlannedRun:
     variant: str  # the modifiers that vary within the study, "-" when none do
     settings: list  # trainer KEY=VALUE that make this measurement what it is
     system_settings: list  # trainer KEY=VALUE about the system (peak TFLOP/s), not part of identity
+    repetition: int = 1  # which of the study's --repeat runs of this point (1, 2 ...)
 
     @property
     def ranks(self) -> int:
@@ -95,6 +98,7 @@ class Study:
     grid: str  # the modifiers with several values, for the header
     ranks_per_node: int  # on one machine without Slurm: the GPUs found
     runs: list = field(default_factory=list)
+    repeat: int = 1  # runs of each point (--repeat), in rounds: see interleave()
 
 
 def ladder(largest: int) -> list[int]:
@@ -226,6 +230,8 @@ def make_plan(
             f"so that some steps are timed"
         )
 
+    repeat = whole(where("repeat"), values.get("repeat", 1), 1)
+
     launcher = str(values.get("launcher") or system.launcher or "srun")
     if launcher not in system.launchers:
         raise UserError(
@@ -323,7 +329,18 @@ def make_plan(
                     )
     if not one_machine and launcher in ("srun", "mpi"):
         refuse_qgz_under_one_gpu_per_task(study.runs, system, where("strategies"))
+    study.repeat = repeat
+    study.runs = interleave(study.runs, repeat)
     return study
+
+
+def interleave(points: list, repeat: int) -> list:
+    """The runs of `repeat` repetitions of each point, in rounds: every point once, in the plan's
+    order (model, strategy, grid, node or GPU count), before any point a second time. A slow
+    period of the machine (a noisy neighbour, a throttled node) then falls on one round of every
+    strategy rather than on every repetition of one; the spread between rounds is what the analysis
+    measures as run-to-run variation."""
+    return [dataclasses.replace(run, repetition=r) for r in range(1, repeat + 1) for run in points]
 
 
 def gpus_per_task(srun_flags: str) -> int | None:
