@@ -2,6 +2,7 @@
 pretrained weights, checkpoints (a real one-rank gloo process group), evaluation files, CLI."""
 
 import csv
+import itertools
 import json
 import os
 import pickle
@@ -73,7 +74,7 @@ def test_schedule_warms_up_linearly_then_follows_a_cosine():
     lrs = [learning_rate(s, 100, 1e-3, 10, 1e-5) for s in range(1, 101)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert lrs[10] == pytest.approx(1e-3)  # first step after warm-up: the full rate
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
     assert 1e-5 < lrs[-1] < 2e-5
     assert learning_rate(56, 100, 1e-3, 10, 0.0) == pytest.approx(0.5e-3)  # half way through the decay: half
 
@@ -356,7 +357,7 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(ddp_strategy, tm
     meta = ckpt.read_meta(path)
     ckpt.verify(path, meta, FACTS)
     assert ckpt.load(ddp_strategy, path, meta) == ckpt.Position(5, 1, 2)
-    assert all(torch.equal(a, b) for a, b in zip(params, ddp_strategy.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(params, ddp_strategy.model.parameters(), strict=True))
     assert (random.random(), torch.rand(1).item()) == expected_draw
     assert ddp_strategy.optimizer.state_dict()["state"][0]["step"].item() == 1
     assert ckpt.resolve_resume("auto", directory) == path == ckpt.resolve_resume(directory, "")

@@ -207,7 +207,7 @@ def measure(world, settings: MeterSettings, out_dir: str) -> dict:
         ours.append(ips)
         event, run_dir = list(run.step_times), run.run_dir  # the normal run's timed steps, as the trainer booked them
         del run
-    ratio = statistics.median(o / b for o, b in zip(ours, bare))
+    ratio = statistics.median(o / b for o, b in zip(ours, bare, strict=True))
     release(world)
     _, timed = trainer("DDP", settings, world, out_dir, host_timed_run_class(), study="meter")
     host = timed.host_step_s[len(timed.host_step_s) - len(timed.step_times) :]  # the same steps of the synchronised run
