@@ -141,6 +141,26 @@ def init_one_rank_group() -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
+def end_one_rank_group(*owners) -> None:
+    """Destroy the group of init_one_rank_group, after ending what holds it: each owner's attributes (a
+    strategy's DDP model and optimizer) are dropped and collected first, so the owner is spent afterwards.
+    A DDP model sits in reference cycles and its Reducer holds the process group: left alone, the group outlived
+    destroy_process_group and died whenever the cyclic collector next ran, in a later test, with the GIL held:
+    gloo's destructor joined its worker thread there while the worker waited for the GIL, and the suite hung
+    until CI's time ran out. Collected here, the Reducer goes while the group is still registered, and the
+    group ends in destroy_process_group, at this known point."""
+    import gc
+
+    import torch.distributed as dist
+
+    for owner in owners:
+        if owner is not None:
+            vars(owner).clear()
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()  # whatever the group's end released
+
+
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env=None) -> subprocess.CompletedProcess:
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
