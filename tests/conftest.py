@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -157,6 +158,9 @@ def end_one_rank_group(*owners) -> None:
         if owner is not None:
             vars(owner).clear()
     gc.collect()
+    # The group's end joins its workers with the GIL held; a worker still finishing the last collective takes the
+    # GIL to drop that collective's tensor. Released a moment here, the GIL lets a worker the OS held back finish.
+    time.sleep(0.05)
     dist.destroy_process_group()
     gc.collect()  # whatever the group's end released
 
