@@ -7,6 +7,9 @@ Slurm counts for the runs beside it), else the system profile's defaults, else n
 the study's own 1-node rung (each strategy its own 1-node run where there is one). The system is
 the check's, else read off the device (cpu: local, rocm: frontier, cuda: cuda).
 
+Measured is the point's median images/s (the results table's ips_point_median: what the figures plot),
+and the 1-node rung's compute comes from that same median, so a rung reproduces itself exactly.
+
 A point more than 20% below its prediction is explained: where the run was traced, by its exposed
 communication measured (analysis/traces.py) against predicted; else by how much each component
 (compute, exposed intra-node, exposed inter-node communication) would have to grow to account for
@@ -14,6 +17,7 @@ the difference alone. Torch-free.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +27,8 @@ import pandas as pd
 
 from vit_scale.errors import UserError
 from vit_scale.planning import predict as pr
+
+from .table import point_ips
 
 BELOW = 0.20                 # a point this far below its prediction is explained
 CHECK_FILE = "check.json"
@@ -122,9 +128,28 @@ def _traced(breakdown: pd.DataFrame | None) -> dict:
     return {os.path.normpath(k): float(v) for k, v in means.items()}
 
 
+def _compute_source(directory: str, group: list, medians: dict) -> pr.ComputeSource:
+    """The study's measured steps, one per point: its kept run's record with the step the point's median
+    gives (global batch / ips_point_median), not that run's own mean; a run set aside (a repetition
+    pooled into its point, or an older failure) is not a step of its own. medians: kept run directory ->
+    its point's median."""
+    kept = [r for r in group if os.path.normpath(r.run_dir) in medians]
+    source = pr.compute_from(directory, runs=kept)
+    steps = []
+    for step in source.steps:
+        median = medians[os.path.normpath(step.run_dir)]
+        sc = step.scenario
+        steps.append(dataclasses.replace(step, step_s=sc.batch_size * sc.world / median) if median > 0 else step)
+    return dataclasses.replace(source, steps=steps)
+
+
 def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = None) -> Predictions:
     """A prediction for every row of the results table whose run record is among `runs`."""
     by_path = {os.path.normpath(r.path): r for r in runs}
+    ips = point_ips(results) if not results.empty else pd.Series(dtype=float)
+    # run directory of each kept run -> its point's median images/s
+    medians = {os.path.normpath(os.path.dirname(str(results.at[i, "path"]))): float(v)
+               for i, v in ips.items() if not math.isnan(v)}
     traced = _traced(breakdown)
     cals = _Calibrations()
     sources: dict = {}
@@ -140,7 +165,7 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
             cal = cals.for_run(run, directory)
             if directory not in sources:
                 group = [r for r in runs if study_dir(r.run_dir) == directory]
-                sources[directory] = pr.compute_from(directory, runs=group)
+                sources[directory] = _compute_source(directory, group, medians)
             sc = pr.scenario_of_run(run.start)
             world = run.start.get("world") or {}
             blocking = pr.blocking_for(world.get("backend"), world.get("device_type"))
@@ -150,7 +175,8 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
             # point goes unpredicted and the report says why; the rest of the analysis goes on
             notes.append(f"{label}: not predicted: {exc}")
             continue
-        rows.append(_row(row, run, sc, p, cal, traced.get(os.path.normpath(run.run_dir))))
+        measured = medians.get(os.path.normpath(run.run_dir), math.nan) if row["status"] == "ok" else math.nan
+        rows.append(_row(row, measured, sc, p, cal, traced.get(os.path.normpath(run.run_dir))))
     df = pd.DataFrame(rows, columns=COLUMNS)
     used = []
     for cal in {id(c): c for c in cals.cache.values()}.values():
@@ -160,9 +186,9 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
     return Predictions(df, used, cals.notes + notes)
 
 
-def _row(row, run, sc, p, cal, traced_ms) -> dict:
+def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
+    """prediction.csv's row of one point; measured: its median images/s (NaN unless ok)."""
     b = p.breakdown
-    measured = _num(row["ips_mean"]) if row["status"] == "ok" else math.nan
     predicted = _num(p.images_per_s)
     world = sc.world
 

@@ -169,7 +169,7 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
     for model in model_order(runs):
         t = tbl.scaling_table(runs, model)
         xname = tbl.x_axis(runs[runs["model"] == model])[1]
-        blocks.append(Block("h3", f"{model}: images/s (scaling efficiency) by {xname}"))
+        blocks.append(Block("h3", f"{model}: median images/s (scaling efficiency) by {xname}"))
         blocks.append(Block("table", header=["strategy"] + [str(c) for c in t.columns],
                             rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())]))
     for name, heading, what in (("memory", "Peak memory per device", "memory"),
@@ -431,36 +431,52 @@ def _environment_section(results: pd.DataFrame) -> list:
     return [Block("h2", "Environment"), Block("table", header=["", "as recorded in the runs"], rows=rows)]
 
 
-def _check_section(inputs: list) -> list:
-    """What `vit-scale check` found on the system (check.json in a study directory, written by
-    `vit-scale study --check`): versions, the transport between nodes and each collective's bus
-    bandwidth, the facts that explain the scaling figures."""
-    from vit_scale.check.summary import read_check
+def _check_files(directory: str) -> list:
+    """(title, path, check) of each check in a study directory: one per node count, else check.json."""
+    from vit_scale.record.check_file import checks_of, read_check
 
+    found = checks_of(directory)
+    if found:
+        return [(f"System check: {n} node{'s' if n != 1 else ''}", os.path.join(directory, f"check-n{n}.json"), check)
+                for n, check in found]
+    check = read_check(directory)
+    return [("System check", os.path.join(directory, "check.json"), check)] if check else []
+
+
+def _check_section(inputs: list) -> list:
+    """What `vit-scale check` found on the system (check-n<N>.json in a study directory, written by
+    `vit-scale study --check`): versions, the transport between nodes and each collective's bus
+    bandwidth, the facts that explain the scaling figures; one per node count, beside its points."""
     blocks = []
     for directory in inputs:
-        check = read_check(directory) if os.path.isdir(directory) else None
-        if check is None:
-            continue
-        blocks += [Block("h2", "System check"),
-                   Block("p", f"From {os.path.join(directory, 'check.json')}: what vit-scale check found on the nodes "
-                              f"and through the launcher this study used. Bus bandwidth is nccl-tests' busbw (what "
-                              f"each rank's link carries); a scaling curve that bends where busbw across nodes is "
-                              f"far below within a node is the network's."),
-                   Block("table", header=["", "found"], rows=_check_facts(check))]
-        rows = _check_bandwidths(check)
-        if rows:
-            blocks.append(Block("table", header=["collective", "scope", "ranks", "size", "busbw GB/s", "algbw GB/s",
-                                                 "time"], rows=rows))
-        broken = [f"{line['check']}: {_one_line(line['text'])}" for line in check.get("lines") or []
-                  if line.get("needed") and line.get("status") in ("fail", "refused")]
-        if broken:
-            blocks += [Block("p", "Broken when the check ran:"), Block("ul", items=broken)]
+        for title, path, check in (_check_files(directory) if os.path.isdir(directory) else []):
+            blocks += _one_check(title, path, check)
+    return blocks
+
+
+def _one_check(title: str, path: str, check: dict) -> list:
+    """One check's facts; one of several (a sweep's jobs) says which node count's runs it preceded."""
+    nodes = check.get("nodes")
+    before = f", before its runs on {nodes} node{'s' if nodes != 1 else ''}" if title != "System check" else ""
+    blocks = [Block("h2", title),
+              Block("p", f"From {path}: what vit-scale check found on the nodes and through the launcher this "
+                         f"study used{before}. "
+                         f"Bus bandwidth is nccl-tests' busbw (what each rank's link carries); a scaling curve "
+                         f"that bends where busbw across nodes is far below within a node is the network's."),
+              Block("table", header=["", "found"], rows=_check_facts(check))]
+    rows = _check_bandwidths(check)
+    if rows:
+        blocks.append(Block("table", header=["collective", "scope", "ranks", "size", "busbw GB/s", "algbw GB/s",
+                                             "time"], rows=rows))
+    broken = [f"{line['check']}: {_one_line(line['text'])}" for line in check.get("lines") or []
+              if line.get("needed") and line.get("status") in ("fail", "refused")]
+    if broken:
+        blocks += [Block("p", "Broken when the check ran:"), Block("ul", items=broken)]
     return blocks
 
 
 def _check_facts(check: dict) -> list:
-    from vit_scale.check.summary import transport, verdict, versions
+    from vit_scale.record.check_file import transport, verdict, versions
 
     nodes = check.get("nodes")
     lines = {line["check"]: line for line in check.get("lines") or []}
@@ -474,8 +490,8 @@ def _check_facts(check: dict) -> list:
 
 def _check_bandwidths(check: dict) -> list:
     """Each collective's bandwidth at the strategies' sizes, then its latency at the smallest size."""
-    from vit_scale.check.collectives import human_bytes, human_seconds
-    from vit_scale.check.summary import bandwidth_rows, latency_rows
+    from vit_scale.record.check_file import bandwidth_rows, latency_rows
+    from vit_scale.text import human_bytes, human_seconds
 
     def scope(m):
         return "within a node" if m["scope"] == "node" else "across nodes"
@@ -525,12 +541,13 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
     median = f" Median |error| over {len(compared)} measured point(s): {compared['error'].abs().median():.1%}." \
         if not compared.empty else ""
     used = "; ".join(predicted.calibrations) or "none"
-    blocks.append(Block("p", f"Each point's images/s against what vit_scale.planning.predict gives for the same model, "
+    blocks.append(Block("p", f"Each point's median images/s (over its runs, as in the best-run table and the figures) "
+                             f"against what vit_scale.planning.predict gives for the same model, "
                              f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions: "
                              f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
-                             f"1-node run less the exposed communication the model predicts for it), collectives from "
-                             f"the calibration. "
-                             f"Calibration used: {used}. Error: measured / predicted - 1.{median}"))
+                             f"1-node step at its median images/s less the exposed communication the model predicts "
+                             f"for it), collectives from the calibration. "
+                             f"Calibration used: {used}. Error: measured median / predicted - 1.{median}"))
     plot = plots_by_name.get("weak_scaling_predicted")
     if plot is not None:
         # Named, not inlined, as the memory prediction's: the report inlines the measured scaling figures

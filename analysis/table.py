@@ -6,7 +6,8 @@ Terms used throughout the analysis:
   prefetch settings, plain `FULL_SHARD` when it holds one). A line on a weak-scaling plot.
 - point: one series at one world size and per-device batch: what a rerun repeats.
 - efficiency: images/s against the ideal line from the same series' smallest ok world size:
-  ips_N / (ips_base × world_N / world_base). With a fixed number of ranks per node this is the
+  ips_N / (ips_base × world_N / world_base), ips the point's median (ips_point_median, what the
+  figures plot and the interval is of). With a fixed number of ranks per node this is the
   paper's ips_N / (ips_base × N / N_base); using ranks keeps it right for single-node runs with
   1, 2, 4 ... ranks as well.
 - repetitions: the ok runs of one point (a study's repeats, or reruns of it); their medians make the
@@ -251,24 +252,36 @@ def estimate_of(row) -> stats.Estimate:
                           num("ips_run_cv"))
 
 
+def point_ips(df: pd.DataFrame) -> pd.Series:
+    """Each row's images/s as the analysis compares them: the point's median over its ok runs
+    (ips_point_median), the statistic the figures plot and the intervals are of; the kept run's mean
+    only where a row has no point median (a frame built without the point's statistics)."""
+    if "ips_point_median" not in df:
+        return df["ips_mean"].astype(float)
+    return df["ips_point_median"].astype(float).fillna(df["ips_mean"].astype(float))
+
+
 def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
-    """Scaling efficiency of each ok run against its series' smallest ok world size, and its interval
-    propagated from the two points' intervals (stats.ratio_interval; exactly 1 at the base itself)."""
+    """Scaling efficiency of each ok run's point against its series' smallest ok world size, from the
+    points' medians (point_ips), and its interval propagated from the two medians' intervals
+    (stats.ratio_interval; exactly 1 at the base itself)."""
     df = df.copy()
     df["efficiency"] = np.nan
     df["efficiency_base_nodes"] = np.nan
     df["efficiency_base_world_size"] = np.nan
     df["efficiency_ci_low"] = np.nan
     df["efficiency_ci_high"] = np.nan
+    ips = point_ips(df)
     ok = usable(df)
-    ok = ok[ok["ips_mean"] > 0]
+    ok = ok[ips.loc[ok.index] > 0]
     if ok.empty:
         return df
     # The base of each row is its group's row with the fewest ranks (idxmin: one label per row).
     base = ok.groupby(["study", "model", "series", "batch_per_device"], dropna=False)["world_size"].transform("idxmin")
-    base_ips = df.loc[base.to_numpy(), "ips_mean"].to_numpy()
+    base_ips = ips.loc[base.to_numpy()].to_numpy()
     base_world = df.loc[base.to_numpy(), "world_size"].to_numpy()
-    df.loc[ok.index, "efficiency"] = ok["ips_mean"].to_numpy() / (base_ips * ok["world_size"].to_numpy() / base_world)
+    df.loc[ok.index, "efficiency"] = (ips.loc[ok.index].to_numpy()
+                                      / (base_ips * ok["world_size"].to_numpy() / base_world))
     df.loc[ok.index, "efficiency_base_nodes"] = df.loc[base.to_numpy(), "nodes"].to_numpy()
     df.loc[ok.index, "efficiency_base_world_size"] = base_world
     cols = ["ips_point_median", "ips_ci_low", "ips_ci_high"]
@@ -364,7 +377,7 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
     Grouped by rank count too: on one node, 1 rank and 2 ranks are different points (on a
     cluster with fixed ranks per node the two are the same grouping)."""
     good = usable(df).copy()
-    good["_rank_ips"] = good["ips_point_median"].fillna(good["ips_mean"])
+    good["_rank_ips"] = point_ips(good)
     out = []
     for (model, nodes, _), grp in good.groupby(["model", "nodes", "world_size"], sort=False):
         grp = grp.sort_values(["_rank_ips", "memory_gib"], ascending=[False, True])
@@ -408,18 +421,20 @@ def x_axis(df: pd.DataFrame) -> tuple[str, str]:
 
 
 def scaling_table(df: pd.DataFrame, model: str) -> pd.DataFrame:
-    """Series × x (nodes or ranks) with 'ips (eff%)' cells or the failure status: the paper's table."""
+    """Series × x (nodes or ranks) with 'ips (eff%)' cells or the failure status: the paper's table.
+    ips is the point's median (point_ips), the figure the efficiency beside it is worked out from."""
     sub = df[df["model"] == model]
     xcol, _ = x_axis(sub)
     multi_batch = sub["batch_per_device"].nunique() > 1
     multi_study = sub["study"].nunique() > 1
     cells: dict = {}
-    for _, r in sub.iterrows():
+    ips = point_ips(sub)
+    for i, r in sub.iterrows():
         name = r["series"] + (f" bs={r['batch_per_device']}" if multi_batch else "")
         name = (f"{r['study']}: " if multi_study else "") + name
         if r["status"] == "ok" and not math.isnan(r["ips_mean"]):
             eff = "" if math.isnan(r["efficiency"]) else f" ({r['efficiency'] * 100:.0f}%)"
-            text = f"{format_ips(r['ips_mean'])}{eff}"
+            text = f"{format_ips(ips.at[i])}{eff}"
         else:
             text = r["status"].upper()
         cells.setdefault(name, {})[int(r[xcol])] = text

@@ -12,7 +12,9 @@
 #
 # The check itself is `python -m vit_scale check` (vit_scale/check/); docs/check.md says what
 # each line means and what check.json holds. Edit the #SBATCH lines for your site, or override them
-# on the sbatch command line.
+# on the sbatch command line. The check's --time-limit defaults to this job's time left less a
+# margin (printed), so that check.json is written before Slurm ends the job, and at most 30 min
+# unless --time-limit says otherwise. Should the job end first anyway, check.json is still written (exit 143).
 #
 #SBATCH --job-name=vit-check
 #SBATCH --nodes=2

@@ -82,6 +82,25 @@ def test_efficiency_is_ips_over_base_times_node_ratio(results):
     assert math.isnan(_row(results, "vit_base", "FULL_SHARD", 1)["efficiency"])  # the OOM has none
 
 
+# One slow step in nine: the run's median stays at its level, its mean does not.
+SKEWED_1 = [98.0, 100.0, 102.0, 101.0, 99.0, 103.0, 160.0, 97.0, 100.0]    # median 100, mean 106.7
+SKEWED_2 = [178.0, 180.0, 183.0, 181.0, 179.0, 182.0, 250.0, 177.0, 180.0]  # median 180, mean 187.8
+
+
+def test_efficiency_and_scaling_table_use_the_point_median(tmp_path):
+    """Efficiency is of the medians the figures plot and its interval is of (180 / (2 × 100) = 0.90),
+    not of the means (187.8 / (2 × 106.7) = 0.880); the scaling table's cell shows the same median."""
+    root = str(tmp_path)
+    for nodes, steps in ((1, SKEWED_1), (2, SKEWED_2)):
+        write_run(root, study="m", strategy="DDP", nodes=nodes, step_ips=steps, warmup=2, time=1.7e9 + nodes)
+    df = table.build(records.collect([root])).results
+    two = _row(df, "vit_base", "DDP", 2)
+    assert two["ips_mean"] == pytest.approx(sum(SKEWED_2) / 9) and two["ips_point_median"] == 180.0
+    assert two["efficiency"] == pytest.approx(0.9)
+    assert two["efficiency_ci_low"] < 0.9 < two["efficiency_ci_high"]
+    assert list(table.scaling_table(df, "vit_base").loc["DDP"]) == ["100 (100%)", "180 (90%)"]
+
+
 def test_status_column_and_derived_columns(results):
     assert len(results) == 12
     assert _row(results, "vit_base", "FULL_SHARD", 1)["status"] == "oom"
@@ -787,3 +806,113 @@ def test_one_machine_ladder_puts_gpus_on_the_x_axis():
     assert table.x_axis(df) == ("world_size", "GPUs")
     assert table.x_axis(df.assign(device_type="cpu")) == ("world_size", "ranks")
     assert table.x_axis(df.assign(nodes=[1, 2, 4])) == ("nodes", "nodes")
+
+
+# ------------------------------------------------------------------- error bars are intervals
+
+# Nine timed steps in three batches of three: batch medians 100, 110, 90, the run's median 100 (its
+# mean 101.1); half-width t(0.975, 2) · s / √3 with s = 10, t = 4.3027: 24.84.
+NINE_STEPS = [100.0, 104.0, 98.0, 110.0, 120.0, 108.0, 90.0, 92.0, 88.0]
+NINE_HALF = 4.302653 * 10.0 / math.sqrt(3)
+
+
+def _bars(ax, color) -> dict:
+    """x -> (low, high) of the error-bar patch drawn in this colour (the vertical strokes of its path)."""
+    from matplotlib.colors import to_hex
+
+    patch = next(p for p in ax.patches if to_hex(p.get_edgecolor()) == to_hex(color))
+    verts = patch.get_path().vertices
+    return {float(verts[i][0]): (float(verts[i][1]), float(verts[i + 1][1])) for i in range(0, len(verts), 6)}
+
+
+def _ci_study(root, repeats: int = 1) -> str:
+    """DDP and FULL_SHARD at 1 and 2 nodes; DDP at 2 nodes runs NINE_STEPS, each point `repeats` times."""
+    root = str(root)
+    for strategy, base in (("DDP", 50.0), ("FULL_SHARD", 40.0)):
+        for nodes in (1, 2):
+            for k in range(repeats):
+                steps = NINE_STEPS if (strategy, nodes) == ("DDP", 2) and repeats == 1 else None
+                write_run(root, strategy=strategy, nodes=nodes, ips=base * nodes * (1 + 0.02 * k), step_ips=steps,
+                          steps=11, warmup=2, run_id=f"{strategy}{nodes}-{k}", time=1.7e9 + k, spread=0.05)
+    return root
+
+
+def test_error_bar_is_the_confidence_interval_in_results_csv(tmp_path):
+    """The bar drawn at a point is its 95% interval as results.csv gives it, the marker its median."""
+    import pandas as pd
+
+    out = tmp_path / "o"
+    assert main([_ci_study(tmp_path / "runs"), "--out", str(out), "--quiet", "--dpi", "50", "--formats", "png"]) == 0
+    csv = pd.read_csv(out / "results.csv")
+    row = _row(csv, "vit_base", "DDP", 2)
+    assert row["ips_ci_method"] == "batch medians" and row["ips_point_median"] == pytest.approx(100.0)
+    assert (row["ips_ci_low"], row["ips_ci_high"]) == pytest.approx((100 - NINE_HALF, 100 + NINE_HALF), abs=1e-3)
+    plot = figures.weak_scaling(csv)
+    ax = plot.figure.axes[0]
+    color = figures.series_colors(csv)["DDP"]
+    bars = _bars(ax, color)
+    for nodes in (1, 2):
+        r = _row(csv, "vit_base", "DDP", nodes)
+        assert bars[nodes] == pytest.approx((r["ips_ci_low"], r["ips_ci_high"]))
+    measured = next(ln for ln in _lines(ax, "-") if ln.get_color() == color)
+    assert list(measured.get_ydata()) == pytest.approx([50.0, 100.0])  # the median, not the mean 101.1
+    ideal = next(ln for ln in _lines(ax, "--") if ln.get_color() == color)
+    assert list(ideal.get_ydata()) == pytest.approx([50.0, 100.0])  # from the base's median
+    # the figure and the report say which interval the bars are
+    assert "bars: 95% CI of the median (batch medians, 1 run)" in " ".join(plot.figure.get_suptitle().split())
+    md = (out / "report.md").read_text()
+    assert "error bars: the 95% CI of the median: batch medians within one run" in md
+    assert "standard deviation" not in md and "s.d." not in md
+
+
+def test_repeated_points_get_the_interval_over_their_runs(tmp_path):
+    """Six runs a point: the bar is the order-statistic interval of the run medians, and the captions say so."""
+    df = table.build(records.collect([_ci_study(tmp_path, repeats=6)])).results
+    r = _row(df, "vit_base", "FULL_SHARD", 2)
+    assert r["ips_ci_method"] == "order statistic" and r["ips_runs"] == 6
+    # run medians 80 × (1, 1.02 ... 1.10): the interval of 6 runs is their min and max
+    assert (r["ips_ci_low"], r["ips_ci_high"]) == pytest.approx((80.0, 88.0))
+    plot = figures.weak_scaling(df)
+    assert _bars(plot.figure.axes[0], figures.series_colors(df)["FULL_SHARD"])[2] == pytest.approx((80.0, 88.0))
+    assert "95% CI of the median: order statistics over 6 runs" in plot.caption
+    assert "(order statistics, 6 runs)" in " ".join(plot.figure.get_suptitle().split())
+    three = table.build(records.collect([_ci_study(tmp_path / "three", repeats=3)])).results
+    assert "95% CI of the median: t interval over 3 runs" in figures.weak_scaling(three).caption
+
+
+def test_efficiency_cells_carry_their_interval(tmp_path):
+    """Each cell off the base shows ± the wider side of efficiency_ci_low/high in points, rounded up."""
+    df = table.build(records.collect([_ci_study(tmp_path)])).results
+    plot = figures.efficiency(df)
+    r = _row(df, "vit_base", "DDP", 2)
+    wider = max(r["efficiency"] - r["efficiency_ci_low"], r["efficiency_ci_high"] - r["efficiency"]) * 100
+    assert wider > 20  # NINE_STEPS' interval is ±25%
+    assert plot.extra["intervals"]["vit_base"].loc["DDP", 2] == f"±{math.ceil(wider)}"
+    assert plot.extra["intervals"]["vit_base"].loc["DDP", 1] == ""  # the base: 100% by definition
+    texts = [t.get_text() for t in plot.figure.axes[0].texts]
+    # the base's 100%, without its % sign where the cells are too narrow for it (the line above says so)
+    base = "100" if "cells in %" in " ".join(plot.figure.get_suptitle().split()) else "100%"
+    assert f"±{math.ceil(wider)}" in texts and base in texts
+    assert "wider side of the efficiency's 95% confidence interval" in plot.caption
+    assert (f"widest interval: DDP at 2 nodes (vit_base), {r['efficiency_ci_low'] * 100:.0f}–"
+            f"{r['efficiency_ci_high'] * 100:.0f}%") in plot.caption
+    assert "95% CI's wider side" in " ".join(plot.figure.get_suptitle().split())
+
+
+def test_grid_and_single_device_bars_are_intervals(tmp_path):
+    from analysis.synthetic import config_grid_study, plugin_study
+
+    config_grid_study(str(tmp_path))
+    plugin_study(str(tmp_path))
+    df = table.build(records.collect([str(tmp_path)])).results
+    grid = figures.config_grid(df)
+    assert len(grid.extra["errorbars"]) == 18
+    for (label, prefetch, lag), (low, high) in grid.extra["errorbars"].items():
+        r = df[(df["strategy"] == label) & (df["opt_backward_prefetch"] == prefetch)
+               & (df["opt_limit_all_gathers"] == lag) & (df["model"] == "vit_5b")].iloc[0]
+        assert (low, high) == pytest.approx((r["ips_ci_low"], r["ips_ci_high"]))
+        assert grid.drawn["values"][(label, prefetch, lag)] == pytest.approx(r["ips_point_median"])
+    assert "error bars: the 95% CI of the median: batch medians within one run" in grid.caption
+    single = figures.plugin_comparison(df)
+    assert single.extra["errorbars"] == {("plugin_comparison", "vit_base"): 15}  # CAI_DDP at 64 ran out of memory
+    assert "error bars: the 95% CI of the median: batch medians within one run" in single.caption

@@ -48,6 +48,13 @@ BAD_INPUT = [
                                                            "count"),
     (WEAK_SCALING, ["--models", "--steps", "4"], "--models: needs a value"),
     (SUBMIT_SWEEP, ["--walltime", "1:00:00"], "unknown option '--walltime'"),
+    # qgZ under Frontier's --gpus-per-task=1: refused when the study plans, not on the compute node
+    (WEAK_SCALING, ["--system", "frontier", "--nodes", "1,2", "--strategies", "DDP,ZEROPP", "--dry-run"],
+     "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier, whose srun_flags "
+     "give each rank 1 GPU (--gpus-per-task=1) while 8 ranks share a node, so DeepSpeed would group the wrong ranks; "
+     "allowed: --set deepspeed.quantized_gradients=false"),
+    (SUBMIT_SWEEP, ["--system", "frontier", "--nodes", "2", "--strategies", "ZEROPP", "--dry-run"],
+     "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier"),
 ]
 
 
@@ -61,6 +68,17 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, script, args, me
     assert lines[0].startswith(f"{name}: ") and message in lines[0], lines[0]
     assert proc.stdout == ""
     assert sorted(os.listdir(tmp_path)) == [], "bad input must leave nothing behind"
+
+
+def test_zeropp_without_qgz_or_one_rank_a_node_is_planned_on_frontier(tmp_path):
+    """What the qgZ refusal allows: qgZ switched off, or one rank a node (each rank then sees its node's one GPU)."""
+    off = run(WEAK_SCALING, ["--system", "frontier", "--nodes", "1,2", "--strategies", "ZEROPP", "--dry-run",
+                             "--set", "deepspeed.quantized_gradients=false"], tmp_path)
+    assert off.returncode == 0, off.stderr
+    assert "strategy=ZEROPP" in off.stdout and "deepspeed.quantized_gradients=false" in off.stdout
+    one = run(WEAK_SCALING, ["--system", "frontier", "--nodes", "1,2", "--strategies", "ZEROPP", "--dry-run",
+                             "--ranks-per-node", "1"], tmp_path)
+    assert one.returncode == 0, one.stderr
 
 
 def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):

@@ -16,8 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-# PRECISIONS: also imported from here (the check's --precision)
-from vit_scale.distributed import PRECISIONS, Precision, allowed_text, family_options, parse_strategy  # noqa: F401
+from vit_scale.distributed import Precision, allowed_text, family_options, parse_strategy
 from vit_scale.errors import UserError
 from vit_scale.models import BLOCK_LINEARS, MODELS, get_spec, parse_block_linears
 from vit_scale.options import (AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, Rule, check_keys,

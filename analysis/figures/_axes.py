@@ -1,8 +1,9 @@
 """What goes on one panel besides the data: log axes with plain-number ticks, the × of a run that
 did not finish ok, error bars, the device-capacity line, and the legend entries of such marks.
 
-Conventions across figures: measured = solid line with markers; error bars = ± one standard
-deviation of the per-step images/s over the timed steps; ideal = dashed, same colour; device
+Conventions across figures: measured = solid line with markers at the point's median images/s;
+error bars = the 95% confidence interval of that median (the table's ips_ci_low/high; the caption
+says how it was worked out); ideal = dashed, same colour; device
 capacity = dotted grey; a run that did not finish ok = an × in its series' colour along the
 bottom of the axes at its x.
 """
@@ -119,20 +120,19 @@ def reserve_bottom_log(ax, slots: dict) -> None:
     ax.set_ylim(10 ** new_lo, 10 ** hi)
 
 
-def error_bars(ax, xs, ys, spreads, color, log_y: bool) -> int:
-    """± spread at each (x, y) as one outline patch with caps; returns how many bars were drawn.
+def error_bars(ax, xs, ys, lows, highs, color, log_y: bool) -> int:
+    """A bar from low to high at each (x, y) as one outline patch with caps; returns how many were drawn.
 
     One patch per series, not errorbar(): the bars belong to their line, and the figure's lines
     and collections keep meaning measured series and failure marks. The x axis is log2, so the
-    caps are a fixed fraction of a doubling wide.
+    caps are a fixed fraction of a doubling wide. A point without an interval gets no bar.
     """
     verts, codes, n = [], [], 0
-    for x, y, s in zip(xs, ys, spreads):
-        if pd.isna(s) or pd.isna(y) or s <= 0:
+    for x, y, lo, hi in zip(xs, ys, lows, highs, strict=True):
+        if pd.isna(lo) or pd.isna(hi) or pd.isna(y) or hi <= lo:
             continue
-        lo, hi = y - s, y + s
         if log_y and lo <= 0:
-            lo = y / 10  # a spread as large as the mean: show it reaching well down, not to -inf
+            lo = y / 10  # an interval reaching 0: show it reaching well down, not to -inf
         xl, xr = x * 2 ** -0.07, x * 2 ** 0.07
         verts += [(x, lo), (x, hi), (xl, lo), (xr, lo), (xl, hi), (xr, hi)]
         codes += [Path.MOVETO, Path.LINETO] * 3

@@ -1,12 +1,15 @@
 """Which runs a figure draws, in which order, and the words that describe them: the lines of a
 scaling plot, the models' panel order and titles, the legend labels, the line of facts above a
-figure. Pandas only; nothing here draws."""
+figure, the images/s a point is drawn at and the words for its error bar. Pandas only; nothing
+here draws."""
 from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
+from .. import stats
 from .. import table as tbl
 
 LINE_COLUMNS = ["study", "series", "batch_per_device"]  # one line on a scaling plot
@@ -103,6 +106,56 @@ def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> Optional[str]:
     what = "a throughput" if value == "ips_mean" else "a memory figure"
     return (f"every strategy has at most one run with {what} (the others did not finish ok), so each line "
             f"would be one point; the tables hold the numbers")
+
+
+def ips_points(ok: pd.DataFrame) -> tuple:
+    """(median, low, high) images/s of each row, as arrays: the point's median over its runs and its
+    95% confidence interval, the table's ips_point_median and ips_ci_low/high. A marker is drawn at
+    the median because the bar is the median's interval; a row without the point columns (a table
+    written before them) is drawn at its mean, without a bar."""
+    mean = ok["ips_mean"].to_numpy(float)
+    if "ips_point_median" not in ok:
+        return mean, np.full(len(ok), np.nan), np.full(len(ok), np.nan)
+    median = ok["ips_point_median"].to_numpy(float)
+    return (np.where(np.isnan(median), mean, median), ok["ips_ci_low"].to_numpy(float),
+            ok["ips_ci_high"].to_numpy(float))
+
+
+INTERVAL = "95% CI of the median"
+# How each interval method is said: in a caption, and shorter in the facts line above a figure.
+_HOW = {stats.BATCH_MEDIANS: "batch medians within one run", stats.T_OVER_RUNS: "t interval over {} runs",
+        stats.ORDER_STATISTIC: "order statistics over {} runs"}
+_HOW_SHORT = {stats.BATCH_MEDIANS: "batch medians, 1 run", stats.T_OVER_RUNS: "t, {} runs",
+              stats.ORDER_STATISTIC: "order statistics, {} runs"}
+
+
+def interval_how(ok: pd.DataFrame, short: bool = False) -> str:
+    """How the error bars of these usable rows were worked out, in words: 'batch medians within one
+    run', 'order statistics over 6 runs', joined by 'or' when the points differ, and a note when
+    some point has no interval (too few timed steps). short: the facts line's words."""
+    if "ips_ci_method" not in ok or ok.empty:
+        return "none in this table"
+    words = _HOW_SHORT if short else _HOW
+    methods = ok["ips_ci_method"].where(ok["ips_ci_method"].map(lambda m: isinstance(m, str) and m != ""))
+    parts = [words[m].format(_span(ok.loc[methods == m, "ips_runs"], _int)) for m in words if (methods == m).any()]
+    parts += [m for m in dict.fromkeys(methods.dropna()) if m not in words]
+    if not parts:
+        return f"none: every point has fewer than {stats.MIN_STEPS} timed steps"
+    lacking = int(methods.isna().sum())
+    if short:
+        return "; ".join(parts + ([f"none below {stats.MIN_STEPS} timed steps"] if lacking else []))
+    return (" or ".join(parts) + (f" (none on {lacking} point{'s' if lacking > 1 else ''} with fewer than "
+                                  f"{stats.MIN_STEPS} timed steps)" if lacking else ""))
+
+
+def interval_text(ok: pd.DataFrame) -> str:
+    """'95% CI of the median: batch medians within one run': what a figure's error bars are, for its caption."""
+    return f"{INTERVAL}: {interval_how(ok)}"
+
+
+def interval_facts(ok: pd.DataFrame) -> str:
+    """'95% CI of the median (batch medians, 1 run)': the same for the facts line above a figure."""
+    return f"{INTERVAL} ({interval_how(ok, short=True)})"
 
 
 def not_ok(sub: pd.DataFrame) -> pd.DataFrame:

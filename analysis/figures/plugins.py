@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import pandas as pd
 
 from .. import table as tbl
 from ._axes import capacity_line, error_bars, log2_x, mark_entries, mark_failures, measured_line
 from ._layout import Plot, facts_title, legend_below, legend_height, new_figure, title_height
-from ._runs import memory_label, not_ok, run_facts, series_items
+from ._runs import interval_facts, interval_text, ips_points, memory_label, not_ok, run_facts, series_items
 from ._spec import FigureSpec
 from ._style import CAPACITY, COLUMN_WIDTH, NOT_OK, style, styles_for
 
@@ -44,12 +45,12 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
         return None
     colors, markers = styles_for(df, colors, markers)
     one = df[(df["world_size"] == 1) & df.set_index(["study", "model"]).index.isin(groups)]
-    facts = run_facts(one) + " · bars: ± 1 s.d. of per-step images/s"
+    facts = run_facts(one) + f" · bars: {interval_facts(tbl.usable(one))}"
     legend_labels = sorted(set(one["series"])) + [CAPACITY[0], NOT_OK[0]]
     panel_h = min(2.0, max(1.45, 0.42 * width))
     fig, axes = new_figure(len(groups), 2, width, panel_h,
                            legend_height(legend_labels, width) + title_height(facts, width) + 0.1)
-    handles, drawn = {}, {}
+    handles, drawn, bars = {}, {}, {}
     with style():
         for i, (study, model) in enumerate(groups):
             ips_ax, mem_ax = axes[i]
@@ -63,9 +64,10 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
                 color, marker = colors[series], markers[series]
                 ok = tbl.usable(line)
                 if not ok.empty:
-                    h = measured_line(ips_ax, ok["batch_per_device"], ok["ips_mean"], color, marker, clip=False)
-                    error_bars(ips_ax, ok["batch_per_device"].to_numpy(float), ok["ips_mean"].to_numpy(float),
-                               ok["ips_std"].to_numpy(float), color, log_y=False)
+                    ips, low, high = ips_points(ok)
+                    h = measured_line(ips_ax, ok["batch_per_device"], ips, color, marker, clip=False)
+                    bars[(study, model)] = bars.get((study, model), 0) + error_bars(
+                        ips_ax, ok["batch_per_device"].to_numpy(float), ips, low, high, color, log_y=False)
                     handles.setdefault(("", series, 0), h)
                     counts["ips_lines"] += 1
                 mem = line[(line["status"] == "ok") & line["memory_gib"].notna()]
@@ -83,7 +85,8 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
                 log2_x(ax, sub["batch_per_device"])
                 ax.set_xlabel("batch size")
                 ax.grid(True, alpha=0.3)
-            ips_top = (tbl.usable(sub)["ips_mean"] + tbl.usable(sub)["ips_std"].fillna(0)).max()
+            ips_top = max((v for v in np.concatenate(ips_points(tbl.usable(sub))) if not np.isnan(v)),
+                          default=np.nan)  # the highest marker or bar
             ips_ax.set_ylabel("images/s")
             ips_ax.set_ylim(0, (ips_top if not pd.isna(ips_top) else 1.0) * 1.12)
             mem_top = max([sub["memory_gib"].max()] + list(capacity))
@@ -96,8 +99,9 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
         facts_title(fig, facts, width)
         legend_below(fig, series_items(handles, lambda k: k[1]) + extra, width)
     return Plot("plugin_comparison", "Single-device strategy comparison", fig, drawn,
-                "Throughput (± one standard deviation over the timed steps) and peak memory on one device against "
-                "batch size, one line per strategy (seeds 000/001).", extra={"facts": facts})
+                f"Throughput (each point's median; error bars: the {interval_text(tbl.usable(one))}) and peak memory "
+                "on one device against batch size, one line per strategy (seeds 000/001).",
+                extra={"facts": facts, "errorbars": bars})
 
 
 FIGURE = FigureSpec("plugin comparison", lambda i: plugin_comparison(i.results, i.colors, i.width, i.markers),

@@ -1,13 +1,14 @@
 """Measured weak scaling against its prediction: the scaling figure's panels, axes and colours, each
-measured line (solid) with the curve vit_scale.planning.predict gives for the same points (dashed, same
-colour). The predictions come from analysis/prediction.py (prediction.csv)."""
+measured line (solid, each point's median with its 95% confidence interval as error bars, as on the
+scaling figure) with the curve vit_scale.planning.predict gives for the same points (dashed, same
+colour). The predictions come from analysis/prediction.py (prediction.csv), held against the same medians."""
 from __future__ import annotations
 
 import pandas as pd
 from matplotlib.lines import Line2D
 
 from .. import table as tbl
-from ._axes import log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
+from ._axes import error_bars, log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
 from ._layout import (
     Plot,
     facts_title,
@@ -22,6 +23,9 @@ from ._layout import (
 )
 from ._runs import (
     LINE_COLUMNS,
+    interval_facts,
+    interval_text,
+    ips_points,
     labeller,
     lines,
     model_order,
@@ -67,12 +71,13 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, c
     label = labeller(runs)
     legend_labels = sorted({label(k) for k, _ in lines(runs)}) + [PREDICTED[0], NOT_OK[0]]
     cals = predictions["calibration"].dropna().unique() if "calibration" in predictions else []
-    facts = run_facts(runs) + f" · dashed: predicted, calibration {', '.join(map(str, cals)) or 'none'}"
+    facts = (run_facts(runs) + f" · bars: {interval_facts(tbl.usable(runs))}"
+             + f" · dashed: predicted, calibration {', '.join(map(str, cals)) or 'none'}")
     panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
     slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)
     extra_h = (0 if slot else legend_height(legend_labels, width)) + title_height(facts, width) + 0.1
     fig, axes = new_figure(nrows, ncols, width, panel_h, extra_h)
-    handles, drawn, curves = {}, {}, {}
+    handles, drawn, curves, bars = {}, {}, {}, {}
     with style():
         for i, model in enumerate(models):
             ax = axes[i // ncols][i % ncols]
@@ -80,12 +85,15 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, c
             xcol, xname = tbl.x_axis(sub)
             counts = {"measured": 0, "predicted": 0, "failed": 0}
             slots: dict = {}
+            n_bars = 0
             for key, line in lines(sub):
                 color, marker = colors[key[1]], markers[key[1]]
                 ok = tbl.usable(line)
                 if not ok.empty:
-                    handles.setdefault(key, measured_line(ax, ok[xcol], ok["ips_mean"], color, marker))
+                    ips, low, high = ips_points(ok)
+                    handles.setdefault(key, measured_line(ax, ok[xcol], ips, color, marker))
                     counts["measured"] += 1
+                    n_bars += error_bars(ax, ok[xcol].to_numpy(float), ips, low, high, color, log_y=True)
                 pred = line[line["predicted_ips"].notna()]
                 if len(pred) >= 1:
                     ax.plot(pred[xcol], pred["predicted_ips"], "--", color=color, lw=0.9, alpha=0.9, zorder=2)
@@ -103,6 +111,7 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, c
                 ax.set_ylabel("images/s, all ranks (log)")
             ax.grid(True, which="major", alpha=0.3)
             drawn[model] = counts
+            bars[model] = n_bars
         hide_unused(axes, len(models))
         extra = mark_entries(drawn.values(), predicted=PREDICTED, failed=NOT_OK)
         facts_title(fig, facts, width)
@@ -111,11 +120,12 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, c
         else:
             legend_below(fig, series_items(handles, label) + extra, width)
     return Plot("weak_scaling_predicted", "Weak scaling: measured against predicted", fig, drawn,
-                "Images/s of the whole job, log scale, against nodes (log2): measured (solid) and the images/s "
+                "Images/s of the whole job, log scale, against nodes (log2): measured, each point's median (solid; "
+                f"error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker), and the images/s "
                 "vit_scale.planning.predict gives for the same points (dashed, same colour), its compute from the "
-                "study's 1-node rung and its collectives from the calibration named above (prediction.csv); "
-                "× marks a run that did not finish ok.",
-                extra={"predicted": curves, "facts": facts})
+                "median of the study's 1-node rung and its collectives from the calibration named above "
+                "(prediction.csv); × marks a run that did not finish ok.",
+                extra={"predicted": curves, "errorbars": bars, "facts": facts})
 
 
 def _why_not(i) -> str | None:

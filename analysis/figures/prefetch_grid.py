@@ -1,5 +1,6 @@
 """Figure 1 of seed 003: images/s of one model at one node count for each FSDP sharding strategy,
-backward prefetch and limit_all_gathers setting, as grouped bars."""
+backward prefetch and limit_all_gathers setting, as grouped bars: each configuration's median images/s with
+its 95% confidence interval."""
 from __future__ import annotations
 
 from typing import Optional
@@ -12,7 +13,7 @@ from matplotlib.transforms import blended_transform_factory
 from .. import table as tbl
 from ._axes import bar_x
 from ._layout import Plot, facts_title, legend_below, legend_height, new_figure, title_height
-from ._runs import model_title, run_facts
+from ._runs import interval_facts, interval_text, ips_points, model_title, run_facts
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, FAIL_MARK, SMALL_PT, style
 
@@ -76,7 +77,7 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
         s for s in set(rows["strategy"]) if s not in GRID_STRATEGIES)
     combos = [(p, lag) for p in PREFETCH_ORDER for lag in (False, True)
               if ((rows["opt_backward_prefetch"] == p) & (rows["opt_limit_all_gathers"] == lag)).any()]
-    facts = run_facts(rows) + " · bars: ± 1 s.d. of per-step images/s"
+    facts = run_facts(rows) + f" · error bars: {interval_facts(tbl.usable(rows))}"
     legend_labels = [f"backward prefetch {p}" for p in PREFETCH_ORDER] + ["limit_all_gathers off", "on", "not ok"]
     fig, axes = new_figure(1, 1, width, min(2.6, 0.62 * width),
                            legend_height(legend_labels, width) + title_height(facts, width) + 0.1)
@@ -86,7 +87,7 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
     cmap = matplotlib.colormaps["Blues"]
     pcolor = {p: cmap(0.35 + 0.25 * i) for i, p in enumerate(PREFETCH_ORDER)}
     bar_w = 0.8 / max(1, len(combos))
-    values, failed, bars = {}, [], 0
+    values, failed, bars, error_bars, tops = {}, [], 0, {}, []
     trans = blended_transform_factory(ax.transData, ax.transAxes)
     with style():
         for gi, label in enumerate(labels):
@@ -96,23 +97,27 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
                             & (rows["opt_limit_all_gathers"] == lag)]
                 ok = tbl.usable(cell)
                 if not ok.empty:
-                    best = ok.loc[ok["ips_mean"].idxmax()]
-                    ips = float(best["ips_mean"])
+                    ips_all, low_all, high_all = ips_points(ok)
+                    i = int(ips_all.argmax())  # several series in one cell (another option varies): the fastest
+                    ips, low, high = float(ips_all[i]), low_all[i], high_all[i]
                     ax.bar(x, ips, bar_w * 0.92, color=pcolor[p], edgecolor="black", lw=0.5,
                            hatch=None if lag else "///")
-                    if not pd.isna(best["ips_std"]) and best["ips_std"] > 0:
-                        ax.errorbar([x], [ips], yerr=[best["ips_std"]], fmt="none", ecolor="black", elinewidth=0.6,
-                                    capsize=1.2, capthick=0.6)
-                    ax.text(x, ips + (best["ips_std"] if not pd.isna(best["ips_std"]) else 0), f" {ips:.0f}",
-                            ha="center", va="bottom", fontsize=SMALL_PT - 0.5, rotation=90)
+                    top = ips
+                    if not (pd.isna(low) or pd.isna(high)) and high > low:
+                        ax.errorbar([x], [ips], yerr=[[ips - low], [high - ips]], fmt="none", ecolor="black",
+                                    elinewidth=0.6, capsize=1.2, capthick=0.6)
+                        error_bars[(label, p, bool(lag))] = (float(low), float(high))
+                        top = max(ips, float(high))
+                    ax.text(x, top, f" {ips:.0f}", ha="center", va="bottom", fontsize=SMALL_PT - 0.5, rotation=90)
                     values[(label, p, bool(lag))] = ips
+                    tops.append(top)
                     bars += 1
                 elif not cell.empty:
                     ax.scatter([x], [0.04], color="firebrick", transform=trans, **FAIL_MARK)
                     failed.append((label, p, bool(lag), cell["status"].iloc[0]))
         ax.set_xticks(range(len(labels)), labels)
         ax.set_ylabel("images/s, all ranks")
-        ax.set_ylim(0, max(values.values()) * 1.25 if values else 1)
+        ax.set_ylim(0, max(tops) * 1.25 if tops else 1)  # room for the numbers above the error bars
         ax.set_title(f"{model_title(df, model)}, {nodes} nodes")
         ax.grid(True, axis="y", alpha=0.3)
         items = [(f"backward prefetch {p}", Patch(facecolor=pcolor[p], edgecolor="black", lw=0.5))
@@ -127,8 +132,9 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
                 {"study": study, "model": model, "nodes": nodes, "batch": batch, "bars": bars, "failed": failed,
                  "values": values},
                 f"Images/s of {model} on {nodes} nodes for each sharding strategy, backward prefetch and "
-                f"limit_all_gathers setting (hatched: off); bars ± one standard deviation over the timed steps.",
-                extra={"facts": facts})
+                f"limit_all_gathers setting (hatched: off): each configuration's median; error bars: the "
+                f"{interval_text(tbl.usable(rows))}.",
+                extra={"facts": facts, "errorbars": error_bars})
 
 
 FIGURE = FigureSpec("configuration grid", lambda i: config_grid(i.results, i.grid_model, i.grid_nodes, i.width),

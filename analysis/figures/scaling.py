@@ -1,5 +1,5 @@
 """Figures 2 and 3 of seed 003: images/s of the whole job against nodes, one panel per model,
-measured lines with error bars and each strategy's ideal linear scaling."""
+each point's median with its 95% confidence interval and each strategy's ideal linear scaling."""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,8 +10,8 @@ from .. import table as tbl
 from ._axes import error_bars, log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
 from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, legend_height, legend_in_slot,
                       new_figure, panel_grid, title_height)
-from ._runs import (labeller, lines, model_order, model_title, not_ok, run_facts, scaling_runs, scaling_support,
-                    series_items)
+from ._runs import (interval_facts, interval_text, ips_points, labeller, lines, model_order, model_title,
+                    not_ok, run_facts, scaling_runs, scaling_support, series_items)
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, IDEAL, NOT_OK, style, styles_for
 
@@ -26,7 +26,7 @@ def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float =
     nrows, ncols = panel_grid(len(models), width, max_cols=3)
     label = labeller(runs)
     legend_labels = sorted({label(k) for k, _ in lines(runs)}) + [IDEAL[0], NOT_OK[0]]
-    facts = run_facts(runs) + " · bars: ± 1 s.d. of per-step images/s"
+    facts = run_facts(runs) + f" · bars: {interval_facts(tbl.usable(runs))}"
     panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
     slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)
     extra_h = (0 if slot else legend_height(legend_labels, width)) + title_height(facts, width) + 0.1
@@ -44,13 +44,13 @@ def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float =
                 color, marker = colors[key[1]], markers[key[1]]
                 ok = tbl.usable(line)
                 if not ok.empty:
-                    handles.setdefault(key, measured_line(ax, ok[xcol], ok["ips_mean"], color, marker))
+                    ips, low, high = ips_points(ok)
+                    handles.setdefault(key, measured_line(ax, ok[xcol], ips, color, marker))
                     counts["measured"] += 1
-                    n_bars += error_bars(ax, ok[xcol].to_numpy(float), ok["ips_mean"].to_numpy(float),
-                                         ok["ips_std"].to_numpy(float), color, log_y=True)
-                    base = ok.iloc[0]
+                    n_bars += error_bars(ax, ok[xcol].to_numpy(float), ips, low, high, color, log_y=True)
+                    # the ideal starts at the smallest run's marker, the median drawn there
                     ideal_x = line[xcol].to_numpy()
-                    ideal_y = base["ips_mean"] * line["world_size"].to_numpy() / base["world_size"]
+                    ideal_y = ips[0] * line["world_size"].to_numpy() / ok["world_size"].iloc[0]
                     ax.plot(ideal_x, ideal_y, "--", color=color, lw=0.7, alpha=0.6, zorder=2)
                     counts["ideal"] += 1
                 counts["failed"] += mark_failures(ax, list(not_ok(line)[xcol]), color, slots)
@@ -73,9 +73,9 @@ def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float =
         else:
             legend_below(fig, series_items(handles, label) + extra, width)
     return Plot("weak_scaling_ips", "Weak scaling: images/s", fig, drawn,
-                "Images/s of the whole job (all ranks together), log scale, against nodes (log2): measured "
-                "(solid, ± one standard deviation of the per-step images/s over the timed steps, often hidden by "
-                "the marker) and ideal linear scaling from each strategy's smallest run (dashed); "
+                "Images/s of the whole job (all ranks together), log scale, against nodes (log2): each point's "
+                f"median (solid; error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker) "
+                "and ideal linear scaling from each strategy's smallest run (dashed); "
                 "× marks a run that did not finish ok.",
                 extra={"errorbars": bars, "facts": facts})
 

@@ -9,10 +9,12 @@ allocation, emulated nodes here), reads what the worker's rank 0 wrote, starts t
 after one that took the ranks down in a new launch, reads the collective library's log lines,
 and turns it all into lines, a table and check.json.
 
-Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped.
+Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped (by a signal:
+check.json is written all the same, from what the ranks had reported, the rest as timeout lines).
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -35,6 +37,7 @@ FLAGS = ("--quick", "--which-env")
 OPTIONS = ("--system", "--nodes", "--ranks-per-node", "--strategies", "--precision", "--model", "--expect-transport",
            "--launcher", "--out", "--json", "--time-limit")
 GRACE_S = 30                # after one rank ends badly, how long the others get
+DEFAULT_LIMIT_MIN = 30.0    # --time-limit without an allocation, and at most this within one
 PARTS = ("meter", "environment", "interconnect", "strategies")
 
 USAGE = """usage: vit-scale check [options]
@@ -59,9 +62,12 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
   --quick                 fewer sizes, iterations and steps (what `vit-scale study --check` runs)
   --out DIR               check.json, logs/, records/ (default: runs/check)
   --json PATH             where check.json goes (default: OUT/check.json)
-  --time-limit MIN        stop the check after this many minutes, every launch together (default: 30)
+  --time-limit MIN        stop the check after this many minutes, every launch together (default: 30;
+                          in a Slurm job at most the job's time left less a margin, so that check.json
+                          is written before Slurm ends the job)
   -h, --help              this text
-Exit code: 0 every needed line holds, 1 something is broken, 2 bad input."""
+Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped by a signal
+(check.json written all the same, what was not finished as timeout lines)."""
 
 
 def usage() -> str:
@@ -117,10 +123,11 @@ class Check:
                             f"{', '.join(self.system.launchers)}")
         self.out = os.path.abspath(v.get("--out", os.path.join("runs", "check")))
         self.json_path = os.path.abspath(v.get("--json") or os.path.join(self.out, "check.json"))
-        self.time_limit_min = minutes(v["--time-limit"], "--time-limit") if "--time-limit" in v else 30.0
+        self.time_limit_min, self.time_limit_why = self._time_limit(v.get("--time-limit"), "--which-env" in opts.flags)
         # the interpreter running the check (the env script's, in a job), unless told otherwise as the study is
         self.python = os.environ.get("VIT_SCALE_PYTHON") or sys.executable
         self.use_slurm = self.in_slurm
+        self.progress: dict = {}   # the launches so far, for check.json when a signal stops the check
         self.kind = launchers.launch_kind(self.launcher, self.use_slurm, self.one_machine,
                                           self.nodes * self.ranks_per_node)
 
@@ -150,6 +157,20 @@ class Check:
                             f"--gpus-per-node=N, or give --ranks-per-node")
         return gpus or 1
 
+    def _time_limit(self, given, only_env: bool) -> tuple[float, str]:
+        """(minutes, where they come from). In an allocation the default ends before the allocation
+        does: Slurm's SIGTERM at its end would stop the check, and KillWait later kill it."""
+        if given is not None:
+            return minutes(given, "--time-limit"), "--time-limit"
+        left = None if only_env or not self.in_slurm else systems.allocation_minutes_left()
+        if left is None:
+            return DEFAULT_LIMIT_MIN, "the default"
+        limit, margin = limit_within(left)
+        if limit >= DEFAULT_LIMIT_MIN:
+            return DEFAULT_LIMIT_MIN, "the default"
+        return limit, (f"job {os.environ.get('SLURM_JOB_ID')} has {left:.1f} min left, less a {margin:.1f} min "
+                       f"margin to stop the ranks and write check.json")
+
     def _study_defaults(self) -> dict:
         try:
             return load_yaml(study_file(None, self.system), "--system")
@@ -157,7 +178,7 @@ class Check:
             return {}
 
     def _precisions(self, given, study: dict) -> list:
-        from vit_scale.config import PRECISIONS
+        from vit_scale.distributed import PRECISIONS
 
         value = given if given is not None else study.get("precision", "fp32")
         if isinstance(value, dict):   # a study file's per-strategy table: its values
@@ -217,7 +238,8 @@ class Check:
               f"{self.system.backend}), {'/'.join(self.precisions)}{', quick' if self.quick else ''}")
         print(f"  strategies: {', '.join(labels)}; collective sizes from {self.model}")
         print(f"  launcher: {launchers.describe(self.kind, self.system, self.ranks_per_node)}; "
-              f"logs: {os.path.join(self.out, 'logs')}", flush=True)
+              f"logs: {os.path.join(self.out, 'logs')}")
+        print(f"  time limit: {self.time_limit_min:.3g} min ({self.time_limit_why})", flush=True)
 
     def run(self, supervisor=None) -> int:
         from vit_scale.check import verdict
@@ -232,7 +254,8 @@ class Check:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
         facts, attempts = self.launch_until_done(supervisor, stamp)
         if supervisor.interrupted:
-            print(f"{self.prog}: stopped by a signal; check.json not written", file=sys.stderr)
+            # what the last write from the signal's moment had, and what the launch added since
+            self.write_stopped()
             return 143
         check = self.assemble(facts, attempts, stamp)
         found = verdict.lines(check)
@@ -249,11 +272,55 @@ class Check:
         sys.stdout.flush()
         return 1 if bad else 0
 
+    def write_stopped(self) -> None:
+        """check.json when a signal stops the check (Slurm's at the allocation's end, which kills
+        KillWait seconds later): what the launches had found and the running one's rank 0 had
+        written, every part and label not finished a timeout line. Exit code 143 all the same."""
+        from vit_scale.check import verdict
+
+        p = self.progress
+        if not p:
+            print(f"{self.prog}: stopped by a signal before any launch; check.json not written", file=sys.stderr)
+            return
+        facts, attempts = copy.deepcopy(p["facts"]), list(p["attempts"])
+        why = "stopped by a signal (Slurm's at the allocation's end, or a user's)"
+        current = p.get("current")
+        if current:
+            try:
+                with open(current["result"]) as f:
+                    found = json.load(f)
+            except (OSError, ValueError):
+                found = {}
+            merge(facts, found)
+            culprit = found.get("in_progress") or {}
+            if culprit.get("label"):
+                facts["strategies"].append({"label": culprit["label"], "precision": culprit["precision"],
+                                            "status": "timeout", "run_dir": None, "log": current["log"],
+                                            "error": f"{why} during this label"})
+            attempts.append({"attempt": current["attempt"], "parts": current["parts"],
+                             "labels": [list(x) for x in current["labels"]], "code": 143,
+                             "seconds": round(time.time() - current["started"], 1), "log": current["log"],
+                             "timed_out": False, "last_line": last_line(current["log"])})
+        unfinished(facts, [(a["label"], a["precision"]) for a in self.labels], f"not finished: {why}")
+        check = self.assemble(facts, attempts, p["stamp"])
+        found_lines = verdict.lines(check)
+        check.update(lines=[line.to_dict() for line in found_lines], ok=False, exit_code=1)
+        try:
+            write_atomically(self.json_path, check)
+        except OSError:
+            return
+        timeouts = sum(1 for line in found_lines if line.text.startswith("timeout"))
+        if not p["written"]:
+            print(f"{self.prog}: stopped by a signal; check.json written from what the ranks had reported, "
+                  f"{timeouts} part(s) unfinished as timeout lines -> {self.json_path}", file=sys.stderr, flush=True)
+        p["written"] = True
+
     def launch_until_done(self, supervisor, stamp: str) -> tuple[dict, list]:
         """The first launch does every part; when a label took the ranks down, the labels after it
         get a launch of their own."""
         facts: dict = {"strategies": []}
         attempts: list = []
+        self.progress = {"stamp": stamp, "facts": facts, "attempts": attempts, "current": None, "written": False}
         remaining = [(a["label"], a["precision"]) for a in self.labels]
         parts = list(PARTS)
         deadline = time.monotonic() + self.time_limit_min * 60   # one limit for every launch together
@@ -280,6 +347,7 @@ class Check:
             if outcome.timed_out:
                 facts["strategies"] += [out_of_time(label, precision, self.time_limit_min)
                                         for label, precision in remaining]
+                unfinished(facts, [], f"not finished: stopped at --time-limit {self.time_limit_min:g} min")
                 break
             if not culprit or found.get("world") is None:
                 break
@@ -346,7 +414,10 @@ class Check:
         what = ("every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
                 if parts == ["strategies"] else f"{', '.join(parts)} (without the meter)")
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)
-        outcome = supervisor.run(launch, log, left_s)
+        self.progress["current"] = {"result": result, "log": log, "attempt": attempt, "parts": parts,
+                                    "labels": labels, "started": time.time()}
+        outcome = supervisor.run(launch, log, left_s, on_signal=self.write_stopped)
+        self.progress["current"] = None
         print(f"exit {outcome.code} ({outcome.seconds:.0f} s)", flush=True)
         try:
             with open(result) as f:
@@ -366,6 +437,7 @@ class Check:
         return found[-1] if found else None
 
     def assemble(self, facts: dict, attempts: list, stamp: str = "") -> dict:
+        from vit_scale.check.collectives import fits_of
         from vit_scale.check.environment import collective_logs, transport_facts
 
         logs = collective_logs(self.out, stamp, [a["log"] for a in attempts])
@@ -382,7 +454,30 @@ class Check:
                        "attempts": attempts},
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
             "facts": facts, "out": self.out,
+            # the alpha-beta line of each collective and scope, from the size sweep (docs/check.md)
+            "fits": fits_of((facts.get("interconnect") or {}).get("measurements") or []),
         }
+
+
+def limit_within(left_min: float) -> tuple[float, float]:
+    """(the check's limit, the margin) for an allocation with `left_min` minutes left: a tenth of it,
+    at least 1 and at most 5 minutes, for stopping the ranks (STOP_GRACE_S) and writing check.json;
+    never less than half of what is left."""
+    margin = min(5.0, max(1.0, left_min / 10))
+    return max(0.1, math.floor(max(left_min - margin, left_min / 2) * 10) / 10), margin
+
+
+def unfinished(facts: dict, labels: list, why: str) -> None:
+    """Every part a stopped check did not finish, as a timeout: the labels without a row, and the
+    meter and collectives when their facts are missing (the verdict makes each a timeout line)."""
+    done = {(r["label"], r["precision"]) for r in facts.get("strategies", [])}
+    facts.setdefault("strategies", []).extend(
+        {"label": label, "precision": precision, "status": "timeout", "run_dir": None, "error": why}
+        for label, precision in labels if (label, precision) not in done)
+    if facts.get("world") is not None:
+        for part in ("interconnect", "meter"):
+            if facts.get(part) is None:
+                facts[part] = {"error": f"timeout: {why}"}
 
 
 def out_of_time(label: str, precision: str, limit_min: float) -> dict:

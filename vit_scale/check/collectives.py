@@ -2,8 +2,14 @@
 nccl-tests times them, within a node and across nodes.
 
 Sizes: the latency sizes (8 B to 4 KiB), one Block's parameters in the run's precision (what
-FSDP all-gathers before a Block's forward and reduce-scatters after its backward), and DDP's
-gradient bucket (25 MiB of fp32 gradients, torch's default bucket_cap_mb).
+FSDP all-gathers before a Block's forward and reduce-scatters after its backward), DDP's
+gradient bucket (25 MiB of fp32 gradients, torch's default bucket_cap_mb) and, in full mode, ZeRO's
+bucket (DeepSpeed's reduce_bucket_size and allgather_bucket_size, at most the whole model) and a
+sweep in steps of 8x from 8 B to the largest of these, so that an alpha-beta line
+(vit_scale.planning.alpha_beta.fit) is fitted per collective and scope from at least 8 sizes.
+Bounds: a size whose buffers would take more than MEMORY_SHARE of a rank's free memory is left out,
+and the sweep's sizes (not the named ones) stop where a collective's share of the time budget
+(Settings.sweep_budget_s) would run out; what was left out, and why, is in the measurements' list.
 
 Bandwidths, as nccl-tests' PERFORMANCE.md defines them, for S bytes in t seconds on n ranks
 (S: the all-reduce's buffer, the all-gather's whole output, the reduce-scatter's whole input):
@@ -12,10 +18,11 @@ Bandwidths, as nccl-tests' PERFORMANCE.md defines them, for S bytes in t seconds
   busbw = algbw * (n-1)/n    all-gather, reduce-scatter
 busbw is what each rank's link carries, comparable across rank counts and with the link's speed.
 
-Each measurement: a checking call, warm-up, an agreed number of timed
+Each measurement: a checking call, warm-up, `repeats` timed windows of an agreed number of
 iterations (from the warm-up's time, so that a slow 25 MiB all-gather on a CPU takes a fraction
 of a second and a fast one on a GPU gets many iterations), device events on a GPU and
-perf_counter after a barrier on a CPU, the slowest rank's time.
+perf_counter after a barrier on a CPU, the slowest rank's time; the median window is the time,
+half the windows' range its spread (the fit's noise when it asks whether latency runs backwards).
 
 The checking call runs the collective once on an fp32 buffer of the same length, whatever the
 timed precision, and compares the result exactly. In bf16 the library rounds each ring hop's
@@ -36,6 +43,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from vit_scale.text import human_bytes, human_seconds
+
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
               "all_gather": lambda n: (n - 1) / n,
@@ -49,9 +58,15 @@ COLLECTIVE_TIMEOUT_S = 300
 EXACT_FP32 = 2 ** 24                  # every integer up to this is exact in fp32
 
 
+SIZE_NAMES = ("latency", "sweep", "block", "bucket", "zero_bucket")
+NAMED_SIZES = ("block", "bucket", "zero_bucket")   # the strategies' own messages: measured whatever the budget
+SWEEP_STEP = 8                        # the sweep's sizes: 8 B, 64 B, ... (x8) up to the largest message
+MEMORY_SHARE = 0.25                   # of a rank's free memory, the most one measurement's buffers may take
+
+
 @dataclass(frozen=True)
 class Size:
-    name: str          # "latency", "block", "bucket"
+    name: str          # one of SIZE_NAMES
     nbytes: int        # asked for; the measured size is rounded up to whole elements per rank
     precision: str     # element type: fp32, bf16, fp16
     what: str          # for the table: "vit_base Block", "DDP bucket", "8 B"
@@ -63,10 +78,12 @@ class Settings:
     min_iterations: int
     max_iterations: int
     budget_s: float    # about how long the timed iterations of one measurement may take
+    repeats: int = 2   # timed windows per measurement: their range is the point's noise
+    sweep_budget_s: float = 120.0   # about how long every collective's sweep may take, both scopes together
 
 
-FULL = Settings(warmup=5, min_iterations=5, max_iterations=100, budget_s=1.0)
-QUICK = Settings(warmup=1, min_iterations=2, max_iterations=20, budget_s=0.2)
+FULL = Settings(warmup=5, min_iterations=3, max_iterations=100, budget_s=1.0, repeats=3, sweep_budget_s=120.0)
+QUICK = Settings(warmup=1, min_iterations=2, max_iterations=20, budget_s=0.2, repeats=2, sweep_budget_s=20.0)
 
 
 def bandwidths(collective: str, nbytes: int, seconds: float, ranks: int) -> tuple[float, float]:
@@ -82,28 +99,35 @@ def block_bytes(model: str, precision: str) -> int:
     return Shape.from_spec(get_spec(model)).block_params * ELEMENT_BYTES[precision]
 
 
+def zero_bucket_bytes(model: str, precision: str) -> int:
+    """ZeRO's largest message: DeepSpeed's reduce / all-gather bucket (elements, the trainer's
+    defaults), at most the whole model's parameters, in the run's precision."""
+    from vit_scale.distributed.deepspeed import DeepSpeedConfig
+    from vit_scale.models import get_spec
+    from vit_scale.planning.shapes import Shape
+
+    ds = DeepSpeedConfig()
+    elements = min(max(ds.reduce_bucket_size, ds.allgather_bucket_size), Shape.from_spec(get_spec(model)).params)
+    return elements * ELEMENT_BYTES[precision]
+
+
 def sizes_for(model: str, precision: str, quick: bool) -> list[Size]:
-    latency = QUICK_LATENCY_SIZES if quick else LATENCY_SIZES
-    sizes = [Size("latency", n, "fp32", human_bytes(n)) for n in latency]
-    sizes.append(Size("block", block_bytes(model, precision), precision, f"{model} Block"))
-    sizes.append(Size("bucket", DDP_BUCKET_BYTES, "fp32", "DDP bucket"))
-    return sizes
-
-
-def human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.3g} {unit}" if value != int(value) else f"{int(value)} {unit}"
-    return f"{int(n)} B"
-
-
-def human_seconds(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
+    """Smallest first. Quick: 8 B, 4 KiB, a Block, DDP's bucket. Full: the sweep from 8 B in steps
+    of SWEEP_STEP up to the largest named size, and the named sizes (a Block, DDP's bucket, ZeRO's)."""
+    named = [Size("block", block_bytes(model, precision), precision, f"{model} Block"),
+             Size("bucket", DDP_BUCKET_BYTES, "fp32", "DDP bucket")]
+    if quick:
+        latency = [Size("latency", n, "fp32", human_bytes(n)) for n in QUICK_LATENCY_SIZES]
+        return sorted(latency + named, key=lambda size: (size.nbytes, size.name))
+    named.append(Size("zero_bucket", zero_bucket_bytes(model, precision), precision, "ZeRO bucket"))
+    largest = max(size.nbytes for size in named)
+    sweep, n = [], LATENCY_SIZES[0]
+    while n <= largest:
+        sweep.append(Size("latency" if n <= LATENCY_SIZES[-1] else "sweep", n, "fp32", human_bytes(n)))
+        n *= SWEEP_STEP
+    taken = {size.nbytes for size in sweep}
+    named = [size for size in named if size.nbytes not in taken or size.name != "zero_bucket"]
+    return sorted(sweep + named, key=lambda size: (size.nbytes, size.name))
 
 
 def elements(nbytes: int, element_bytes: int, ranks: int) -> int:
@@ -134,6 +158,33 @@ def expected_sum(ranks: int) -> int:
     cycle = sum_cycle(ranks)
     whole, rest = divmod(ranks, cycle)
     return whole * cycle * (cycle + 1) // 2 + rest * (rest + 1) // 2
+
+
+FIT_SCOPE = {"node": "intra", "world": "inter"}
+
+
+def fits_of(measurements: list) -> list[dict]:
+    """The alpha-beta fit (vit_scale.planning.alpha_beta.fit) of each collective in each scope, from
+    its measured sizes (a wrong result is not a point), each point with its spread:
+    alpha_beta.Fit.as_dict() each, in the order measured. A flagged fit is kept, flagged: the
+    prediction does not use it and the check's table says why."""
+    from vit_scale.planning.alpha_beta import fit
+
+    groups: dict = {}
+    for m in measurements:
+        if not m.get("correct") or not m.get("time_s"):
+            continue
+        groups.setdefault((m["collective"], m["scope"]), {"ranks": m["ranks"], "points": []})["points"].append(
+            (m["bytes"], m["time_s"], m.get("spread_s")))
+    out = []
+    for (collective, scope), g in groups.items():
+        found = fit(collective, FIT_SCOPE[scope], g["ranks"], g["points"]).as_dict()
+        if not (math.isfinite(found["alpha_us"]) and math.isfinite(found["max_rel_residual"])):
+            continue   # no point with a time: nothing to fit (check.json stays strict JSON: no NaN)
+        if not math.isfinite(found["bus_gbps"]):
+            found["bus_gbps"] = 0.0   # time not growing with size: flagged "no bandwidth", never used
+        out.append(found)
+    return out
 
 
 # ---------------------------------------------------------------- measuring (torch from here on)
@@ -171,9 +222,10 @@ def node_groups(world, names: list):
     return mine
 
 
-def measure_all(world, sizes: list[Size], settings: Settings) -> list[dict]:
+def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict], list[dict]]:
     """Every collective at every size, within each node (when a node has several ranks) and across
-    nodes (when there are several): a list of measurements, the same on every rank."""
+    nodes (when there are several): (measurements, sizes left out with why: memory or the time
+    budget), the same on every rank."""
     import torch.distributed as dist
 
     names = [None] * world.world_size
@@ -181,28 +233,89 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> list[dict]:
     scopes = scopes_for(names)
     nodes = len(set(names))
     group = node_groups(world, names) if nodes > 1 and scopes[0][0] == "node" else None
-    results = []
+    room = agreed_min(free_bytes_per_rank(world), None, world.device)
+    share_s = settings.sweep_budget_s / max(1, len(scopes) * len(COLLECTIVES))
+    results, skipped = [], []
     for scope, ranks in scopes:
         scope_group = group if scope == "node" else None
         for collective in COLLECTIVES:
+            started, done = time.perf_counter(), []
             for size in sizes:
+                left_s = share_s - (time.perf_counter() - started)
+                why = left_out(collective, size, ranks, room, settings, done, left_s)
+                if why:
+                    skipped.append({"scope": scope, "collective": collective, "size": size.name, "ranks": ranks,
+                                    "bytes": size.nbytes, "why": why})
+                    continue
                 one = measure(world, collective, size, scope_group, ranks, settings)
                 if scope == "node" and nodes > 1:
                     one = slowest_node(world, one)   # every node measured at once; the slowest is reported
+                done.append(one)
                 results.append({"scope": scope, "nodes": 1 if scope == "node" else nodes, **one})
     dist.barrier()
-    return results
+    return results, skipped
+
+
+def buffer_bytes(collective: str, size: Size, ranks: int) -> int:
+    """The most one measurement holds at once: the fp32 checking buffers (send and receive)."""
+    numel = elements(size.nbytes, ELEMENT_BYTES[size.precision], ranks)
+    return 4 * (numel + (0 if collective == "all_reduce" else numel // ranks))
+
+
+def left_out(collective: str, size: Size, ranks: int, room: float, settings: Settings, done: list,
+             left_s: float) -> str:
+    """Why this size is not measured ("" when it is): its buffers would not fit in MEMORY_SHARE of
+    the rank's free memory, or (a sweep size) its expected time would run past the collective's
+    share of the sweep's time budget. Decided from agreed figures, so every rank decides the same."""
+    need = buffer_bytes(collective, size, ranks)
+    if room > 0 and need > MEMORY_SHARE * room:
+        return f"memory: {human_bytes(need)} of buffers, more than {MEMORY_SHARE:.0%} of {human_bytes(room)} free"
+    if size.name in NAMED_SIZES or not done:
+        return ""
+    calls = settings.warmup + 2 + settings.min_iterations * settings.repeats
+    expected = expected_seconds(done, size.nbytes) * calls
+    if expected > left_s:
+        return (f"time budget: about {human_seconds(expected)} expected, {human_seconds(max(0.0, left_s))} left of "
+                f"this collective's share of {human_seconds(settings.sweep_budget_s)}")
+    return ""
+
+
+def expected_seconds(done: list, nbytes: int) -> float:
+    """One call's time at nbytes, on the line through the smallest and the largest size measured so
+    far (a latency-bound size costs about what the smallest did; a bandwidth-bound one grows with its
+    bytes), never less than the largest's time."""
+    small, large = min(done, key=lambda m: m["bytes"]), max(done, key=lambda m: m["bytes"])
+    slope = max(0.0, (large["time_s"] - small["time_s"]) / max(1, large["bytes"] - small["bytes"]))
+    return large["time_s"] + slope * max(0, nbytes - large["bytes"])
+
+
+def free_bytes_per_rank(world) -> float:
+    """Free device memory (a GPU's own), else this node's available memory over its ranks; 0 when unknown."""
+    if world.device_type != "cpu":
+        import torch
+
+        return float(torch.cuda.mem_get_info()[0])
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / max(1, world.local_world_size)
+    except OSError:
+        pass
+    return 0.0
 
 
 def slowest_node(world, one: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    facts = torch.tensor([one["time_s"], 0.0 if one["correct"] else 1.0], dtype=torch.float64, device=world.device)
+    facts = torch.tensor([one["time_s"], one["spread_s"], 0.0 if one["correct"] else 1.0], dtype=torch.float64,
+                         device=world.device)
     dist.all_reduce(facts, op=dist.ReduceOp.MAX)
-    seconds, wrong = facts.tolist()
+    seconds, spread, wrong = facts.tolist()
     algbw, busbw = bandwidths(one["collective"], one["bytes"], seconds, one["ranks"])
-    return {**one, "time_s": seconds, "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": not wrong}
+    return {**one, "time_s": seconds, "spread_s": spread, "algbw_gbs": algbw, "busbw_gbs": busbw,
+            "correct": not wrong}
 
 
 def buffers(collective: str, numel: int, piece: int, dtype, device, fill: float):
@@ -252,12 +365,16 @@ def measure(world, collective: str, size: Size, group, ranks: int, settings: Set
     op()
     sync()
     one_call = agreed_max(time.perf_counter() - started, group, device)
-    iterations = int(min(settings.max_iterations, max(settings.min_iterations, settings.budget_s // max(one_call, 1e-9))))
-    seconds = agreed_max(timed(op, iterations, group, world), group, device) / iterations
+    window_s = settings.budget_s / settings.repeats
+    iterations = int(min(settings.max_iterations, max(settings.min_iterations, window_s // max(one_call, 1e-9))))
+    windows = sorted(agreed_max(timed(op, iterations, group, world), group, device) / iterations
+                     for _ in range(settings.repeats))
+    seconds = windows[len(windows) // 2]
     algbw, busbw = bandwidths(collective, numel * ELEMENT_BYTES[size.precision], seconds, ranks)
     return {"collective": collective, "size": size.name, "what": size.what, "ranks": ranks,
             "bytes": numel * ELEMENT_BYTES[size.precision], "precision": size.precision, "iterations": iterations,
-            "time_s": seconds, "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": correct}
+            "repeats": len(windows), "time_s": seconds, "spread_s": (windows[-1] - windows[0]) / 2,
+            "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": correct}
 
 
 def timed(op, iterations: int, group, world) -> float:
@@ -289,6 +406,10 @@ def agreed_max(seconds: float, group, device) -> float:
     value = torch.tensor([seconds], dtype=torch.float64, device=device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
     return value.item()
+
+
+def agreed_min(value: float, group, device) -> float:
+    return -agreed_max(-value, group, device)
 
 
 def result_is_right(collective: str, recv, ranks: int, piece: int) -> bool:

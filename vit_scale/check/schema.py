@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vit_scale.check.collectives import COLLECTIVES
+from vit_scale.check.collectives import COLLECTIVES, SIZE_NAMES
 from vit_scale.check.lines import STATUSES
 
 NUM = {"type": "number"}
@@ -23,11 +23,36 @@ MEASUREMENT = {
     "required": ["scope", "nodes", "collective", "size", "what", "ranks", "bytes", "precision", "iterations", "time_s",
                  "algbw_gbs", "busbw_gbs", "correct"],
     "properties": {"scope": {"enum": ["node", "world"]}, "nodes": {"type": "integer", "minimum": 1},
-                   "collective": {"enum": list(COLLECTIVES)}, "size": {"enum": ["latency", "block", "bucket"]},
+                   "collective": {"enum": list(COLLECTIVES)}, "size": {"enum": list(SIZE_NAMES)},
                    "ranks": {"type": "integer", "minimum": 2}, "bytes": {"type": "integer", "minimum": 1},
                    "precision": PRECISION, "iterations": {"type": "integer", "minimum": 1},
-                   "time_s": {"type": "number", "exclusiveMinimum": 0}, "algbw_gbs": NUM, "busbw_gbs": NUM,
-                   "correct": {"type": "boolean"}},
+                   # repeats: timed windows; time_s their median, spread_s half their range
+                   "repeats": {"type": "integer", "minimum": 1},
+                   "time_s": {"type": "number", "exclusiveMinimum": 0}, "spread_s": {"type": "number", "minimum": 0},
+                   "algbw_gbs": NUM, "busbw_gbs": NUM, "correct": {"type": "boolean"}},
+}
+
+# a size the sweep left out: its buffers would not fit the memory bound, or it would run past the time budget
+SKIPPED = {
+    "type": "object", "required": ["scope", "collective", "size", "ranks", "bytes", "why"],
+    "properties": {"scope": {"enum": ["node", "world"]}, "collective": {"enum": list(COLLECTIVES)},
+                   "size": {"enum": list(SIZE_NAMES)}, "bytes": {"type": "integer", "minimum": 1},
+                   "why": {"type": "string"}},
+}
+
+# vit_scale.planning.alpha_beta.Fit.as_dict(): t(S, n) = alpha + S f(n) / B per collective and scope
+FIT = {
+    "type": "object",
+    "required": ["collective", "scope", "ranks", "alpha_us", "bus_gbps", "max_rel_residual", "sizes", "usable",
+                 "flags"],
+    "properties": {"collective": {"enum": list(COLLECTIVES)}, "scope": {"enum": ["intra", "inter"]},
+                   "ranks": {"type": "integer", "minimum": 1}, "alpha_us": {"type": "number", "minimum": 0},
+                   "bus_gbps": {"type": "number", "minimum": 0}, "max_rel_residual": {"type": "number", "minimum": 0},
+                   "sizes": {"type": "integer", "minimum": 0},
+                   "usable": {"type": "boolean"}, "flags": {"type": "array", "items": {"type": "string"}}},
+    # a usable fit has no flags and a positive bandwidth
+    "if": {"properties": {"usable": {"const": True}}},
+    "then": {"properties": {"flags": {"maxItems": 0}, "bus_gbps": {"exclusiveMinimum": 0}}},
 }
 
 STRATEGY_ROW = {
@@ -74,7 +99,8 @@ FACTS = {
         "kernels": {"type": "array", "items": {"type": "object", "required": ["node"]}},
         "interconnect": {"type": "object", "required": ["model", "measurements", "error"],
                          "properties": {"measurements": {"type": "array", "items": MEASUREMENT},
-                                        "error": STR_OR_NULL}},
+                                        "skipped": {"type": "array", "items": SKIPPED},
+                                        "budget_s": NUM, "error": STR_OR_NULL}},
         "strategies": {"type": "array", "items": STRATEGY_ROW},
         "meter": METER,
     },
@@ -107,6 +133,7 @@ CHECK_SCHEMA = {
         "transport": {"type": "object", "required": ["backend", "observed", "expected", "source", "evidence"],
                       "properties": {"observed": {"type": "array", "items": {"type": "string"}}}},
         "facts": FACTS,
+        "fits": {"type": "array", "items": FIT},
         "lines": {"type": "array", "items": LINE, "minItems": 1},
         "ok": {"type": "boolean"},
         "exit_code": {"enum": [0, 1]},

@@ -5,9 +5,10 @@ request (system, nodes, labels, ...), the launches, and the facts the worker's r
 """
 from __future__ import annotations
 
-from vit_scale.check.collectives import human_bytes, human_seconds
+from vit_scale.check.collectives import FIT_SCOPE, NAMED_SIZES
 from vit_scale.check.lines import Line
 from vit_scale.check.meter import GPU_OVERHEAD_FLOOR, TIMING_TOLERANCE
+from vit_scale.text import human_bytes, human_seconds
 
 SCOPE_TEXT = {"node": "within a node", "world": "across nodes"}
 
@@ -19,6 +20,7 @@ def lines(check: dict) -> list[Line]:
         return out + not_run_lines(check, facts, "the check's ranks never reported")
     out += environment_lines(check, facts)
     out += interconnect_lines(check, facts)
+    out += fit_lines(check, facts)
     out += strategy_lines(check, facts)
     out += meter_lines(check, facts)
     return out
@@ -225,13 +227,34 @@ def interconnect_lines(check: dict, facts: dict) -> list[Line]:
 
 def scope_text(measurements: list, scope: str) -> str:
     mine = [m for m in measurements if m["scope"] == scope]
-    big = [m for m in mine if m["size"] != "latency"]
+    big = [m for m in mine if m["size"] in NAMED_SIZES]
     small = min((m for m in mine if m["size"] == "latency"), key=lambda m: m["bytes"], default=None)
     text = f"{SCOPE_TEXT[scope]} ({mine[0]['ranks']} ranks): busbw " + ", ".join(
         f"{m['busbw_gbs']:.3g} GB/s at {human_bytes(m['bytes'])} ({m['what']})" for m in big)
     if small:
         text += f", latency {human_seconds(small['time_s'])} at {human_bytes(small['bytes'])}"
     return text
+
+
+def fit_lines(check: dict, facts: dict) -> list[Line]:
+    """One line a collective and scope: its alpha-beta fit (check.json's `fits`), what a prediction
+    uses as its cost; a fit the prediction will not use says why, as a warning (never a failure: the
+    collectives themselves were right)."""
+    skipped = ((facts.get("interconnect") or {}).get("skipped")) or []
+    out = []
+    for f in check.get("fits") or []:
+        left = [s for s in skipped if s["collective"] == f["collective"] and FIT_SCOPE[s["scope"]] == f["scope"]]
+        why = "; ".join(dict.fromkeys(s["why"].split(":")[0] for s in left))
+        text = (f"alpha {f['alpha_us']:.4g} us, B {f['bus_gbps']:.4g} GB/s, {f['ranks']} ranks, largest residual "
+                f"{f['max_rel_residual']:.0%} ({f['sizes']} sizes{f'; {len(left)} left out: {why}' if left else ''})")
+        name = f"{f['collective']} fit {f['scope']}"
+        if f["flags"]:
+            out.append(Line(name, "warn", f"{text}; not used: {'; '.join(f['flags'])}",
+                            "a prediction uses the profile's defaults for it: rerun vit-scale check (full mode) "
+                            "on a quieter allocation", needed=False))
+        else:
+            out.append(Line(name, "info", text, needed=False))
+    return out
 
 
 # ---------------------------------------------------------------- strategies

@@ -257,8 +257,10 @@ def interconnect(world, spec: dict, facts: Facts) -> None:
     sizes = sizes_for(spec["model"], spec["precisions"][0], spec["quick"])
     before = live_groups()
     try:
-        found = {"model": spec["model"], "measurements": measure_all(world, sizes, QUICK if spec["quick"] else FULL),
-                 "error": None}
+        settings = QUICK if spec["quick"] else FULL
+        measured, skipped = measure_all(world, sizes, settings)
+        found = {"model": spec["model"], "measurements": measured, "skipped": skipped, "error": None,
+                 "budget_s": settings.sweep_budget_s}
     except UserError as exc:   # e.g. uneven placement: the same one line on every rank
         found = {"model": spec["model"], "measurements": [], "error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - said in the check's lines; the strategies may still run

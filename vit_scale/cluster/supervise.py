@@ -4,18 +4,51 @@ Each command starts in a session of its own, so that stopping a run reaches ever
 made (torchrun's ranks, a kernel build a rank started, mpirun's children) and nothing of it
 outlives the run: SIGTERM to each process group first (the trainer then writes its end record,
 status timeout), SIGKILL STOP_GRACE_S later to whatever is left.
+
+A supervisor that is killed outright (SIGKILL, the OOM killer) cannot stop anything: each command
+it starts therefore gets SIGTERM from the kernel when it dies (Linux's PR_SET_PDEATHSIG), so that a
+run does not go on unattended, beside whatever the resumed study starts next on the same cores.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
 # the trainer writes its record within ~10 s of SIGTERM; a rank stuck in a collective may not
 STOP_GRACE_S = float(os.environ.get("VIT_SCALE_STOP_GRACE_S", "20"))
 POLL_S = 0.2
+PR_SET_PDEATHSIG = 1   # linux/prctl.h
+
+
+def _prctl():
+    """libc's prctl, looked up in this process (a forked child must not load libraries); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def dies_with_this_process():
+    """A preexec_fn for Popen: the child gets SIGTERM when this process dies (it runs after
+    start_new_session's setsid, in the child, before exec; the setting survives exec). None where
+    the kernel has no such thing."""
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:   # died before the setting was made: nothing would send it
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
 
 
 @dataclass
@@ -40,15 +73,19 @@ class Supervisor:
     def _on_signal(self, signum, frame):
         self.interrupted = True
 
-    def run(self, launch, log_path: str, time_limit_s: float | None = None) -> Outcome:
+    def run(self, launch, log_path: str, time_limit_s: float | None = None, on_signal=None) -> Outcome:
+        """`on_signal`: called once, before the run is stopped, when a signal tells the study to stop:
+        Slurm kills KillWait seconds after its SIGTERM, which may be less than stopping takes."""
         started = time.monotonic()
         procs = []
+        preexec = dies_with_this_process()
         with open(log_path, "a") as log:
             for argv, extra in launch.commands:
                 env = {**os.environ, **launch.env, **extra}
                 try:
                     procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True))
+                                                  stdin=subprocess.DEVNULL, start_new_session=True,
+                                                  preexec_fn=preexec))
                 except OSError as exc:
                     log.write(f"# could not start {argv[0]}: {exc.strerror}\n")
                     self._stop([p for p in procs if p.poll() is None], signal.SIGKILL)
@@ -66,6 +103,11 @@ class Supervisor:
                 over_time = time_limit_s is not None and now - started > time_limit_s
                 if self.interrupted or over_time or (failed_at is not None and now - failed_at > self.grace_s):
                     timed_out = over_time and not self.interrupted
+                    if self.interrupted and on_signal is not None:
+                        try:
+                            on_signal()
+                        except Exception as exc:   # the run must be stopped all the same
+                            print(f"vit-scale: while stopping: {type(exc).__name__}: {exc}", file=sys.stderr)
                     stop_at = now
                     self._stop(alive, signal.SIGTERM)
             elif not killed and now - stop_at > STOP_GRACE_S:

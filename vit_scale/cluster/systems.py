@@ -142,3 +142,34 @@ def allocation_nodes() -> list[str]:
 def node_address(node: str, how: str) -> str:
     """The rendezvous address of a node: its name, or (how = nodeaddr) what Slurm says reaches it."""
     return slurm_node_address(node) if how == "nodeaddr" else node
+
+
+def allocation_minutes_left() -> float | None:
+    """The minutes this Slurm job has left (squeue's TimeLeft), None when Slurm does not say or
+    the job has no limit."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return slurm_minutes(out)
+
+
+def slurm_minutes(text: str) -> float | None:
+    """Slurm's time as squeue prints it ([D-][HH:]MM:SS, or MM) in minutes; None for UNLIMITED and the like."""
+    found = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if not found:
+        return None
+    days, *parts = found.groups()
+    numbers = [int(p) for p in parts if p is not None]
+    if len(numbers) == 1:
+        # a bare number is minutes; after days, hours
+        hours, mins, secs = (0, numbers[0], 0) if days is None else (numbers[0], 0, 0)
+    elif len(numbers) == 2:
+        hours, (mins, secs) = (0, numbers) if days is None else (numbers[0], (numbers[1], 0))
+    else:
+        hours, mins, secs = numbers
+    return int(days or 0) * 1440 + hours * 60 + mins + secs / 60

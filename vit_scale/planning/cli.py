@@ -1,15 +1,24 @@
-"""`vit-scale plan`: which strategy fits a model on which node count, and what it communicates.
+"""`vit-scale plan`: which strategy fits a model on which node count, and what it communicates;
+with `--system`, also how fast each point is predicted to run.
 
     vit-scale plan --model vit_3b --nodes 1,8 [--strategy NO_SHARD,FULL_SHARD ...] [--json]
+    vit-scale plan --system frontier --model vit_base,vit_3b --nodes 1,2,4,8 [--calibration check.json]
+                   [--compute-from RUNDIR] [--efficiency F] [--figure DIR | --no-figure]
 
-A table by default; `--json` for scripts (schema: docs/plan.md, `PLAN_SCHEMA` below). Exit codes:
-0 ok (whether or not everything fits), 2 bad input (one line on stderr).
+A table by default; `--json` for scripts (schema: docs/plan.md, `PLAN_SCHEMA` below). With
+`--system` the rows gain the prediction of vit_scale.planning.predict (step time split, images/s,
+scaling efficiency against 1 node) and the predicted weak-scaling figure is drawn into DIR by
+analysis/plan_figure.py, run as a subprocess (vit_scale does not import analysis). Exit codes:
+0 ok (whether or not everything fits), 1 the figure could not be drawn, 2 bad input (one line on
+stderr, nothing written).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 
 from vit_scale.distributed import GROUP_SIZE, all_labels
@@ -19,6 +28,11 @@ from vit_scale.planning import SCHEMA_VERSION, assumptions, plan_row
 from vit_scale.planning.scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, Allowance, from_config
 
 GB = 1e9
+# Without --system the device is a Frontier GCD, as before; with it, the profile says (unless given)
+NO_SYSTEM = {"gpus_per_node": 8, "device_memory_gib": 64.0, "device": "rocm"}
+DEFAULT_EFFICIENCY = 0.4      # of the profile's dense peak, when FLOPs give the compute and no --efficiency
+NOT_WORTH = 0.5               # a strategy below this share of the best at the largest node count
+FIGURE = "weak_scaling_plan"  # DIR/FIGURE.json (the prediction), .png and .pdf (the figure)
 
 _NUM = {"type": "number"}
 _GIB_PARTS = ("params", "grads", "optimizer", "in_flight", "activations", "buckets", "workspace", "allocator")
@@ -58,7 +72,27 @@ ROW_SCHEMA = {
                                          "inter_node": {"type": "integer", "minimum": 0},
                                          "total": {"type": "integer", "minimum": 0}}},
         "notes": {"type": "array", "items": {"type": "string"}},
+        # with --system: vit_scale.planning.step_time.StepPrediction.as_dict
+        "prediction": {"type": "object",
+                       "required": ["fits", "step", "images_per_s_per_gpu", "images_per_s", "scaling_efficiency",
+                                    "rules", "compute_source", "network_source"],
+                       "properties": {"step": {"type": ["object", "null"]},
+                                      "images_per_s_per_gpu": {"type": ["number", "null"]},
+                                      "images_per_s": {"type": ["number", "null"]},
+                                      "scaling_efficiency": {"type": ["number", "null"]}}},
     },
+}
+PREDICTION_SCHEMA = {
+    "type": "object",
+    "required": ["system", "calibration", "compute", "not_worth_running", "rule"],
+    "properties": {"system": {"type": "string"},
+                   "calibration": {"type": "object", "required": ["kind", "source", "notes", "text"],
+                                   "properties": {"kind": {"enum": ["check", "profile", "none"]}}},
+                   "compute": {"type": "object", "required": ["kind", "text"],
+                               "properties": {"kind": {"enum": ["measured", "flops"]}}},
+                   "not_worth_running": {"type": "array", "items": {
+                       "type": "object", "required": ["model", "strategy", "why"]}},
+                   "rule": {"type": "string"}},
 }
 PLAN_SCHEMA = {
     "type": "object",
@@ -67,7 +101,8 @@ PLAN_SCHEMA = {
                    "assumptions": {"type": "object",
                                    "required": ["batch_size", "precision", "activation_checkpointing", "attention",
                                                 "gpus_per_node", "device_memory_gib", "optimizer", "allowance"]},
-                   "rows": {"type": "array", "items": ROW_SCHEMA}},
+                   "rows": {"type": "array", "items": ROW_SCHEMA},
+                   "prediction": PREDICTION_SCHEMA},
 }
 
 
@@ -83,16 +118,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--strategy", action="append", metavar="S",
                    help="strategy label (repeat or comma-separate); default: every label")
     p.add_argument("--nodes", default="1", help="node counts, comma-separated (default 1)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8, a Frontier node)")
+    p.add_argument("--gpus-per-node", type=int,
+                   help="ranks per node (default: the --system profile's, else 8, a Frontier node)")
     p.add_argument("--batch-size", type=int, default=32, help="per device (default 32)")
     p.add_argument("--precision", default="bf16", choices=PRECISIONS, help="default bf16 (the study's)")
     p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=False,
                    help="checkpoint every Block (default off, as the trainer)")
     p.add_argument("--attention", default="fused", choices=ATTENTION,
                    help="fused: scaled_dot_product_attention (timm's default); materialised: scores in memory")
-    p.add_argument("--device", default="rocm", choices=("cuda", "rocm"),
-                   help="device kind (default rocm, a Frontier GCD): pairs it cannot run are left out, with why")
-    p.add_argument("--device-memory-gib", type=float, default=64.0, help="per device (default 64, an MI250X GCD)")
+    p.add_argument("--device", choices=("cuda", "rocm", "cpu"),
+                   help="device kind (default: the --system profile's, else rocm, a Frontier GCD): pairs it cannot "
+                        "run are left out, with why")
+    p.add_argument("--device-memory-gib", type=float,
+                   help="per device (default: the --system profile's, else 64, an MI250X GCD)")
     p.add_argument("--num-classes", type=int, default=1000)
     p.add_argument("--optimizer", default="auto", choices=OPTIMIZER_IMPLS,
                    help="AdamW implementation; auto: what torch picks for the trainer's parameters")
@@ -111,6 +149,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--stream-held", action=argparse.BooleanOptionalAction, default=True,
                    help="count memory the allocator holds for communication streams (default on)")
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan.md)")
+    pred = p.add_argument_group("predicted step time and images/s (docs/plan.md, \"Before the allocation\")")
+    pred.add_argument("--system", metavar="NAME",
+                      help="system profile (configs/systems/NAME.yaml): predict each point's speed with its network "
+                           "defaults and peak; also its ranks per node, device memory and device kind unless given")
+    pred.add_argument("--calibration", metavar="CHECK_JSON",
+                      help="the collectives' fits of `vit-scale check` (full mode) on this system, over the profile's "
+                           "defaults")
+    pred.add_argument("--compute-from", metavar="PATH",
+                      help="compute from a measured run of the same model, batch and precision (a run directory, or "
+                           "a study directory: its 1-node rung); default: counted FLOPs x peak x efficiency")
+    pred.add_argument("--efficiency", type=float, metavar="F",
+                      help=f"share of the profile's peak the FLOPs run at (default {DEFAULT_EFFICIENCY:g}, assumed)")
+    pred.add_argument("--figure", metavar="DIR", default=".",
+                      help=f"where the predicted weak-scaling figure goes ({FIGURE}.png/.pdf and the prediction "
+                           f"{FIGURE}.json; default: the current directory)")
+    pred.add_argument("--no-figure", action="store_true", help="print the prediction only")
     return p
 
 
@@ -142,13 +196,38 @@ def _default_strategies(gpus_per_node: int) -> list[str]:
     return out
 
 
+def _system_defaults(args) -> None:
+    """Fill ranks per node, device memory and device kind from --system's profile where not given
+    (without --system: a Frontier GCD, as always)."""
+    defaults = dict(NO_SYSTEM)
+    if getattr(args, "system", None):
+        from vit_scale.planning import predict as pr
+
+        profile = pr.read_profile(pr.profile_path(args.system))
+        per_node, memory = profile.get("ranks_per_node"), profile.get("device_memory_gib")
+        defaults["gpus_per_node"] = per_node if isinstance(per_node, int) and not isinstance(per_node, bool) else 8
+        defaults["device_memory_gib"] = memory if isinstance(memory, (int, float)) and memory > 0 else None
+        backend, text = str(profile.get("backend", "")), str(profile.get("description", "")).lower()
+        defaults["device"] = "cpu" if backend == "gloo" else "rocm" if "rocm" in text else "cuda"
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
 def build_rows(args) -> tuple[list[dict], dict]:
+    rows, shared, _ = build(args)
+    return rows, shared
+
+
+def build(args) -> tuple[list[dict], dict, list]:
+    """(rows, the assumptions they share, the Scenario of each row)."""
     from vit_scale.config import load_config
 
+    _system_defaults(args)
     for name in ("gpus_per_node", "batch_size", "num_classes"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')}: must be a positive integer, got {getattr(args, name)}")
-    if not args.device_memory_gib > 0:
+    if args.device_memory_gib is not None and not args.device_memory_gib > 0:
         raise UserError(f"--device-memory-gib: must be positive, got {args.device_memory_gib}")
     if args.runtime_gib < 0 or args.fragmentation < 0:
         raise UserError("--runtime-gib and --fragmentation must not be negative")
@@ -176,7 +255,7 @@ def build_rows(args) -> tuple[list[dict], dict]:
         if error:
             refused[strategy] = error
             strategies.remove(strategy)
-    rows, shared = [], None
+    rows, shared, scenarios = [], None, []
     for model in models:
         for n in nodes:
             for strategy in strategies:
@@ -187,9 +266,13 @@ def build_rows(args) -> tuple[list[dict], dict]:
                 if not explicit and _skip_default(sc):
                     continue  # a default HYBRID_<g>GPU or ZEROPP layout this world cannot have
                 rows.append(plan_row(sc))
+                scenarios.append(sc)
                 shared = shared or assumptions(sc)
+    if shared is None:
+        raise UserError(f"--strategy: none of {', '.join(explicit or strategies) or 'the labels'} can run on "
+                        f"{args.nodes} node(s) of {args.gpus_per_node} {args.device} GPU(s)")
     shared = {**shared, "device": args.device, "refused": refused}
-    return rows, shared
+    return rows, shared, scenarios
 
 
 def _skip_default(sc) -> bool:
@@ -200,11 +283,119 @@ def _skip_default(sc) -> bool:
     return False
 
 
+# ---------------------------------------------------------------- the prediction (--system)
+
+def _prediction_options(args) -> None:
+    """The prediction's options need --system; --efficiency is for FLOPs, not a measured run."""
+    if not args.system:
+        for name in ("calibration", "compute_from", "efficiency"):
+            if getattr(args, name) is not None:
+                raise UserError(f"--{name.replace('_', '-')}: needs --system (the profile whose network and peak "
+                                f"the prediction uses)")
+        return
+    if args.compute_from is not None and args.efficiency is not None:
+        raise UserError("--efficiency: applies to compute from counted FLOPs; --compute-from measures it instead")
+    if not args.no_figure and os.path.exists(args.figure) and not os.path.isdir(args.figure):
+        raise UserError(f"--figure: {args.figure} is a file; expected a directory (created when missing)")
+
+
+def predict_rows(args, rows: list, scenarios: list) -> dict:
+    """Each row's prediction (row["prediction"]) and what they share: the calibration, the compute
+    source and the strategies predicted not worth running. Bad input raises UserError, before anything
+    is written."""
+    from vit_scale.planning import predict as pr
+
+    profile = pr.profile_path(args.system)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cal = pr.choose_calibration(args.calibration, profile, system=args.system, models=models,
+                                precisions=[args.precision])
+    if args.compute_from is not None:
+        compute = pr.compute_from(args.compute_from)
+        compute_text = f"measured run: {compute.describe()}, each point's compute its 1-node step less the " \
+                       f"communication predicted exposed there"
+    else:
+        efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
+        compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency,
+                                        os.path.basename(profile))
+        stated = ("--efficiency" if args.efficiency is not None else
+                  "assumed; --efficiency F states another, --compute-from RUNDIR measures it")
+        compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
+    blocking = pr.blocking_for(None, args.device)
+    for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):
+        row["prediction"] = p.as_dict()
+    return {"system": args.system,
+            "calibration": {"kind": cal.kind, "source": cal.source, "notes": list(cal.notes), "text": cal.describe()},
+            "compute": {"kind": compute.kind, "text": compute_text},
+            "not_worth_running": not_worth_running(rows),
+            "rule": (f"not worth running: at the largest node count planned, the strategy does not fit, or its "
+                     f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model")}
+
+
+def not_worth_running(rows: list, share: float = NOT_WORTH) -> list:
+    """Per model, at its largest node count: the strategies that do not fit there, or whose predicted
+    images/s is below `share` of the best strategy's (rows with a "prediction")."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model and "prediction" in r]
+        if not mine:
+            continue
+        largest = max(r["nodes"] for r in mine)
+        last = [r for r in mine if r["nodes"] == largest]
+        speeds = {r["strategy"]: r["prediction"]["images_per_s"] for r in last}
+        known = {k: v for k, v in speeds.items() if v}
+        best = max(known, key=known.get) if known else None
+        for r in last:
+            ips = speeds[r["strategy"]]
+            if r["prediction"]["fits"] is False or not ips:
+                why = f"does not fit on {largest} node(s)"
+            elif best and ips < share * known[best]:
+                why = f"{ips / known[best]:.0%} of {best}'s images/s on {largest} node(s)"
+            else:
+                continue
+            out.append({"model": model, "strategy": r["strategy"], "why": why})
+    return out
+
+
+def write_figure(prediction: dict, rows: list, shared: dict, directory: str) -> list:
+    """DIR/weak_scaling_plan.json (the prediction) and the figure analysis/plan_figure.py draws from it
+    (a subprocess: vit_scale does not import analysis). Returns the files written; raises RuntimeError
+    with the drawing's last line when it fails."""
+    script = _plan_figure_script()
+    os.makedirs(directory, exist_ok=True)
+    data = {"schema": SCHEMA_VERSION, **prediction, "batch_size": shared["batch_size"],
+            "precision": shared["precision"], "gpus_per_node": shared["gpus_per_node"], "device": shared["device"],
+            "rows": [{"model": r["model"], "params": r["params"], "strategy": r["strategy"], "nodes": r["nodes"],
+                      "world_size": r["world_size"], "fits": r["prediction"]["fits"],
+                      "images_per_s": r["prediction"]["images_per_s"],
+                      "images_per_s_per_gpu": r["prediction"]["images_per_s_per_gpu"],
+                      "scaling_efficiency": r["prediction"]["scaling_efficiency"]} for r in rows]}
+    path = os.path.join(directory, f"{FIGURE}.json")
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1)
+    proc = subprocess.run([sys.executable, script, path, "--out", directory], capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit code {proc.returncode}")
+    return [path] + [os.path.join(directory, f"{FIGURE}.{ext}") for ext in ("png", "pdf")]
+
+
+def _plan_figure_script() -> str:
+    """analysis/plan_figure.py of this checkout, else of VIT_SCALE_HOME (an installed copy)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for home in (here, os.environ.get("VIT_SCALE_HOME", "")):
+        path = os.path.join(home, "analysis", "plan_figure.py")
+        if home and os.path.isfile(path):
+            return path
+    raise RuntimeError("analysis/plan_figure.py not found; set VIT_SCALE_HOME to the vit-scale checkout")
+
+
 # ---------------------------------------------------------------- the table
 
 COLUMNS = [("strategy", 18), ("nodes", 5), ("GPUs", 5), ("params", 7), ("grads", 7), ("optim", 7), ("act", 7),
            ("in-fl", 6), ("bufs", 6), ("work", 6), ("alloc", 6), ("total", 7), ("fits", 4), ("peak at", 7),
            ("intra", 7), ("inter", 7)]
+PREDICTED_COLUMNS = [("step ms", 8), ("comp", 7), ("x-intra", 7), ("x-inter", 7), ("optim", 6),
+                     ("img/s/GPU", 9), ("img/s", 9), ("eff", 5)]
 PHASE_SHORT = {"forward_end": "fwd", "backward_start": "bwd-1st", "backward_end": "bwd-end",
                "optimizer_step": "step"}
 
@@ -213,12 +404,41 @@ def _f(x: float) -> str:
     return f"{x:.2f}" if x < 100 else f"{x:.1f}"
 
 
-def format_table(rows: list[dict], shared: dict) -> str:
-    out = []
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
+
+
+def _predicted_cells(p: dict) -> list:
+    if p["fits"] is False or p["step"] is None:
+        return ["does not fit", "", "", "", "", "", "", ""]
+    b = p["step"]
+    eff = p["scaling_efficiency"]
+    return [_ms(b["step_s"]), _ms(b["forward_s"] + b["backward_s"]), _ms(b["exposed_intra_s"]),
+            _ms(b["exposed_inter_s"]), _ms(b["optimizer_s"]), _rate(p["images_per_s_per_gpu"]),
+            _rate(p["images_per_s"]), "" if eff is None else f"{eff:.0%}"]
+
+
+def _rate(x: float) -> str:
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def _memory(gib) -> str:
+    return "device memory not known" if gib is None else f"{gib:g} GiB/device"
+
+
+def prediction_head(prediction: dict) -> list:
+    """The output's first lines: which calibration and which compute the prediction used."""
+    return [f"predicted for {prediction['system']}: calibration: {prediction['calibration']['text']}",
+            f"predicted compute: {prediction['compute']['text']}"]
+
+
+def format_table(rows: list[dict], shared: dict, prediction: dict | None = None) -> str:
+    out = prediction_head(prediction) if prediction else []
     a = shared
     head = (f"batch {a['batch_size']}/device, {a['precision']}, activation checkpointing "
             f"{'on' if a['activation_checkpointing'] else 'off'}, {a['attention']} attention, "
-            f"{a['gpus_per_node']} {a['device']} GPUs/node, {a['device_memory_gib']:g} GiB/device, AdamW {a['optimizer']}; "
+            f"{a['gpus_per_node']} {a['device']} GPUs/node, {_memory(a['device_memory_gib'])}, AdamW {a['optimizer']}; "
             f"FSDP{a['fsdp']['version']} prefetch={a['fsdp']['backward_prefetch']} "
             f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}")
     out.append(head)
@@ -227,7 +447,8 @@ def format_table(rows: list[dict], shared: dict) -> str:
         out.append(f"left out: {strategy} ({error.split(': ', 1)[1]})")
     out.append(f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
                f"{' + memory held for communication streams' if al['stream_held'] else ''}")
-    header = "  ".join(name.rjust(w) if i > 0 else name.ljust(w) for i, (name, w) in enumerate(COLUMNS))
+    columns = COLUMNS + (PREDICTED_COLUMNS if prediction else [])
+    header = "  ".join(name.rjust(w) if i > 0 else name.ljust(w) for i, (name, w) in enumerate(columns))
     by_model: dict = {}
     for row in rows:
         by_model.setdefault(row["model"], []).append(row)
@@ -245,8 +466,10 @@ def format_table(rows: list[dict], shared: dict) -> str:
                      _f(c["optimizer"]), _f(c["activations"]), _f(c["in_flight"]), _f(c["buckets"]),
                      _f(c["workspace"]), _f(c["allocator"]), _f(r["memory_gib"]), fits,
                      PHASE_SHORT[r["peak_phase"]], _f(r["communication"]["intra_node"] / GB), _f(r["communication"]["inter_node"] / GB)]
+            if prediction:
+                cells += _predicted_cells(r["prediction"])
             out.append("  ".join(cell.rjust(w) if i > 0 else cell.ljust(w)
-                                 for i, (cell, (_, w)) in enumerate(zip(cells, COLUMNS))))
+                                 for i, (cell, (_, w)) in enumerate(zip(cells, columns, strict=True))).rstrip())
     out.append("")
     out.append("params/grads/optim: what the rank holds (optim: AdamW states + a separate fp32 master where kept); "
                "act: activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; "
@@ -254,19 +477,47 @@ def format_table(rows: list[dict], shared: dict) -> str:
                "total = sum, against the device memory; components are those of the step's peak (peak at: end of "
                "forward, first or last block of the backward, optimizer step). intra/inter: GB sent per device per step inside a node / "
                "across nodes. Assumptions: docs/plan.md")
+    if prediction:
+        out.append("predicted: step ms = comp (forward + backward) + x-intra + x-inter (communication compute does "
+                   "not hide, inside a node / across nodes) + optim; img/s/GPU = batch / step; img/s: all GPUs; eff: "
+                   "img/s/GPU against 1 node's. Model: docs/plan.md, \"Predicted step time\"")
+        out.extend(f"  note: {n}" for n in prediction["calibration"]["notes"])
+        worth = prediction["not_worth_running"]
+        out.append(f"predicted not worth running ({prediction['rule'].split(': ', 1)[1]}): "
+                   + ("none" if not worth else "; ".join(f"{w['model']} {w['strategy']} ({w['why']})" for w in worth)))
     return "\n".join(out)
+
+
+def parse_args(argv: list):
+    return _parser().parse_args(argv)
+
+
+def plan(args) -> tuple[list, dict, dict | None]:
+    """(rows, shared assumptions, the prediction or None without --system); UserError on bad input."""
+    _prediction_options(args)
+    rows, shared, scenarios = build(args)
+    prediction = predict_rows(args, rows, scenarios) if args.system else None
+    return rows, shared, prediction
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _parser().parse_args(argv)
-        rows, shared = build_rows(args)
+        args = parse_args(argv)
+        rows, shared, prediction = plan(args)
     except UserError as exc:
         print(f"vit-scale plan: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return exc.exit_code
     if args.json:
-        print(json.dumps({"schema": SCHEMA_VERSION, "assumptions": shared, "rows": rows}, indent=1))
+        out = {"schema": SCHEMA_VERSION, "assumptions": shared, "rows": rows}
+        print(json.dumps({**out, "prediction": prediction} if prediction else out, indent=1))
     else:
-        print(format_table(rows, shared))
+        print(format_table(rows, shared, prediction))
+    if prediction and not args.no_figure:
+        try:
+            written = write_figure(prediction, rows, shared, args.figure)
+        except (OSError, RuntimeError) as exc:
+            print(f"vit-scale plan: the predicted figure could not be drawn: {exc}", file=sys.stderr)
+            return 1
+        print(f"predicted figure: {', '.join(written[1:])}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -93,6 +93,11 @@ def _read_yaml(path: str, option: str) -> dict:
     return data
 
 
+def read_profile(path: str) -> dict:
+    """A system profile's YAML mapping; an unreadable one is a UserError naming it."""
+    return _read_yaml(path, "--system")
+
+
 def profile_calibration(path: str) -> Calibration | None:
     """The profile's `network:` defaults, or None when it has no such section."""
     try:
@@ -423,4 +428,4 @@ def predict(points: list, calibration: Calibration, compute: ComputeSource, bloc
 __all__ = ["CALIBRATIONS", "Calibration", "ComputeSource", "MeasuredStep", "StepPrediction", "blocking_for",
            "check_calibration", "choose_calibration", "compute_from", "compute_from_flops", "compute_of",
            "efficiency_from_runs", "measured_step", "no_calibration", "peak_tflops", "predict", "profile_calibration",
-           "profile_path", "read_check", "read_fits", "scenario_of_run"]
+           "profile_path", "read_check", "read_fits", "read_profile", "scenario_of_run"]

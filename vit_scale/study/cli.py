@@ -24,7 +24,9 @@ from vit_scale.cluster.systems import study_file
 from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
-from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary
+from vit_scale.record.check_file import checks_of, headline, read_check
+from vit_scale.study.forecast import forecast
+from vit_scale.study.ledger import Ledger, end_for_the_record, find_ok, run_result, status_of_code, summary, unattended
 from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import STUDY_KEYS, make_plan
 from vit_scale.study.preflight import check_first
@@ -74,7 +76,8 @@ Where and how:
   --dry-run                print the runs and their launch commands; run nothing
   --analysis-only          only the analysis and the summary of what OUT/STUDY holds
   --check                  first `vit-scale check --quick` on the study's nodes, strategies and precisions
-                           (OUT/STUDY/check.json); no run starts when a needed line fails
+                           (OUT/STUDY/check-nN.json for N nodes, the latest also OUT/STUDY/check.json); no run
+                           starts when a needed line fails
   --no-analysis            skip the analysis at the end
   -h, --help               this text
 Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input."""
@@ -213,6 +216,7 @@ class StudyRun:
             code = check_first(self, supervisor)
             if code:
                 return code
+        forecast(self)   # predict: true: the predicted table and figure before the first run
         started, failed, done = time.monotonic(), 0, 0
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
@@ -227,9 +231,13 @@ class StudyRun:
             parent = os.path.join(self.study_dir, run.model, run.strategy, f"n{run.nodes}")
             kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
             earlier = None if self.force else find_ok(parent, run.settings)
+            if earlier and unattended(earlier, ledger, logs):
+                print(f"{label}: {earlier} says ok, but it has no ledger row: its study was killed before the run "
+                      f"ended, which then ran unattended; running it again", flush=True)
+                earlier = None
             if earlier:
                 print(f"{label} ... ok earlier, skipped (--force runs it again): {earlier}", flush=True)
-                if not self.dry_run:
+                if not self.dry_run and not ledger.has_run(earlier):
                     ledger.add(model=run.model, strategy=run.strategy, variant=run.variant, nodes=run.nodes,
                                ranks=run.ranks, launcher=kind, status="ok", images_per_s=run_result(earlier)[1],
                                seconds=0, run_dir=earlier)
@@ -346,11 +354,14 @@ class StudyRun:
         if rows:
             print("\n".join(summary(rows, "g" if self.one_machine else "n")))
         print(f"  run records: {self.study_dir}")
-        from vit_scale.check.summary import headline, read_check
-
-        check = read_check(self.study_dir)
-        if check:
-            print(f"  check:       {headline(check)}")
+        # each node count's check (a sweep's jobs share the directory); a job: its own node count's
+        checks = checks_of(self.study_dir)
+        mine = [(n, c) for n, c in checks if n == max(p.nodes or [0])] if not self.analysis_only else checks
+        earlier = read_check(self.study_dir) if not checks else None
+        if earlier:   # a directory from before checks were kept per node count
+            mine = [(0, earlier)]
+        for nodes, check in mine:
+            print(f"  check:       {f'n{nodes}: ' if len(checks) > 1 else ''}{headline(check)}")
         report_ok = True
         if "--no-analysis" not in self.opts.flags and not interrupted:
             report_ok = self.analysis()

@@ -43,6 +43,18 @@ class Ledger:
         with open(self.path) as f:
             return list(csv.DictReader(f, delimiter="\t"))
 
+    def has_run(self, run_dir: str) -> bool:
+        """Whether a row names this run directory already: one row a run, however often it is resumed."""
+        return any(row.get("run_dir") == run_dir for row in self.rows())
+
+
+def unattended(run_dir: str, ledger: Ledger, logs: str) -> bool:
+    """A run a study launched (its log is in the study's logs/) that has no ledger row: the study
+    writes the row once it has seen the run end, so this run ended, if at all, after its study had
+    died (killed outright), unsupervised and maybe beside the resumed study's next run."""
+    launched = glob.glob(os.path.join(logs, f"*.{glob.escape(os.path.basename(run_dir))}.log"))
+    return bool(launched) and not ledger.has_run(run_dir)
+
 
 def run_result(run_dir: str) -> tuple[str, str, str]:
     """(status, images/s, error) from a run's record; status "none" when it has no end record."""

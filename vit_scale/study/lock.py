@@ -35,7 +35,7 @@ import sys
 import time
 import uuid
 
-from vit_scale.errors import UserError as BadInput
+from vit_scale.errors import UserError
 
 LOCK_DIR = ".vit-scale-locks"
 # squeue states (%T) in which a job's processes can no longer hold anything; any other (RUNNING,
@@ -375,10 +375,10 @@ class StudyLock:
                     taken_over.setdefault(old.get("token"), old)
         except Refused as refused:
             self._leave()
-            raise BadInput(self._refusal(refused)) from None
+            raise UserError(self._refusal(refused)) from None
         except OSError as exc:
             self._leave()
-            raise BadInput(f"--out: cannot lock {self.study_dir}: {exc.strerror} ({exc.filename})") from None
+            raise UserError(f"--out: cannot lock {self.study_dir}: {exc.strerror} ({exc.filename})") from None
         for old in taken_over.values():
             print(f"{self.prog}: took over {self.study_dir} from {describe(old)}, which {old['why']}",
                   file=sys.stderr, flush=True)

@@ -32,6 +32,7 @@ STUDY_KEYS = {
     "use_orig_params": ("--use-orig-params", "fsdp.use_orig_params"),
     "skip_if_not_fits": ("--skip-if-not-fits", "plan.skip_if_not_fits"),
     "launcher": ("--launcher", None),
+    "predict": ("--predict", None),      # vit_scale/study/forecast.py: the predicted curves before the runs
     "set": ("--set", None),
     "settings": (None, None),
     "description": (None, None),
@@ -261,7 +262,44 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
                 for n, per_node in shapes:
                     study.runs.append(PlannedRun(model, label, n, per_node, shown,
                                                  settings + [f"system.ranks_per_node={per_node}"], system_settings))
+    if not one_machine and launcher in ("srun", "mpi"):
+        refuse_qgz_under_one_gpu_per_task(study.runs, system, where("strategies"))
     return study
+
+
+def gpus_per_task(srun_flags: str) -> int | None:
+    """The GPUs each task sees under these srun flags (--gpus-per-task=N), None when they do not say."""
+    words = srun_flags.split()
+    for i, word in enumerate(words):
+        value = word.partition("=")[2] if word.startswith("--gpus-per-task=") else (
+            words[i + 1] if word == "--gpus-per-task" and i + 1 < len(words) else None)
+        if value is not None:
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def refuse_qgz_under_one_gpu_per_task(runs: list, system, option: str) -> None:
+    """ZeRO++'s qgZ under srun flags that show each rank fewer GPUs than its node runs ranks: the
+    trainer refuses it on the compute node (distributed.deepspeed.qgz_refusal), after a launch and
+    the queue; the profile's flags say it now."""
+    from vit_scale.distributed.deepspeed import qgz_refusal
+
+    visible = gpus_per_task(system.srun_flags)
+    if visible is None:
+        return
+    for run in runs:
+        if run.strategy != "ZEROPP":
+            continue
+        qgz = True   # the trainer's default (config.DeepSpeedConfig); the last setting wins, as in the trainer
+        for setting in run.settings:
+            key, _, value = str(setting).partition("=")
+            if key == "deepspeed.quantized_gradients":
+                qgz = value.lower() in TRUE
+        if qgz and qgz_refusal(True, visible, run.ranks_per_node, run.nodes):
+            raise UserError(f"{option}: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on "
+                            f"{system.name}, whose srun_flags give each rank {visible} GPU (--gpus-per-task="
+                            f"{visible}) while {run.ranks_per_node} ranks share a node, so DeepSpeed would group "
+                            f"the wrong ranks; allowed: --set deepspeed.quantized_gradients=false (qwZ and hpZ stay)")
 
 
 def run_arithmetic(precision: str, settings: list, system) -> str:

@@ -1,9 +1,14 @@
 """`vit-scale study --check`: `vit-scale check --quick` on what the study is about to use, run in
 this process through the check's entry point (main(argv, supervisor)) after the kernels are built
-and before the first run, under the study's supervisor so that a signal to the study stops it."""
+and before the first run, under the study's supervisor so that a signal to the study stops it.
+
+Its check.json is kept per node count, OUT/STUDY/check-n<N>.json: the jobs of jobs/submit_sweep.sh
+share the study directory, one node count each, and each one's check belongs beside its points.
+OUT/STUDY/check.json is a copy of the latest, what one allocation's study has always shown."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 from vit_scale.check.cli import main as run_check
@@ -18,26 +23,38 @@ def check_first(study, supervisor) -> int:
         print(f"  check first: vit-scale check {launchers.show_command(argv)}")
         return 0
     code = run_check(argv, supervisor)
+    path = argv[argv.index("--json") + 1]
+    if os.path.isfile(path):
+        # the latest check also as check.json (copied: a link would not survive a copy of the directory)
+        tmp = os.path.join(study.study_dir, f".check.json.tmp{os.getpid()}")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, os.path.join(study.study_dir, "check.json"))
     if code == 1:
-        print(f"{study.prog}: the check found the system not ready (the lines above; "
-              f"{os.path.join(study.study_dir, 'check.json')}); no run was started", file=sys.stderr)
+        print(f"{study.prog}: the check found the system not ready (the lines above; {path}); no run was started",
+              file=sys.stderr)
     print(flush=True)
     return code
+
+
+def check_path(study_dir: str, nodes: int) -> str:
+    """Where the study's check on `nodes` nodes writes its check.json."""
+    return os.path.join(study_dir, f"check-n{nodes}.json")
 
 
 def check_argv(study, prog: str) -> list[str]:
     """The check's options for a study (vit_scale.study.cli.StudyRun): its system, largest node
     count, ranks per node, launcher, strategies, precisions and largest model; check.json into the
-    study's directory (the report shows it), the rest beside that directory (its records must not
-    read as the study's runs)."""
+    study's directory as check-n<N>.json (the report shows it beside the points of N nodes), the rest
+    beside that directory (its records must not read as the study's runs)."""
     from vit_scale.models import MODELS
     from vit_scale.planning.shapes import Shape
 
     plan = study.plan
     precisions = [s.split("=", 1)[1] for run in plan.runs for s in run.settings if s.startswith("train.precision=")]
     model = max(plan.models, key=lambda m: Shape.from_spec(MODELS[m]).params)
-    return ["--system", study.system.name, "--nodes", str(max(plan.nodes or [1])),
+    nodes = max(plan.nodes or [1])
+    return ["--system", study.system.name, "--nodes", str(nodes),
             "--ranks-per-node", str(plan.ranks_per_node), "--launcher", plan.launcher,
             "--strategies", ",".join(plan.strategies), "--precision", ",".join(dict.fromkeys(precisions)) or "fp32",
             "--model", model, "--quick", "--out", os.path.join(study.out, f"{plan.name}.check"),
-            "--json", os.path.join(study.study_dir, "check.json"), "--prog", prog]
+            "--json", check_path(study.study_dir, nodes), "--prog", prog]

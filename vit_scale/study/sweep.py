@@ -30,6 +30,8 @@ SWEEP_VALUES = ("--nodes", "--max-nodes", "--system", "--account", "--partition"
                 "--analysis-time", "--gpus-per-node", "--logs", "--out")
 SWEEP_FLAGS = ("--per-model", "--dry-run")
 PASSED_VALUES = ("--config", "--report", "--run-time-limit", "--ranks-per-node")
+# each job's study: --check checks that job's nodes first (its own OUT/STUDY/check-nN.json)
+PASSED_FLAGS = ("--force", "--check")
 
 USAGE = """usage: jobs/submit_sweep.sh [sweep options] [study options of jobs/weak_scaling.sh]
 
@@ -52,17 +54,18 @@ Sweep options:
 Study options (passed to every job): --config --study --models --strategies --batch-size --steps
   --warmup-steps --precision --backward-prefetch --limit-all-gathers --forward-prefetch
   --fsdp-version --activation-checkpointing --use-orig-params --skip-if-not-fits --set
-  --launcher --ranks-per-node --run-time-limit --force --report"""
+  --launcher --ranks-per-node --run-time-limit --force --report
+  --check               each job checks its nodes first (vit-scale check --quick; OUT/STUDY/check-nN.json)"""
 
 PROG = "vit-scale sweep"     # the name messages start with, unless --prog names the job script
 
 
 def parse(argv):
     own, passed, study, sets, flags = {}, [], {}, [], set()
-    for opt, value in option_pairs(argv, ("-h", "--help", "--force", *SWEEP_FLAGS)):
+    for opt, value in option_pairs(argv, ("-h", "--help", *PASSED_FLAGS, *SWEEP_FLAGS)):
         if opt in ("-h", "--help"):
             flags.add("--help")
-        elif opt == "--force":
+        elif opt in PASSED_FLAGS:
             passed.append(opt)
         elif value is None:
             flags.add(opt)

@@ -1,7 +1,9 @@
 """check.json read back, for the study's summary and the analysis report. No torch.
 
 The facts a reader of figures needs beside them: the verdict, the versions, the transport
-between nodes, and the bus bandwidth of each collective within and across nodes.
+between nodes, and the bus bandwidth of each collective within and across nodes. Beside the run
+record's reader because both are what the analysis reads of a study directory: `vit-scale check`
+writes the file, this reads it, and the analysis may import only what lies below the check.
 """
 from __future__ import annotations
 
@@ -13,8 +15,13 @@ CHECK_FILE = "check.json"
 
 def read_check(directory: str) -> dict | None:
     """DIRECTORY/check.json, or None when there is none or it cannot be read."""
+    return read_check_file(os.path.join(directory, CHECK_FILE))
+
+
+def read_check_file(path: str) -> dict | None:
+    """One check file (check.json, or a study's check-n<N>.json), or None when it cannot be read."""
     try:
-        with open(os.path.join(directory, CHECK_FILE)) as f:
+        with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError):
         return None
@@ -44,9 +51,10 @@ def transport(check: dict) -> str:
 
 
 def bandwidth_rows(check: dict) -> list[dict]:
-    """One row a measurement that is not a latency size: what the figures' communication rides on."""
+    """One row a measurement of a strategy's own size (a Block, DDP's bucket, ZeRO's): what the
+    figures' communication rides on (the sweep's other sizes feed the fits)."""
     found = ((check.get("facts") or {}).get("interconnect") or {}).get("measurements") or []
-    return [m for m in found if m.get("size") != "latency"]
+    return [m for m in found if m.get("size") in ("block", "bucket", "zero_bucket")]
 
 
 def latency_rows(check: dict) -> list[dict]:
@@ -64,8 +72,23 @@ def headline(check: dict) -> str:
     """One line: verdict, versions, transport, the bucket all-reduce's bus bandwidth in the widest scope."""
     rows = [m for m in bandwidth_rows(check) if m.get("collective") == "all_reduce" and m.get("size") == "bucket"]
     widest = max(rows, key=lambda m: m.get("ranks", 0), default=None)
-    bw = (f", all_reduce busbw {widest['busbw_gbs']:.3g} GB/s {'across nodes' if widest['scope'] == 'world' else 'within a node'}"
-          if widest else "")
+    where = "across nodes" if widest and widest["scope"] == "world" else "within a node"
+    bw = f", all_reduce busbw {widest['busbw_gbs']:.3g} GB/s {where}" if widest else ""
     software = versions(check)
     return f"{verdict(check)} ({check.get('time_iso', '?')}): {software + '; ' if software else ''}transport " \
            f"{transport(check)}{bw}"
+
+
+def checks_of(directory: str) -> list[tuple[int, dict]]:
+    """(node count, check) of each node count's check in a study directory (check-n<N>.json, what
+    `vit-scale study --check` writes; a sweep's jobs each write theirs), by node count."""
+    import glob
+    import re
+
+    found = []
+    for path in glob.glob(os.path.join(glob.escape(directory), "check-n*.json")):
+        nodes = re.fullmatch(r"check-n(\d+)\.json", os.path.basename(path))
+        check = read_check_file(path) if nodes else None
+        if check is not None:
+            found.append((int(nodes.group(1)), check))
+    return sorted(found, key=lambda item: item[0])

@@ -1,0 +1,316 @@
+"""`vit-scale plan --system`: the predicted columns and --json with the profile's defaults, with a
+check.json whose fits come from alpha_beta.fit over synthetic timings, with compute from a synthetic
+run directory (analysis/synthetic.py); every bad input as one line, exit 2 and nothing written; the
+predicted figure (analysis/plan_figure.py, a subprocess of the CLI); and a study's `predict: true` in a
+dry run. Torch-free: the run records and the collective timings are synthetic, so that the arithmetic
+is known (Frontier cannot be reached from here; its profile is what is read)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+import pytest
+
+from conftest import PYTHON, ROOT
+from vit_scale.planning import cli as plan
+from vit_scale.planning import predict as pr
+from vit_scale.planning.alpha_beta import BUS_FACTORS, fit
+from vit_scale.planning.scenario import Scenario
+from vit_scale.planning.step_time import Compute, predict_step
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from analysis import plan_figure
+from analysis.synthetic import write_run
+
+BASE = ["--system", "frontier", "--model", "vit_base,vit_3b", "--nodes", "1,2", "--strategy", "DDP,FULL_SHARD"]
+SIZES = [8 * 4 ** k for k in range(14)]   # 8 B to 512 MiB
+
+
+def run_json(capsys, argv) -> dict:
+    assert plan.main(argv + ["--json", "--no-figure"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    jsonschema.validate(out, plan.PLAN_SCHEMA)
+    return out
+
+
+def row(out, model, strategy, nodes) -> dict:
+    [r] = [r for r in out["rows"] if (r["model"], r["strategy"], r["nodes"]) == (model, strategy, nodes)]
+    return r
+
+
+def synthetic_fits(alpha_us: float, bus_gbps: float, ranks=16, scopes=("intra", "inter"), sizes=SIZES) -> list:
+    """alpha_beta.fit over timings that follow t = alpha + S f(n) / B exactly: the fit gives them back."""
+    fits = []
+    for scope in scopes:
+        n = ranks if scope == "inter" else 8
+        for collective, factor in BUS_FACTORS.items():
+            points = [(s, alpha_us * 1e-6 + s * factor(n) / (bus_gbps * 1e9)) for s in sizes]
+            fits.append(fit(collective, scope, n, points).as_dict())
+    return fits
+
+
+def write_check(path, fits, system="frontier", model="vit_3b", precisions=("bf16",)) -> str:
+    with open(path, "w") as fh:
+        json.dump({"schema": 1, "system": system, "model": model, "precisions": list(precisions), "nodes": 2,
+                   "ranks_per_node": 8, "fits": fits}, fh)
+    return str(path)
+
+
+# ---------------------------------------------------------------- the profile's defaults
+
+def test_without_system_the_output_is_unchanged(capsys):
+    assert plan.main(["--model", "vit_base", "--strategy", "DDP", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"schema", "assumptions", "rows"} and "prediction" not in out["rows"][0]
+    assert plan.main(["--model", "vit_base", "--strategy", "DDP"]) == 0
+    text = capsys.readouterr().out
+    assert "step ms" not in text and not text.startswith("predicted") and "not worth" not in text
+
+
+def test_table_with_the_profiles_defaults(capsys, tmp_path):
+    assert plan.main(BASE + ["--no-figure"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # the first lines say which calibration and which compute
+    assert lines[0] == "predicted for frontier: calibration: the system profile's defaults (frontier.yaml)"
+    assert lines[1].startswith("predicted compute: FLOPs x peak x efficiency: counted FLOPs over 191.5 TFLOP/s x 40%")
+    assert "assumed" in lines[1]
+    header = next(line for line in lines if line.startswith("strategy"))
+    for column in ("step ms", "comp", "x-intra", "x-inter", "optim", "img/s/GPU", "img/s", "eff"):
+        assert column in header
+    ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
+    assert len(ddp_3b) == 2   # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
+    assert lines[-1].startswith("predicted not worth running") and "vit_3b DDP (does not fit on 2 node(s))" in lines[-1]
+    assert not os.listdir(tmp_path)
+
+
+def test_json_carries_the_prediction_per_row(capsys):
+    out = run_json(capsys, BASE + ["--efficiency", "0.3"])
+    p = out["prediction"]
+    assert p["system"] == "frontier" and p["calibration"]["kind"] == "profile" and p["compute"]["kind"] == "flops"
+    assert "30%" in p["compute"]["text"] and "--efficiency" in p["compute"]["text"]
+    assert p["not_worth_running"] == [{"model": "vit_3b", "strategy": "DDP", "why": "does not fit on 2 node(s)"}]
+    no = row(out, "vit_3b", "DDP", 2)["prediction"]
+    assert no["fits"] is False and no["step"] is None and no["images_per_s"] is None
+    # the same numbers as the model itself, fed the profile's network and FLOPs x peak x 30%
+    net = pr.profile_calibration(pr.profile_path("frontier")).network
+    for model, nodes in (("vit_base", 1), ("vit_base", 2), ("vit_3b", 2)):
+        got = row(out, model, "FULL_SHARD", nodes)["prediction"]
+        sc = Scenario(model, "FULL_SHARD", nodes=nodes, gpus_per_node=8, batch_size=32, precision="bf16",
+                      device_memory_gib=64.0)
+        want = predict_step(sc, net, Compute.from_flops(sc, 191.5, 0.3))
+        assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
+        step = got["step"]
+        parts = ("forward_s", "backward_s", "optimizer_s", "exposed_intra_s", "exposed_inter_s")
+        assert step["step_s"] == pytest.approx(sum(step[k] for k in parts), rel=1e-6)
+        assert got["images_per_s_per_gpu"] == pytest.approx(32 / step["step_s"], rel=1e-6)
+    one, two = (row(out, "vit_base", "DDP", n)["prediction"] for n in (1, 2))
+    assert one["scaling_efficiency"] == 1.0
+    assert two["scaling_efficiency"] == pytest.approx(two["images_per_s_per_gpu"] / one["images_per_s_per_gpu"])
+    assert two["step"]["exposed_inter_s"] > 0 and one["step"]["exposed_inter_s"] == 0
+
+
+def test_not_worth_running_rule():
+    def r(strategy, nodes, ips, fits=True):
+        return {"model": "m", "strategy": strategy, "nodes": nodes,
+                "prediction": {"fits": fits, "images_per_s": None if not fits else ips}}
+    rows = [r("A", 1, 100), r("B", 1, 100), r("C", 1, 100), r("A", 4, 400), r("B", 4, 199), r("C", 4, 0, fits=False)]
+    assert plan.not_worth_running(rows) == [
+        {"model": "m", "strategy": "B", "why": "50% of A's images/s on 4 node(s)"},
+        {"model": "m", "strategy": "C", "why": "does not fit on 4 node(s)"}]
+    rows[4]["prediction"]["images_per_s"] = 200   # exactly half: still worth running
+    assert [w["strategy"] for w in plan.not_worth_running(rows)] == ["C"]
+
+
+# ---------------------------------------------------------------- a check.json
+
+def test_with_a_generated_check(capsys, tmp_path):
+    fits = synthetic_fits(alpha_us=40.0, bus_gbps=2.0)
+    assert all(f["usable"] for f in fits)
+    assert fits[0]["bus_gbps"] == pytest.approx(2.0, rel=1e-3) and fits[0]["alpha_us"] == pytest.approx(40, rel=1e-3)
+    check = write_check(tmp_path / "check.json", fits)
+    slow = run_json(capsys, BASE + ["--calibration", check])
+    assert slow["prediction"]["calibration"]["kind"] == "check" and slow["prediction"]["calibration"]["source"] == check
+    assert plan.main(BASE + ["--calibration", check, "--no-figure"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"predicted for frontier: calibration: check.json's fits ({check})"
+    defaults = run_json(capsys, BASE)
+    # 2 GB/s fitted against the profile's 12.5 (inter) and 50 (intra): every multi-rank point slower
+    for model, strategy, nodes in (("vit_base", "DDP", 2), ("vit_base", "FULL_SHARD", 2), ("vit_3b", "FULL_SHARD", 1)):
+        a = row(slow, model, strategy, nodes)["prediction"]
+        b = row(defaults, model, strategy, nodes)["prediction"]
+        assert a["images_per_s"] < b["images_per_s"], (model, strategy, nodes)
+        assert "fitted" in a["network_source"]
+
+
+# ---------------------------------------------------------------- compute from a run directory
+
+def test_compute_from_a_synthetic_run(capsys, tmp_path):
+    metrics = write_run(str(tmp_path / "runs"), model="vit_base", strategy="DDP", nodes=1, ranks_per_node=8,
+                        batch=32, ips=800.0)
+    run_dir = os.path.dirname(metrics)
+    out = run_json(capsys, ["--system", "frontier", "--model", "vit_base", "--nodes", "1,2,4", "--strategy",
+                            "DDP,FULL_SHARD", "--compute-from", run_dir])
+    assert out["prediction"]["compute"]["kind"] == "measured" and run_dir in out["prediction"]["compute"]["text"]
+    # the 1-node rung of the strategy that ran reproduces its own measurement
+    assert row(out, "vit_base", "DDP", 1)["prediction"]["images_per_s"] == pytest.approx(800.0, rel=1e-6)
+    assert "measured step of DDP on 1 node(s)" in row(out, "vit_base", "FULL_SHARD", 2)["prediction"]["compute_source"]
+    ddp = [row(out, "vit_base", "DDP", n)["prediction"]["images_per_s_per_gpu"] for n in (1, 2, 4)]
+    assert ddp[0] >= ddp[1] >= ddp[2]    # weak scaling: per GPU no faster with more nodes
+
+
+# ---------------------------------------------------------------- bad input: one line, exit 2, nothing written
+
+def bad_inputs(tmp_path) -> list:
+    good = synthetic_fits(40.0, 2.0)
+    few = synthetic_fits(40.0, 2.0, scopes=("inter",), sizes=SIZES[:3])
+    not_json = tmp_path / "broken.json"
+    not_json.write_text("{not json")
+    runs = str(tmp_path / "runs")
+    huge = os.path.dirname(write_run(runs, study="a", model="vit_huge", batch=32, ips=100.0))
+    batch16 = os.path.dirname(write_run(runs, study="b", model="vit_base", batch=16, ips=100.0))
+    fp32 = os.path.dirname(write_run(runs, study="c", model="vit_base", batch=32, ips=100.0,
+                                     options={"precision": "fp32", "activation_checkpointing": False}))
+    cal, comp = "--calibration", "--compute-from"
+    return [
+        ([cal, write_check(tmp_path / "cuda.json", good, system="cuda")],
+         ["system 'cuda'", "expected a check of 'frontier'"]),
+        ([cal, write_check(tmp_path / "fp32.json", good, precisions=("fp32",))], ["precision fp32", "expected bf16"]),
+        ([cal, write_check(tmp_path / "micro.json", good, model="vit_micro")], ["a check of vit_micro", "vit_3b"]),
+        ([cal, str(tmp_path / "missing.json")], ["cannot read", "missing.json", "expected a check.json"]),
+        ([cal, str(not_json)], ["broken.json is not JSON"]),
+        ([cal, write_check(tmp_path / "few.json", few)], ["has 3 size(s)", "at least 4"]),
+        ([comp, huge], [huge, "no run of vit_base at batch 32 in bf16", "vit_huge at batch 32 in bf16"]),
+        ([comp, batch16], [batch16, "no run of vit_base at batch 32", "vit_base at batch 16 in bf16"]),
+        ([comp, fp32], [fp32, "vit_base at batch 32 in fp32"]),
+        ([comp, str(tmp_path / "absent")], ["--compute-from", "absent is not a directory"]),
+        (["--efficiency", "1.5"], ["--efficiency", "(0, 1]"]),
+    ]
+
+
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
+    cases = bad_inputs(tmp_path)
+    figure = tmp_path / "figure"
+    for extra, words in cases:
+        argv = ["--system", "frontier", "--model", "vit_base,vit_3b", "--nodes", "1,2", "--strategy", "DDP",
+                "--figure", str(figure)] + extra
+        assert plan.main(argv) == 2, extra
+        captured = capsys.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert captured.out == "" and len(lines) == 1 and lines[0].startswith("vit-scale plan: error: "), captured
+        for word in words:
+            assert word in lines[0], (word, lines[0])
+        assert not figure.exists(), extra
+    # the prediction's options need the profile
+    assert plan.main(["--model", "vit_base", "--calibration", "x.json"]) == 2
+    assert "--calibration: needs --system" in capsys.readouterr().err
+    assert plan.main(["--system", "nowhere", "--model", "vit_base"]) == 2
+    assert "configs/systems/nowhere.yaml" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the figure
+
+def test_the_predicted_figure_is_written(tmp_path):
+    """The real CLI in a process: the table on stdout, the figure drawn by analysis/plan_figure.py."""
+    figure = tmp_path / "fig"
+    proc = subprocess.run([PYTHON, "-m", "vit_scale", "plan", *BASE, "--figure", str(figure)], cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert f"predicted figure: {figure}/weak_scaling_plan.png, {figure}/weak_scaling_plan.pdf" in proc.stdout
+    for name in ("weak_scaling_plan.png", "weak_scaling_plan.pdf", "weak_scaling_plan.json"):
+        assert (figure / name).stat().st_size > 1000, name
+    data = json.loads((figure / "weak_scaling_plan.json").read_text())
+    assert len(data["rows"]) == 8 and data["calibration"]["kind"] == "profile"
+    # what the figure draws: a dashed curve per strategy that fits, an x where it does not
+    drawn = plan_figure.draw(data)
+    assert set(drawn.extra["predicted"]) == {("vit_base", "DDP"), ("vit_base", "FULL_SHARD"), ("vit_3b", "FULL_SHARD")}
+    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2} and drawn.drawn["vit_base"]["not_fit"] == 0
+    curve = dict(drawn.extra["predicted"][("vit_base", "DDP")])
+    want = {r["nodes"]: r["images_per_s"] for r in data["rows"] if r["model"] == "vit_base" and r["strategy"] == "DDP"}
+    assert curve == pytest.approx(want)
+
+
+def test_plan_figure_bad_input(tmp_path, capsys):
+    bad = tmp_path / "p.json"
+    bad.write_text("[]")
+    assert plan_figure.main([str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected rows" in err[0] and not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------- a study that asks for it
+
+def study(tmp_path, *extra, predict="true"):
+    conf = tmp_path / "s.yaml"
+    conf.write_text("models: [vit_base, vit_3b]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\n"
+                    + (f"predict: {predict}\n" if predict is not None else ""))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([PYTHON, "-m", "vit_scale", "study", "--system", "frontier", "--config", str(conf),
+                           "--nodes", "1,2", "--out", str(tmp_path / "runs"), "--dry-run", *extra], cwd=tmp_path,
+                          env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+
+
+def test_study_predict_key_in_a_dry_run(tmp_path):
+    proc = study(tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, proc.stderr
+    head, _, runs = out.partition("[1/8]")
+    assert "predicted (predict: true), as `vit-scale plan --system frontier --model vit_base,vit_3b --strategy " \
+           "DDP,FULL_SHARD --nodes 1,2 --gpus-per-node 8 --batch-size 32 --precision bf16" in head
+    assert "predicted for frontier: calibration: the system profile's defaults" in head
+    assert "predicted not worth running (" in head and "vit_3b DDP (does not fit on 2 node(s))" in head
+    assert "predicted figure: not written in a dry run" in head and "srun" in runs   # before the first run
+    assert not (tmp_path / "report").exists() and not (tmp_path / "runs").exists()
+    # without the key: nothing predicted; a bad value: one line, exit 2
+    assert "predicted" not in study(tmp_path, predict=None).stdout
+    bad = study(tmp_path, predict="maybe")
+    assert bad.returncode == 2 and "'predict' in" in bad.stderr and "allowed: true, false" in bad.stderr
+    # the study option overrides the file
+    assert "predicted" not in study(tmp_path, "--predict", "false").stdout
+
+
+def test_study_falls_back_from_a_check_without_fits(tmp_path):
+    (tmp_path / "runs" / "s").mkdir(parents=True)
+    write_check(tmp_path / "runs" / "s" / "check.json", [])    # a quick check: no size sweep
+    out = study(tmp_path).stdout
+    assert "check.json not used: --calibration:" in out and "has no fits" in out
+    assert "predicted for frontier: calibration: the system profile's defaults" in out
+
+
+def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_path, monkeypatch, capsys):
+    """The study's forecast on this CPU (system local: no peak, so only its own earlier runs can give the
+    compute): the 1-node rung an earlier submission left (synthetic records) is the compute, and the
+    figure goes into the report directory. In-process, with the run loop left out: the forecast is what
+    the study calls before its first run."""
+    from vit_scale.study import cli as study_cli
+    from vit_scale.study.forecast import forecast
+
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    conf = tmp_path / "s.yaml"
+    conf.write_text("models: [vit_micro]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\nbatch_size: 4\n"
+                    "predict: true\n")
+    for strategy, ips in (("DDP", 40.0), ("FULL_SHARD", 30.0)):
+        write_run(str(tmp_path / "runs"), study="s", model="vit_micro", strategy=strategy, nodes=1, ranks_per_node=2,
+                  batch=4, ips=ips, device="cpu", job_id=None)
+    opts = study_cli.parse(["--system", "local", "--config", str(conf), "--nodes", "1,2", "--out", "runs",
+                            "--dry-run"])
+    run = study_cli.StudyRun(opts)
+    run.dry_run = False          # the forecast of a real submission; no run is started here
+    forecast(run)
+    out = capsys.readouterr().out
+    assert "predicted for local: calibration: the system profile's defaults (local.yaml)" in out
+    assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in out
+    assert "--compute-from" in out and "--figure report/s" in out
+    lines = [line for line in out.splitlines() if line.startswith(("DDP ", "FULL_SHARD "))]
+    assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines   # a speed and its efficiency
+    data = json.loads((tmp_path / "report" / "s" / "weak_scaling_plan.json").read_text())
+    one = {r["strategy"]: r["images_per_s"] for r in data["rows"] if r["nodes"] == 1}
+    assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)   # each rung reproduces itself
+    assert (tmp_path / "report" / "s" / "weak_scaling_plan.png").stat().st_size > 1000
+    assert "predicted figure: report/s/weak_scaling_plan.png, report/s/weak_scaling_plan.pdf" in out
