@@ -9,6 +9,7 @@ bottom of its panel.
 The JSON is what vit_scale/planning/cli.py writes (docs/plan.md, "Before the allocation"). vit_scale
 runs this as a subprocess: it may not import analysis. Exit codes: 0 drawn, 2 bad input (one line).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,11 @@ def read(path: str) -> dict:
     except ValueError:
         raise BadInput(f"{path}: not JSON; expected the prediction vit-scale plan --system writes") from None
     rows = data.get("rows") if isinstance(data, dict) else None
-    if not isinstance(rows, list) or not rows or any(not isinstance(r, dict) or any(k not in r for k in ROW_KEYS)
-                                                     for r in rows):
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or any(not isinstance(r, dict) or any(k not in r for k in ROW_KEYS) for r in rows)
+    ):
         raise BadInput(f"{path}: expected rows with the keys {', '.join(ROW_KEYS)} (vit-scale plan --system)")
     return data
 
@@ -83,9 +87,11 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
     legend_labels = sorted({label(k) for k, _ in lines(df)}) + [NOT_FIT[0]]
     cal = (data.get("calibration") or {}).get("kind", "none")
     compute = (data.get("compute") or {}).get("kind", "?")
-    facts = (f"predicted for {data.get('system', '?')}, before any run · {data.get('gpus_per_node', '?')} "
-             f"{data.get('device', '')} GPUs per node · batch {data.get('batch_size', '?')} per device · "
-             f"{data.get('precision', '?')} · calibration: {cal} · compute: {compute}")
+    facts = (
+        f"predicted for {data.get('system', '?')}, before any run · {data.get('gpus_per_node', '?')} "
+        f"{data.get('device', '')} GPUs per node · batch {data.get('batch_size', '?')} per device · "
+        f"{data.get('precision', '?')} · calibration: {cal} · compute: {compute}"
+    )
     panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
     slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)
     extra_h = (0 if slot else legend_height(legend_labels, width)) + title_height(facts, width) + 0.1
@@ -101,8 +107,9 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
                 color, marker = colors[key[1]], markers[key[1]]
                 fit = line[line["predicted_ips"].notna() & (line["fits"] != False)]  # noqa: E712 - None: unknown
                 if not fit.empty:
-                    h, = ax.plot(fit["nodes"], fit["predicted_ips"], "--", marker=marker, color=color,
-                                 **{**LINE, "lw": 0.9})
+                    (h,) = ax.plot(
+                        fit["nodes"], fit["predicted_ips"], "--", marker=marker, color=color, **{**LINE, "lw": 0.9}
+                    )
                     handles.setdefault(key, h)
                     counts["predicted"] += 1
                     curves[(model, key[1])] = list(zip(fit["nodes"].astype(int), fit["predicted_ips"], strict=True))
@@ -125,10 +132,16 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
             legend_in_slot(axes[slot[0]][slot[1]], series_items(handles, label) + extra)
         else:
             legend_below(fig, series_items(handles, label) + extra, width)
-    return Plot(NAME, "Weak scaling: predicted before the runs", fig, drawn,
-                "Images/s of the whole job predicted by vit_scale.planning.predict, log scale, against nodes (log2), "
-                "dashed as every prediction is in the study's figures, in each strategy's colour; × marks a point "
-                "predicted not to fit in device memory.", extra={"predicted": curves, "facts": facts})
+    return Plot(
+        NAME,
+        "Weak scaling: predicted before the runs",
+        fig,
+        drawn,
+        "Images/s of the whole job predicted by vit_scale.planning.predict, log scale, against nodes (log2), "
+        "dashed as every prediction is in the study's figures, in each strategy's colour; × marks a point "
+        "predicted not to fit in device memory.",
+        extra={"predicted": curves, "facts": facts},
+    )
 
 
 def main(argv=None) -> int:

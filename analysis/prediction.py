@@ -15,6 +15,7 @@ communication measured (analysis/traces.py) against predicted; else by how much 
 (compute, exposed intra-node, exposed inter-node communication) would have to grow to account for
 the difference alone. Torch-free.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,21 +31,44 @@ from vit_scale.planning import predict as pr
 
 from .table import point_ips
 
-BELOW = 0.20                 # a point this far below its prediction is explained
+BELOW = 0.20  # a point this far below its prediction is explained
 CHECK_FILE = "check.json"
 SYSTEM_OF_DEVICE = {"cpu": "local", "rocm": "frontier", "cuda": "cuda"}
-COLUMNS = ["study", "model", "series", "strategy", "nodes", "world_size", "ranks_per_node", "batch_per_device",
-           "precision", "status", "measured_ips", "predicted_ips", "error", "predicted_efficiency",
-           "measured_step_ms", "predicted_step_ms", "predicted_compute_ms", "predicted_optimizer_ms",
-           "predicted_exposed_intra_ms", "predicted_exposed_inter_ms", "traced_exposed_ms", "calibration",
-           "calibration_source", "compute_source", "explanation", "path"]
+COLUMNS = [
+    "study",
+    "model",
+    "series",
+    "strategy",
+    "nodes",
+    "world_size",
+    "ranks_per_node",
+    "batch_per_device",
+    "precision",
+    "status",
+    "measured_ips",
+    "predicted_ips",
+    "error",
+    "predicted_efficiency",
+    "measured_step_ms",
+    "predicted_step_ms",
+    "predicted_compute_ms",
+    "predicted_optimizer_ms",
+    "predicted_exposed_intra_ms",
+    "predicted_exposed_inter_ms",
+    "traced_exposed_ms",
+    "calibration",
+    "calibration_source",
+    "compute_source",
+    "explanation",
+    "path",
+]
 
 
 @dataclass
 class Predictions:
-    rows: pd.DataFrame                              # prediction.csv
+    rows: pd.DataFrame  # prediction.csv
     calibrations: list = field(default_factory=list)  # one line per calibration used: what and where
-    notes: list = field(default_factory=list)         # points not predicted, checks not used, and why
+    notes: list = field(default_factory=list)  # points not predicted, checks not used, and why
 
 
 def _num(x) -> float:
@@ -105,8 +129,9 @@ class _Calibrations:
             self._note(f"{path} not used for runs outside its allocation (Slurm job {check_job})")
         elif check is not None:
             try:
-                return pr.check_calibration(path, system=system, models=[model], precisions=[precision],
-                                            defaults=profile, check=check)
+                return pr.check_calibration(
+                    path, system=system, models=[model], precisions=[precision], defaults=profile, check=check
+                )
             except UserError as exc:
                 self._note(f"{path} not used for {model} in {precision}: {exc}")
         return profile if profile is not None else pr.no_calibration(f"no check.json and no {system} profile defaults")
@@ -148,8 +173,11 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
     by_path = {os.path.normpath(r.path): r for r in runs}
     ips = point_ips(results) if not results.empty else pd.Series(dtype=float)
     # run directory of each kept run -> its point's median images/s
-    medians = {os.path.normpath(os.path.dirname(str(results.at[i, "path"]))): float(v)
-               for i, v in ips.items() if not math.isnan(v)}
+    medians = {
+        os.path.normpath(os.path.dirname(str(results.at[i, "path"]))): float(v)
+        for i, v in ips.items()
+        if not math.isnan(v)
+    }
     traced = _traced(breakdown)
     cals = _Calibrations()
     sources: dict = {}
@@ -194,22 +222,36 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
 
     def ms(x):
         return x * 1e3 if x is not None else math.nan
-    out = {"study": row["study"], "model": row["model"], "series": row["series"], "strategy": row["strategy"],
-           "nodes": int(row["nodes"]), "world_size": int(row["world_size"]), "ranks_per_node": sc.gpus_per_node,
-           "batch_per_device": int(row["batch_per_device"]), "precision": sc.precision, "status": row["status"],
-           "measured_ips": measured, "predicted_ips": predicted,
-           # rounded, and + 0.0 so that a rung that reproduces itself reads +0.0%, not -0.0%
-           "error": round(measured / predicted - 1, 9) + 0.0 if predicted and not math.isnan(measured) else math.nan,
-           "predicted_efficiency": _num(p.scaling_efficiency),
-           "measured_step_ms": sc.batch_size * world / measured * 1e3 if measured > 0 else math.nan,
-           "predicted_step_ms": ms(b.step_s) if b else math.nan,
-           "predicted_compute_ms": ms(b.forward_s + b.backward_s) if b else math.nan,
-           "predicted_optimizer_ms": ms(b.optimizer_s) if b else math.nan,
-           "predicted_exposed_intra_ms": ms(b.exposed_intra_s) if b else math.nan,
-           "predicted_exposed_inter_ms": ms(b.exposed_inter_s) if b else math.nan,
-           "traced_exposed_ms": traced_ms if traced_ms is not None else math.nan,
-           "calibration": cal.kind, "calibration_source": cal.source, "compute_source": p.compute_source,
-           "explanation": "", "path": row["path"]}
+
+    out = {
+        "study": row["study"],
+        "model": row["model"],
+        "series": row["series"],
+        "strategy": row["strategy"],
+        "nodes": int(row["nodes"]),
+        "world_size": int(row["world_size"]),
+        "ranks_per_node": sc.gpus_per_node,
+        "batch_per_device": int(row["batch_per_device"]),
+        "precision": sc.precision,
+        "status": row["status"],
+        "measured_ips": measured,
+        "predicted_ips": predicted,
+        # rounded, and + 0.0 so that a rung that reproduces itself reads +0.0%, not -0.0%
+        "error": round(measured / predicted - 1, 9) + 0.0 if predicted and not math.isnan(measured) else math.nan,
+        "predicted_efficiency": _num(p.scaling_efficiency),
+        "measured_step_ms": sc.batch_size * world / measured * 1e3 if measured > 0 else math.nan,
+        "predicted_step_ms": ms(b.step_s) if b else math.nan,
+        "predicted_compute_ms": ms(b.forward_s + b.backward_s) if b else math.nan,
+        "predicted_optimizer_ms": ms(b.optimizer_s) if b else math.nan,
+        "predicted_exposed_intra_ms": ms(b.exposed_intra_s) if b else math.nan,
+        "predicted_exposed_inter_ms": ms(b.exposed_inter_s) if b else math.nan,
+        "traced_exposed_ms": traced_ms if traced_ms is not None else math.nan,
+        "calibration": cal.kind,
+        "calibration_source": cal.source,
+        "compute_source": p.compute_source,
+        "explanation": "",
+        "path": row["path"],
+    }
     busy = b.communication_s if b else {}
     out["explanation"] = explain(out, busy, cal.kind)
     return out
@@ -221,15 +263,19 @@ def explain(r: dict, busy: dict, calibration: str = "profile") -> str:
     if not (r["error"] < -BELOW):
         return ""
     gap = r["measured_step_ms"] - r["predicted_step_ms"]
-    head = (f"{-r['error']:.0%} below its prediction: the step took {r['measured_step_ms']:.4g} ms against "
-            f"{r['predicted_step_ms']:.4g} ms predicted ({gap:+.4g} ms)")
+    head = (
+        f"{-r['error']:.0%} below its prediction: the step took {r['measured_step_ms']:.4g} ms against "
+        f"{r['predicted_step_ms']:.4g} ms predicted ({gap:+.4g} ms)"
+    )
     predicted_exposed = r["predicted_exposed_intra_ms"] + r["predicted_exposed_inter_ms"]
     if not math.isnan(r["traced_exposed_ms"]):
         diff = r["traced_exposed_ms"] - predicted_exposed
         share = max(0.0, min(1.0, diff / gap)) if gap > 0 else 0.0
-        return (f"{head}; traced: exposed communication {r['traced_exposed_ms']:.4g} ms measured against "
-                f"{predicted_exposed:.4g} ms predicted ({diff:+.4g} ms, {share:.0%} of the difference); the rest "
-                f"({gap - max(diff, 0.0):.4g} ms) is compute, memory copies or idle time (time_breakdown.csv)")
+        return (
+            f"{head}; traced: exposed communication {r['traced_exposed_ms']:.4g} ms measured against "
+            f"{predicted_exposed:.4g} ms predicted ({diff:+.4g} ms, {share:.0%} of the difference); the rest "
+            f"({gap - max(diff, 0.0):.4g} ms) is compute, memory copies or idle time (time_breakdown.csv)"
+        )
     parts = [_grow("compute", r["predicted_compute_ms"], gap)]
     if calibration == "none":
         scopes = {"intra": r["ranks_per_node"] > 1, "inter": r["nodes"] > 1}

@@ -4,6 +4,7 @@ The report is built once as a list of blocks (heading, paragraph, table, image, 
 rendered twice, so the Markdown a user pastes into a paper draft and the HTML they open in a
 browser (images inline, one self-contained file to attach to a ticket) never disagree.
 """
+
 from __future__ import annotations
 
 import base64
@@ -13,18 +14,18 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import pandas as pd
 
+from vit_scale.record.reader import Collection
+
 from . import stats
 from . import table as tbl
-from vit_scale.record.reader import Collection
 
 
 @dataclass
 class Block:
-    kind: str                  # h1 h2 h3 p table img ul
+    kind: str  # h1 h2 h3 p table img ul
     text: str = ""
     header: list = field(default_factory=list)
     rows: list = field(default_factory=list)
@@ -32,6 +33,7 @@ class Block:
 
 
 # ---------------------------------------------------------------------------- formatting
+
 
 def _f(value, fmt: str = "{:.4g}", missing: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -64,6 +66,7 @@ def status_counts(df: pd.DataFrame) -> str:
 
 # ----------------------------------------------------------------------------- sections
 
+
 def _margin_text(r) -> str:
     """'+60.8%', '+60.8% (single runs)', '+3.0% (within noise)' or '+3.0% (not tested)'."""
     margin = _f(r["margin"], "{:+.1%}")
@@ -85,14 +88,18 @@ def _statistics_text(results: pd.DataFrame) -> str:
     """What the images/s and the margins of the best-run table rest on (docs/analysis.md, Statistics)."""
     ok = tbl.usable(results)
     runs = sorted({int(n) for n in ok["ips_runs"].dropna()}) if "ips_runs" in ok else []
-    text = ("Statistics: images/s is a point's median (each run's median over its timed steps; with repeated runs "
-            "the median of the runs' medians) with its 95% confidence interval: for one run from the medians of "
-            "contiguous batches of its timed steps (batch medians, since consecutive steps are correlated), for 2 "
-            "to 5 runs the t interval of the run medians, for 6 or more the order-statistic interval of the median. "
-            "A margin is settled when the two intervals do not overlap, and within noise when they do.")
+    text = (
+        "Statistics: images/s is a point's median (each run's median over its timed steps; with repeated runs "
+        "the median of the runs' medians) with its 95% confidence interval: for one run from the medians of "
+        "contiguous batches of its timed steps (batch medians, since consecutive steps are correlated), for 2 "
+        "to 5 runs the t interval of the run medians, for 6 or more the order-statistic interval of the median. "
+        "A margin is settled when the two intervals do not overlap, and within noise when they do."
+    )
     if runs == [1]:
-        return text + (" Every point here ran once: each interval describes that run only, and run-to-run variation "
-                       "is unmeasured (repeat the points to measure it).")
+        return text + (
+            " Every point here ran once: each interval describes that run only, and run-to-run variation "
+            "is unmeasured (repeat the points to measure it)."
+        )
     if runs:
         cv = ok["ips_run_cv"].dropna()
         count = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]} to {runs[-1]}"
@@ -107,34 +114,84 @@ def _best_section(results: pd.DataFrame) -> list:
     blocks = [Block("h2", "Best run per model and node count")]
     if best.empty:
         return blocks + [Block("p", "No run finished ok with a measured throughput.")]
-    blocks.append(Block("p", "The fastest point (highest median images/s) that finished ok (replicas agreeing where "
-                             "checked), with its margin over the next fastest."))
+    blocks.append(
+        Block(
+            "p",
+            "The fastest point (highest median images/s) that finished ok (replicas agreeing where "
+            "checked), with its margin over the next fastest.",
+        )
+    )
     dev = "GPU" if (results["device_type"] != "cpu").all() else "rank"
-    header = ["model", "nodes", f"{dev}s", "best", f"batch/{dev}", "images/s", "95% CI", "runs", f"per {dev}",
-              "efficiency", "memory GiB", "MFU", "next best", "margin", "run"]
+    header = [
+        "model",
+        "nodes",
+        f"{dev}s",
+        "best",
+        f"batch/{dev}",
+        "images/s",
+        "95% CI",
+        "runs",
+        f"per {dev}",
+        "efficiency",
+        "memory GiB",
+        "MFU",
+        "next best",
+        "margin",
+        "run",
+    ]
     rows = []
     for _, r in best.iterrows():
         ips = r["ips_point_median"] if not pd.isna(r["ips_point_median"]) else r["ips_mean"]
-        rows.append([r["model"], int(r["nodes"]), int(r["world_size"]), r["series"], int(r["batch_per_device"]),
-                     _f(ips, "{:,.1f}"), _ci_text(r), _f(r["ips_runs"], "{:.0f}"),
-                     _f(ips / r["world_size"], "{:,.1f}"), _pct(r["efficiency"]), _f(r["memory_gib"], "{:.1f}"),
-                     _pct(r["mfu"]), _s(r["runner_up"]), _margin_text(r), r["run_id"]])
+        rows.append(
+            [
+                r["model"],
+                int(r["nodes"]),
+                int(r["world_size"]),
+                r["series"],
+                int(r["batch_per_device"]),
+                _f(ips, "{:,.1f}"),
+                _ci_text(r),
+                _f(r["ips_runs"], "{:.0f}"),
+                _f(ips / r["world_size"], "{:,.1f}"),
+                _pct(r["efficiency"]),
+                _f(r["memory_gib"], "{:.1f}"),
+                _pct(r["mfu"]),
+                _s(r["runner_up"]),
+                _margin_text(r),
+                r["run_id"],
+            ]
+        )
     blocks.append(Block("table", header=header, rows=rows))
     verdicts = best["margin_verdict"]
     noisy = int((verdicts == tbl.WITHIN_NOISE).sum())
     single = int(((verdicts == tbl.SEPARATED) & (best["margin_single_run"] == True)).sum())  # noqa: E712
     untested = int((verdicts == tbl.NOT_TESTED).sum())
     if noisy:
-        blocks.append(Block("p", f"{noisy} margin(s) are marked within noise: the 95% confidence intervals of the "
-                                 "two medians overlap, so these runs do not settle which of the two is faster."))
+        blocks.append(
+            Block(
+                "p",
+                f"{noisy} margin(s) are marked within noise: the 95% confidence intervals of the "
+                "two medians overlap, so these runs do not settle which of the two is faster.",
+            )
+        )
     if single:
-        blocks.append(Block("p", f"{single} margin(s) marked (single runs) rest on one run of a point: they hold "
-                                 "within those runs only, and run-to-run variation (node placement, network "
-                                 "neighbours, clock boosts), which on shared machines is often larger than the "
-                                 "spread within a run, is unmeasured."))
+        blocks.append(
+            Block(
+                "p",
+                f"{single} margin(s) marked (single runs) rest on one run of a point: they hold "
+                "within those runs only, and run-to-run variation (node placement, network "
+                "neighbours, clock boosts), which on shared machines is often larger than the "
+                "spread within a run, is unmeasured.",
+            )
+        )
     if untested:
-        blocks.append(Block("p", f"{untested} margin(s) are not tested: a point has fewer than "
-                                 f"{stats.MIN_STEPS} timed steps, too few for a confidence interval."))
+        blocks.append(
+            Block(
+                "p",
+                f"{untested} margin(s) are not tested: a point has fewer than "
+                f"{stats.MIN_STEPS} timed steps, too few for a confidence interval.",
+            )
+        )
     blocks.append(Block("p", _statistics_text(results)))
     return blocks
 
@@ -164,16 +221,28 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
     if alone:
         named = "; ".join(f"{m} {series} ({x}, {status})" for m, series, x, status in alone[:12])
         more = f" and {len(alone) - 12} more" if len(alone) > 12 else ""
-        blocks.append(Block("p", f"Not drawn as lines, having run at one size only: {named}{more}. "
-                                 "They are in results.csv and the best-run table."))
+        blocks.append(
+            Block(
+                "p",
+                f"Not drawn as lines, having run at one size only: {named}{more}. "
+                "They are in results.csv and the best-run table.",
+            )
+        )
     for model in model_order(runs):
         t = tbl.scaling_table(runs, model)
         xname = tbl.x_axis(runs[runs["model"] == model])[1]
         blocks.append(Block("h3", f"{model}: median images/s (scaling efficiency) by {xname}"))
-        blocks.append(Block("table", header=["strategy"] + [str(c) for c in t.columns],
-                            rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())]))
-    for name, heading, what in (("memory", "Peak memory per device", "memory"),
-                                ("efficiency", "Scaling efficiency", "efficiency")):
+        blocks.append(
+            Block(
+                "table",
+                header=["strategy"] + [str(c) for c in t.columns],
+                rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())],
+            )
+        )
+    for name, heading, what in (
+        ("memory", "Peak memory per device", "memory"),
+        ("efficiency", "Scaling efficiency", "efficiency"),
+    ):
         if name in plots_by_name:
             blocks += [Block("h2", heading)] + _figure_block(plots_by_name[name], images)
         elif _not_drawn(what, missing):
@@ -196,8 +265,10 @@ def _grid_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> li
         return []
     d = plot.drawn
     blocks = [Block("h2", "FSDP configurations (Figure 1)")] + _figure_block(plot, images)
-    combos = sorted({(p, lag) for (_, p, lag) in d["values"]} | {(p, lag) for (_, p, lag, _) in d["failed"]},
-                    key=lambda c: (("none", "pre", "post").index(c[0]) if c[0] in ("none", "pre", "post") else 9, c[1]))
+    combos = sorted(
+        {(p, lag) for (_, p, lag) in d["values"]} | {(p, lag) for (_, p, lag, _) in d["failed"]},
+        key=lambda c: (("none", "pre", "post").index(c[0]) if c[0] in ("none", "pre", "post") else 9, c[1]),
+    )
     labels = list(dict.fromkeys([k[0] for k in d["values"]] + [f[0] for f in d["failed"]]))
     failed = {(f[0], f[1], f[2]): f[3] for f in d["failed"]}
     header = ["strategy"] + [f"prefetch {p}, limit_ag {'on' if lag else 'off'}" for p, lag in combos]
@@ -208,8 +279,9 @@ def _grid_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> li
             v = d["values"].get((label, p, lag))
             row.append(_f(v, "{:,.1f}") if v is not None else failed.get((label, p, lag), "").upper())
         rows.append(row)
-    blocks.append(Block("p", f"images/s, {d['model']} on {d['nodes']} nodes, batch {d['batch']} per device "
-                             f"(study {d['study']})."))
+    blocks.append(
+        Block("p", f"images/s, {d['model']} on {d['nodes']} nodes, batch {d['batch']} per device (study {d['study']}).")
+    )
     return blocks + [Block("table", header=header, rows=rows)]
 
 
@@ -221,14 +293,22 @@ def _plugin_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> 
     for study, model in plot.drawn:
         sub = results[(results["world_size"] == 1) & (results["study"] == study) & (results["model"] == model)]
         header = ["strategy", "batch", "status", "images/s", "memory GiB", "MFU"]
-        rows = [[r["series"], int(r["batch_per_device"]), r["status"], _f(r["ips_mean"], "{:,.1f}"),
-                 _f(r["memory_gib"], "{:.2f}"), _pct(r["mfu"])]
-                for _, r in sub.sort_values(["batch_per_device"], kind="stable").iterrows()]
+        rows = [
+            [
+                r["series"],
+                int(r["batch_per_device"]),
+                r["status"],
+                _f(r["ips_mean"], "{:,.1f}"),
+                _f(r["memory_gib"], "{:.2f}"),
+                _pct(r["mfu"]),
+            ]
+            for _, r in sub.sort_values(["batch_per_device"], kind="stable").iterrows()
+        ]
         blocks += [Block("h3", f"{model} ({study})"), Block("table", header=header, rows=rows)]
     return blocks
 
 
-def _breakdown_section(breakdown: Optional[pd.DataFrame], plots_by_name: dict, images: set) -> list:
+def _breakdown_section(breakdown: pd.DataFrame | None, plots_by_name: dict, images: set) -> list:
     """Where the time goes: from the profiler traces of runs with profile.enabled."""
     from . import traces
 
@@ -242,13 +322,28 @@ def _breakdown_section(breakdown: Optional[pd.DataFrame], plots_by_name: dict, i
     if plot is not None:
         blocks += _figure_block(plot, images)
     runs = traces.per_run(breakdown)
-    header = ["model", "strategy", "nodes", "ranks", "step ms", "compute", "memory", "comm hidden", "comm exposed",
-              "idle"]
-    rows = [[r["model"], r["strategy"], int(r["nodes"]), int(r["world_size"])] + [f"{r[c]:.1f}" for c in traces.PARTS]
-            for _, r in runs.iterrows()]
-    return blocks + [Block("table", header=header, rows=rows),
-                     Block("p", "Per-rank rows: time_breakdown.csv. How kernels are classified and overlap counted: "
-                                "docs/profiling.md.")]
+    header = [
+        "model",
+        "strategy",
+        "nodes",
+        "ranks",
+        "step ms",
+        "compute",
+        "memory",
+        "comm hidden",
+        "comm exposed",
+        "idle",
+    ]
+    rows = [
+        [r["model"], r["strategy"], int(r["nodes"]), int(r["world_size"])] + [f"{r[c]:.1f}" for c in traces.PARTS]
+        for _, r in runs.iterrows()
+    ]
+    return blocks + [
+        Block("table", header=header, rows=rows),
+        Block(
+            "p", "Per-rank rows: time_breakdown.csv. How kernels are classified and overlap counted: docs/profiling.md."
+        ),
+    ]
 
 
 def _failures_section(results: pd.DataFrame) -> list:
@@ -260,21 +355,34 @@ def _failures_section(results: pd.DataFrame) -> list:
     header = ["model", "strategy", "nodes", "GPUs", "status", "steps", "failed rank", "job", "error", "run directory"]
     rows = []
     for _, r in bad.iterrows():
-        steps = _f(r["steps_done"], "{:.0f}", "?") + ("/" + _f(r["steps_planned"], "{:.0f}")
-                                                      if not pd.isna(r["steps_planned"]) else "")
-        rows.append([r["model"], r["series"], int(r["nodes"]), int(r["world_size"]), r["status"], steps,
-                     _f(r["failed_rank"], "{:.0f}"), _s(r["job_id"]), _one_line(_s(r["error"])),
-                     os.path.dirname(r["path"])])
+        steps = _f(r["steps_done"], "{:.0f}", "?") + (
+            "/" + _f(r["steps_planned"], "{:.0f}") if not pd.isna(r["steps_planned"]) else ""
+        )
+        rows.append(
+            [
+                r["model"],
+                r["series"],
+                int(r["nodes"]),
+                int(r["world_size"]),
+                r["status"],
+                steps,
+                _f(r["failed_rank"], "{:.0f}"),
+                _s(r["job_id"]),
+                _one_line(_s(r["error"])),
+                os.path.dirname(r["path"]),
+            ]
+        )
     return blocks + [Block("table", header=header, rows=rows)]
 
 
-def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.DataFrame,
-                      missing_plots: list) -> list:
+def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.DataFrame, missing_plots: list) -> list:
     items = []
     disagree = results[results["replicas_agree"] == False]  # noqa: E712
     for _, r in disagree.iterrows():
-        items.append(f"replicas disagree: {r['model']} {r['series']} on {int(r['nodes'])} node(s) "
-                     f"({os.path.dirname(r['path'])}); its throughput is left out of the best-run picks")
+        items.append(
+            f"replicas disagree: {r['model']} {r['series']} on {int(r['nodes'])} node(s) "
+            f"({os.path.dirname(r['path'])}); its throughput is left out of the best-run picks"
+        )
     for _, r in results[results["notes"].map(_s) != ""].iterrows():
         items.append(f"{os.path.dirname(r['path'])}: {_one_line(r['notes'], 300)}")
     for s in coll.unknown_schema:
@@ -284,19 +392,27 @@ def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.Dat
     if items:
         blocks += [Block("h2", "Warnings"), Block("ul", items=items)]
     if coll.skipped:
-        blocks += [Block("h2", "Skipped files"),
-                   Block("p", f"{len(coll.skipped)} file(s) or directories gave no run."),
-                   Block("table", header=["path", "reason"], rows=[[s.path, s.reason] for s in coll.skipped])]
+        blocks += [
+            Block("h2", "Skipped files"),
+            Block("p", f"{len(coll.skipped)} file(s) or directories gave no run."),
+            Block("table", header=["path", "reason"], rows=[[s.path, s.reason] for s in coll.skipped]),
+        ]
     if not set_aside.empty:
         header = ["model", "strategy", "nodes", "status", "run", "kept instead"]
-        rows = [[r["model"], r["series"], int(r["nodes"]), r["status"], _s(r["run_id"]), _s(r["set_aside_for"])]
-                for _, r in set_aside.iterrows()]
+        rows = [
+            [r["model"], r["series"], int(r["nodes"]), r["status"], _s(r["run_id"]), _s(r["set_aside_for"])]
+            for _, r in set_aside.iterrows()
+        ]
         pooled = int((set_aside["pooled"] == True).sum()) if "pooled" in set_aside else 0  # noqa: E712
-        text = (f"{len(set_aside)} older or failed rerun(s) of a point were set aside for the newest ok run of that "
-                "point; they are in set_aside.csv.")
+        text = (
+            f"{len(set_aside)} older or failed rerun(s) of a point were set aside for the newest ok run of that "
+            "point; they are in set_aside.csv."
+        )
         if pooled:
-            text += (f" {pooled} of them finished ok and are repetitions: their medians count in the point's "
-                     "median and interval.")
+            text += (
+                f" {pooled} of them finished ok and are repetitions: their medians count in the point's "
+                "median and interval."
+            )
         blocks += [Block("h2", "Reruns set aside"), Block("p", text), Block("table", header=header, rows=rows)]
     return blocks
 
@@ -318,7 +434,7 @@ def _cpu_text(df: pd.DataFrame) -> str:
     return text
 
 
-def emulation_note(results: pd.DataFrame) -> Optional[str]:
+def emulation_note(results: pd.DataFrame) -> str | None:
     """What the images/s of runs that did not have real nodes (or any GPU) can and cannot say.
 
     Emulated nodes: several "nodes" in one run whose host names are the process groups
@@ -334,25 +450,38 @@ def emulation_note(results: pd.DataFrame) -> Optional[str]:
     cpu = results[results["device_type"] == "cpu"]
     several = (results["nodes"] > 1).any()
     if named_local and several or (not cpu.empty and (cpu["nodes"] > 1).any()):
-        where = (f"the node names {', '.join(hosts[:4])}{' …' if len(hosts) > 4 else ''} are groups of processes "
-                 "that jobs/weak_scaling.sh started on one machine" if named_local
-                 else "several nodes of CPU ranks, which this toolkit only emulates on one machine "
-                      "(tools/local-slurm-cluster.sh)")
-        return (f"Note: these runs come from emulated nodes ({where}; {_cpu_text(cpu if not cpu.empty else results)})."
-                " Every rank shares that machine's cores and memory, so the images/s below show the toolkit at "
-                "work, not how a strategy scales; measuring that needs real nodes.")
+        where = (
+            f"the node names {', '.join(hosts[:4])}{' …' if len(hosts) > 4 else ''} are groups of processes "
+            "that jobs/weak_scaling.sh started on one machine"
+            if named_local
+            else "several nodes of CPU ranks, which this toolkit only emulates on one machine "
+            "(tools/local-slurm-cluster.sh)"
+        )
+        return (
+            f"Note: these runs come from emulated nodes ({where}; {_cpu_text(cpu if not cpu.empty else results)})."
+            " Every rank shares that machine's cores and memory, so the images/s below show the toolkit at "
+            "work, not how a strategy scales; measuring that needs real nodes."
+        )
     if not cpu.empty and (cpu["world_size"] > 1).any():
-        return (f"Note: these runs are CPU ranks sharing one machine ({_cpu_text(cpu)}), so the images/s below show "
-                "the toolkit at work, not how a strategy scales; measuring that needs GPUs on real nodes.")
+        return (
+            f"Note: these runs are CPU ranks sharing one machine ({_cpu_text(cpu)}), so the images/s below show "
+            "the toolkit at work, not how a strategy scales; measuring that needs GPUs on real nodes."
+        )
     if not cpu.empty:
-        return (f"Note: these runs are on a CPU ({_cpu_text(cpu)}): their images/s show the toolkit at work and say "
-                "nothing of training on GPUs.")
+        return (
+            f"Note: these runs are on a CPU ({_cpu_text(cpu)}): their images/s show the toolkit at work and say "
+            "nothing of training on GPUs."
+        )
     return None
 
 
 LAUNCHED_BY = {
-    "torchrun": "torchrun", "torchrun under srun": "torchrun under srun", "srun": "srun",
-    "srun (MPI)": "srun with MPI (mpi4py)", "mpirun": "mpirun (mpi4py)", "single": "one process, no launcher",
+    "torchrun": "torchrun",
+    "torchrun under srun": "torchrun under srun",
+    "srun": "srun",
+    "srun (MPI)": "srun with MPI (mpi4py)",
+    "mpirun": "mpirun (mpi4py)",
+    "single": "one process, no launcher",
 }
 
 
@@ -365,8 +494,11 @@ def _launcher_text(df: pd.DataFrame) -> str:
         recorded, started = _s(r["launcher"]), _s(r.get("launched_by"))
         local = all(EMULATED_HOST.match(h) for h in _s(r["hosts"]).split(",") if h) and not _s(r["job_id"])
         if started == "env":
-            text = ("processes started by jobs/weak_scaling.sh without Slurm (env://)" if local
-                    else "processes started with RANK and WORLD_SIZE set (env://)")
+            text = (
+                "processes started by jobs/weak_scaling.sh without Slurm (env://)"
+                if local
+                else "processes started with RANK and WORLD_SIZE set (env://)"
+            )
         elif started:
             text = LAUNCHED_BY.get(started, started)
         elif recorded == "torchrun" and local:
@@ -407,8 +539,12 @@ def _environment_section(results: pd.DataFrame) -> list:
     gpu = df[df["device_type"] != "cpu"]
     rows = []
     if not gpu.empty:
-        rows.append(["device", "; ".join(dict.fromkeys(f"{_s(r['device_name'])} ({_s(r['device_type'])})"
-                                                      for _, r in gpu.iterrows()))])
+        rows.append(
+            [
+                "device",
+                "; ".join(dict.fromkeys(f"{_s(r['device_name'])} ({_s(r['device_type'])})" for _, r in gpu.iterrows())),
+            ]
+        )
     rows.append(["ranks per node", values("ranks_per_node", lambda v: _f(v, "{:.0f}"))])
     rows.append(["host CPU" if not gpu.empty else "CPU", _cpu_text(df)])
     rows.append(["backend", values("backend")])
@@ -420,8 +556,12 @@ def _environment_section(results: pd.DataFrame) -> list:
     if jobs:
         rows.append(["Slurm job(s)", jobs + (f" (partition {values('partition')})" if values("partition") else "")])
     rows.append(["precision", values("opt_precision")])
-    rows.append(["batch per device" if not gpu.empty else "batch per rank",
-                 values("batch_per_device", lambda v: _f(v, "{:.0f}"))])
+    rows.append(
+        [
+            "batch per device" if not gpu.empty else "batch per rank",
+            values("batch_per_device", lambda v: _f(v, "{:.0f}")),
+        ]
+    )
     rows.append(["steps per run", _steps_text(df)])
     for key in tbl.VERSION_KEYS:
         rows.append([key, values(f"v_{key}")])
@@ -437,8 +577,10 @@ def _check_files(directory: str) -> list:
 
     found = checks_of(directory)
     if found:
-        return [(f"System check: {n} node{'s' if n != 1 else ''}", os.path.join(directory, f"check-n{n}.json"), check)
-                for n, check in found]
+        return [
+            (f"System check: {n} node{'s' if n != 1 else ''}", os.path.join(directory, f"check-n{n}.json"), check)
+            for n, check in found
+        ]
     check = read_check(directory)
     return [("System check", os.path.join(directory, "check.json"), check)] if check else []
 
@@ -449,7 +591,7 @@ def _check_section(inputs: list) -> list:
     bandwidth, the facts that explain the scaling figures; one per node count, beside its points."""
     blocks = []
     for directory in inputs:
-        for title, path, check in (_check_files(directory) if os.path.isdir(directory) else []):
+        for title, path, check in _check_files(directory) if os.path.isdir(directory) else []:
             blocks += _one_check(title, path, check)
     return blocks
 
@@ -458,18 +600,29 @@ def _one_check(title: str, path: str, check: dict) -> list:
     """One check's facts; one of several (a sweep's jobs) says which node count's runs it preceded."""
     nodes = check.get("nodes")
     before = f", before its runs on {nodes} node{'s' if nodes != 1 else ''}" if title != "System check" else ""
-    blocks = [Block("h2", title),
-              Block("p", f"From {path}: what vit-scale check found on the nodes and through the launcher this "
-                         f"study used{before}. "
-                         f"Bus bandwidth is nccl-tests' busbw (what each rank's link carries); a scaling curve "
-                         f"that bends where busbw across nodes is far below within a node is the network's."),
-              Block("table", header=["", "found"], rows=_check_facts(check))]
+    blocks = [
+        Block("h2", title),
+        Block(
+            "p",
+            f"From {path}: what vit-scale check found on the nodes and through the launcher this "
+            f"study used{before}. "
+            f"Bus bandwidth is nccl-tests' busbw (what each rank's link carries); a scaling curve "
+            f"that bends where busbw across nodes is far below within a node is the network's.",
+        ),
+        Block("table", header=["", "found"], rows=_check_facts(check)),
+    ]
     rows = _check_bandwidths(check)
     if rows:
-        blocks.append(Block("table", header=["collective", "scope", "ranks", "size", "busbw GB/s", "algbw GB/s",
-                                             "time"], rows=rows))
-    broken = [f"{line['check']}: {_one_line(line['text'])}" for line in check.get("lines") or []
-              if line.get("needed") and line.get("status") in ("fail", "refused")]
+        blocks.append(
+            Block(
+                "table", header=["collective", "scope", "ranks", "size", "busbw GB/s", "algbw GB/s", "time"], rows=rows
+            )
+        )
+    broken = [
+        f"{line['check']}: {_one_line(line['text'])}"
+        for line in check.get("lines") or []
+        if line.get("needed") and line.get("status") in ("fail", "refused")
+    ]
     if broken:
         blocks += [Block("p", "Broken when the check ran:"), Block("ul", items=broken)]
     return blocks
@@ -480,11 +633,20 @@ def _check_facts(check: dict) -> list:
 
     nodes = check.get("nodes")
     lines = {line["check"]: line for line in check.get("lines") or []}
-    rows = [["verdict", f"{verdict(check)} ({check.get('time_iso', '?')}, {check.get('system')}: {nodes} "
-                        f"node{'s' if nodes != 1 else ''} x {check.get('ranks_per_node')} ranks)"],
-            ["versions", versions(check)], ["transport between nodes", transport(check)]]
-    rows += [[name, _one_line(lines[name]["text"], 200)] for name in ("devices", "meter overhead", "meter timing",
-                                                                      "meter memory") if name in lines]
+    rows = [
+        [
+            "verdict",
+            f"{verdict(check)} ({check.get('time_iso', '?')}, {check.get('system')}: {nodes} "
+            f"node{'s' if nodes != 1 else ''} x {check.get('ranks_per_node')} ranks)",
+        ],
+        ["versions", versions(check)],
+        ["transport between nodes", transport(check)],
+    ]
+    rows += [
+        [name, _one_line(lines[name]["text"], 200)]
+        for name in ("devices", "meter overhead", "meter timing", "meter memory")
+        if name in lines
+    ]
     return [row for row in rows if row[1]]
 
 
@@ -496,11 +658,30 @@ def _check_bandwidths(check: dict) -> list:
     def scope(m):
         return "within a node" if m["scope"] == "node" else "across nodes"
 
-    rows = [[m["collective"], scope(m), m["ranks"], f"{human_bytes(m['bytes'])} ({m['what']})",
-             _f(m["busbw_gbs"], "{:.3g}"), _f(m["algbw_gbs"], "{:.3g}"), human_seconds(m["time_s"])]
-            for m in bandwidth_rows(check)]
-    return rows + [[m["collective"], scope(m), m["ranks"], f"{human_bytes(m['bytes'])} (latency)", "", "",
-                    human_seconds(m["time_s"])] for m in latency_rows(check)]
+    rows = [
+        [
+            m["collective"],
+            scope(m),
+            m["ranks"],
+            f"{human_bytes(m['bytes'])} ({m['what']})",
+            _f(m["busbw_gbs"], "{:.3g}"),
+            _f(m["algbw_gbs"], "{:.3g}"),
+            human_seconds(m["time_s"]),
+        ]
+        for m in bandwidth_rows(check)
+    ]
+    return rows + [
+        [
+            m["collective"],
+            scope(m),
+            m["ranks"],
+            f"{human_bytes(m['bytes'])} (latency)",
+            "",
+            "",
+            human_seconds(m["time_s"]),
+        ]
+        for m in latency_rows(check)
+    ]
 
 
 def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set) -> list:
@@ -511,20 +692,36 @@ def _prediction_section(results: pd.DataFrame, plots_by_name: dict, images: set)
     if runs.empty:
         return []
     summary = residual_summary(runs)
-    stated = "; ".join(f"{g}: within {m * 100:.1f}% over {n} run{'s' if n > 1 else ''} "
-                       f"({', '.join(models)})" for g, n, m, models in summary)
-    blocks = [Block("h2", "Predicted against measured memory"),
-              Block("p", f"The peak allocated memory per GPU that vit-scale plan predicted for each run (in its start "
-                         f"record) against the measured peak (the maximum over ranks), for {len(runs)} ok GPU runs. "
-                         f"Largest |residual|, (predicted − measured) / measured: {stated}.")]
+    stated = "; ".join(
+        f"{g}: within {m * 100:.1f}% over {n} run{'s' if n > 1 else ''} ({', '.join(models)})"
+        for g, n, m, models in summary
+    )
+    blocks = [
+        Block("h2", "Predicted against measured memory"),
+        Block(
+            "p",
+            f"The peak allocated memory per GPU that vit-scale plan predicted for each run (in its start "
+            f"record) against the measured peak (the maximum over ranks), for {len(runs)} ok GPU runs. "
+            f"Largest |residual|, (predicted − measured) / measured: {stated}.",
+        ),
+    ]
     plot = plots_by_name.get("predicted_memory")
     if plot is not None:
         # Named, not inlined: the report inlines the scaling figures; this one sits beside it.
         blocks.append(Block("p", f"Figure: {plot.name} beside this report (in the formats written). {plot.caption}"))
     header = ["model", "strategy", "nodes", "GPUs", "predicted GiB", "measured GiB", "residual"]
-    rows = [[r["model"], r["series"], int(r["nodes"]), int(r["world_size"]), _f(r["plan_peak_allocated_gib"], "{:.2f}"),
-             _f(r["memory_gib"], "{:.2f}"), _f(r["residual"], "{:+.1%}")]
-            for _, r in runs.iterrows()]
+    rows = [
+        [
+            r["model"],
+            r["series"],
+            int(r["nodes"]),
+            int(r["world_size"]),
+            _f(r["plan_peak_allocated_gib"], "{:.2f}"),
+            _f(r["memory_gib"], "{:.2f}"),
+            _f(r["residual"], "{:+.1%}"),
+        ]
+        for _, r in runs.iterrows()
+    ]
     return blocks + [Block("table", header=header, rows=rows)]
 
 
@@ -538,46 +735,79 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
     rows = predicted.rows
     blocks = [Block("h2", "Measured against predicted")]
     compared = rows[rows["error"].notna()]
-    median = f" Median |error| over {len(compared)} measured point(s): {compared['error'].abs().median():.1%}." \
-        if not compared.empty else ""
+    median = (
+        f" Median |error| over {len(compared)} measured point(s): {compared['error'].abs().median():.1%}."
+        if not compared.empty
+        else ""
+    )
     used = "; ".join(predicted.calibrations) or "none"
-    blocks.append(Block("p", f"Each point's median images/s (over its runs, as in the best-run table and the figures) "
-                             f"against what vit_scale.planning.predict gives for the same model, "
-                             f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions: "
-                             f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
-                             f"1-node step at its median images/s less the exposed communication the model predicts "
-                             f"for it), collectives from the calibration. "
-                             f"Calibration used: {used}. Error: measured median / predicted - 1.{median}"))
+    blocks.append(
+        Block(
+            "p",
+            f"Each point's median images/s (over its runs, as in the best-run table and the figures) "
+            f"against what vit_scale.planning.predict gives for the same model, "
+            f"strategy and options, batch, precision, nodes and ranks (docs/plan.md, Predictions: "
+            f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
+            f"1-node step at its median images/s less the exposed communication the model predicts "
+            f"for it), collectives from the calibration. "
+            f"Calibration used: {used}. Error: measured median / predicted - 1.{median}",
+        )
+    )
     plot = plots_by_name.get("weak_scaling_predicted")
     if plot is not None:
         # Named, not inlined, as the memory prediction's: the report inlines the measured scaling figures
         blocks.append(Block("p", f"Figure: {plot.name} beside this report (in the formats written). {plot.caption}"))
     if not rows.empty:
         header = ["model", "strategy", "nodes", "ranks", "measured images/s", "predicted images/s", "error"]
-        table_rows = [[r["model"], r["series"], int(r["nodes"]), int(r["world_size"]),
-                       tbl.format_ips(r["measured_ips"]) if not math.isnan(r["measured_ips"]) else r["status"].upper(),
-                       tbl.format_ips(r["predicted_ips"]) if not math.isnan(r["predicted_ips"]) else "",
-                       _f(r["error"], "{:+.1%}")] for _, r in rows.iterrows()]
+        table_rows = [
+            [
+                r["model"],
+                r["series"],
+                int(r["nodes"]),
+                int(r["world_size"]),
+                tbl.format_ips(r["measured_ips"]) if not math.isnan(r["measured_ips"]) else r["status"].upper(),
+                tbl.format_ips(r["predicted_ips"]) if not math.isnan(r["predicted_ips"]) else "",
+                _f(r["error"], "{:+.1%}"),
+            ]
+            for _, r in rows.iterrows()
+        ]
         blocks.append(Block("table", header=header, rows=table_rows))
-    below = [f"{r['model']} {r['series']} on {int(r['nodes'])} node(s): {r['explanation']}"
-             for _, r in rows.iterrows() if r["explanation"]]
+    below = [
+        f"{r['model']} {r['series']} on {int(r['nodes'])} node(s): {r['explanation']}"
+        for _, r in rows.iterrows()
+        if r["explanation"]
+    ]
     if below:
         blocks += [Block("p", f"More than {BELOW:.0%} below their prediction:"), Block("ul", items=below)]
     if predicted.notes:
         blocks += [Block("p", "Not predicted, or not calibrated as asked:"), Block("ul", items=predicted.notes)]
-    return blocks + [Block("p", "Per point, with the predicted step split into compute, optimizer and exposed "
-                                "communication: prediction.csv.")]
+    return blocks + [
+        Block(
+            "p",
+            "Per point, with the predicted step split into compute, optimizer and exposed "
+            "communication: prediction.csv.",
+        )
+    ]
 
 
-def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plots: list, missing_plots: list,
-          written: list, breakdown: Optional[pd.DataFrame] = None,
-          predicted=None) -> list:
+def build(
+    results: pd.DataFrame,
+    set_aside: pd.DataFrame,
+    coll: Collection,
+    plots: list,
+    missing_plots: list,
+    written: list,
+    breakdown: pd.DataFrame | None = None,
+    predicted=None,
+) -> list:
     by_name = {p.name: p for p in plots}
     images = {os.path.basename(p) for p in written if p.endswith(".png")}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     studies = ", ".join(sorted(map(str, results["study"].unique()))) or "none"
-    summary = (f"{len(results)} runs from {', '.join(coll.inputs)} (studies: {studies}): {status_counts(results)}. "
-               f"{len(set_aside)} rerun(s) set aside; {len(coll.skipped)} file(s) skipped. Generated {now}.")
+    summary = (
+        f"{len(results)} runs from {', '.join(coll.inputs)} (studies: {studies}): {status_counts(results)}. "
+        f"{len(set_aside)} rerun(s) set aside; {len(coll.skipped)} file(s) skipped. Generated {now}."
+    )
     blocks = [Block("h1", "Weak-scaling report"), Block("p", summary)]
     caveat = emulation_note(results)
     if caveat:
@@ -593,12 +823,15 @@ def build(results: pd.DataFrame, set_aside: pd.DataFrame, coll: Collection, plot
     blocks += _warnings_section(results, coll, set_aside, missing_plots)
     blocks += _check_section(coll.inputs)
     blocks += _environment_section(results)
-    blocks += [Block("h2", "Files"), Block("ul", items=[os.path.basename(p) for p in written] +
-                                            ["report.md", "report.html"])]
+    blocks += [
+        Block("h2", "Files"),
+        Block("ul", items=[os.path.basename(p) for p in written] + ["report.md", "report.html"]),
+    ]
     return blocks
 
 
 # ----------------------------------------------------------------------------- rendering
+
 
 def _md_cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
@@ -616,8 +849,10 @@ def to_markdown(blocks: list) -> str:
         elif b.kind == "img":
             out.append(f"![{b.items[0] if b.items else ''}]({b.text})")
         elif b.kind == "table":
-            lines = ["| " + " | ".join(_md_cell(h) for h in b.header) + " |",
-                     "|" + "|".join("---" for _ in b.header) + "|"]
+            lines = [
+                "| " + " | ".join(_md_cell(h) for h in b.header) + " |",
+                "|" + "|".join("---" for _ in b.header) + "|",
+            ]
             lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in b.rows]
             out.append("\n".join(lines))
     return "\n\n".join(out) + "\n"
@@ -636,8 +871,11 @@ def _inline(text: str) -> str:
 
 
 def to_html(blocks: list, out_dir: str) -> str:
-    out = ["<!DOCTYPE html>", "<html><head><meta charset='utf-8'><title>Weak-scaling report</title>",
-           f"<style>{_CSS}</style></head><body>"]
+    out = [
+        "<!DOCTYPE html>",
+        "<html><head><meta charset='utf-8'><title>Weak-scaling report</title>",
+        f"<style>{_CSS}</style></head><body>",
+    ]
     for b in blocks:
         if b.kind in ("h1", "h2", "h3"):
             out.append(f"<{b.kind}>{html.escape(b.text)}</{b.kind}>")
@@ -653,8 +891,7 @@ def to_html(blocks: list, out_dir: str) -> str:
             out.append(f"<img alt='{alt}' src='data:image/png;base64,{data}'>")
         elif b.kind == "table":
             head = "".join(f"<th>{html.escape(str(h))}</th>" for h in b.header)
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-                           for row in b.rows)
+            body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in b.rows)
             out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

@@ -43,17 +43,18 @@ run-to-run variation (node placement, network neighbours, clock boosts) is unmea
 from the two intervals on the log scale, each side's relative half-widths added in quadrature
 (independent, approximately log-normal estimates); no bootstrap, so the table is deterministic.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Optional, Sequence
+from functools import cache
 
 import numpy as np
 
 LEVEL = 0.95
-MIN_STEPS = 4      # fewer timed steps give no batch (two batches of two steps at least)
+MIN_STEPS = 4  # fewer timed steps give no batch (two batches of two steps at least)
 MIN_ORDER_RUNS = 6  # fewer runs: no order-statistic interval reaches 95%
 
 BATCH_MEDIANS = "batch medians"
@@ -64,14 +65,15 @@ T_OVER_RUNS = "t over runs"
 @dataclass(frozen=True)
 class Estimate:
     """A point's images/s: its median and confidence interval, and what they rest on."""
+
     median: float
     low: float = math.nan
     high: float = math.nan
     confidence: float = math.nan  # the interval's own confidence (>= LEVEL for order statistics)
-    method: str = ""              # BATCH_MEDIANS, ORDER_STATISTIC, T_OVER_RUNS; "" without an interval
+    method: str = ""  # BATCH_MEDIANS, ORDER_STATISTIC, T_OVER_RUNS; "" without an interval
     runs: int = 1
-    steps: int = 0                # timed step figures the estimate rests on, over all its runs
-    cv: float = math.nan          # run-to-run coefficient of variation; NaN with one run
+    steps: int = 0  # timed step figures the estimate rests on, over all its runs
+    cv: float = math.nan  # run-to-run coefficient of variation; NaN with one run
 
     @property
     def has_interval(self) -> bool:
@@ -81,22 +83,24 @@ class Estimate:
 @dataclass(frozen=True)
 class Comparison:
     """The faster of two points against the slower, by non-overlap of their intervals."""
-    margin: float                 # faster median / slower median - 1
-    separated: Optional[bool]     # None when either interval is missing
-    single_run: bool              # a side rests on one run: the verdict holds within those runs only
+
+    margin: float  # faster median / slower median - 1
+    separated: bool | None  # None when either interval is missing
+    single_run: bool  # a side rests on one run: the verdict holds within those runs only
 
     @property
-    def within_noise(self) -> Optional[bool]:
+    def within_noise(self) -> bool | None:
         return None if self.separated is None else not self.separated
 
 
 # ------------------------------------------------------------------------------ distributions
 
+
 def _binom_half_cdf(k: int, n: int) -> float:
     """P(X <= k) for X ~ Binomial(n, 1/2), exactly (integers, then one division)."""
     if k < 0:
         return 0.0
-    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2 ** n
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2**n
 
 
 def _t_two_sided(t: float, df: int) -> float:
@@ -118,7 +122,7 @@ def _t_two_sided(t: float, df: int) -> float:
     return 2 / math.pi * (theta + s * math.cos(theta) * total)
 
 
-@lru_cache(maxsize=None)
+@cache
 def t_quantile(level: float, df: int) -> float:
     """t such that P(|T| <= t) = level: the multiplier of a two-sided interval (bisection)."""
     if df < 1:
@@ -138,6 +142,7 @@ def t_quantile(level: float, df: int) -> float:
 
 
 # ------------------------------------------------------------------------------ intervals
+
 
 def _clean(values) -> np.ndarray:
     x = np.asarray(values, dtype=float).ravel()
@@ -171,7 +176,7 @@ def batch_count(n: int) -> int:
     return n // max(2, math.isqrt(n))
 
 
-def batch_medians_interval(steps, center: Optional[float] = None, level: float = LEVEL) -> tuple[float, float, int]:
+def batch_medians_interval(steps, center: float | None = None, level: float = LEVEL) -> tuple[float, float, int]:
     """(low, high, batches): the interval of one run's median from the medians of contiguous batches.
 
     `steps` in the order they ran (the batches must be contiguous for their independence to hold);
@@ -183,8 +188,9 @@ def batch_medians_interval(steps, center: Optional[float] = None, level: float =
         return math.nan, math.nan, 0
     # np.array_split's batches: the first n % k one step longer; a reshape each, so two median calls.
     cut = (len(x) % k) * (len(x) // k + 1)
-    medians = np.concatenate([np.median(part.reshape(m, -1), axis=1)
-                              for part, m in ((x[:cut], len(x) % k), (x[cut:], k - len(x) % k)) if m])
+    medians = np.concatenate(
+        [np.median(part.reshape(m, -1), axis=1) for part, m in ((x[:cut], len(x) % k), (x[cut:], k - len(x) % k)) if m]
+    )
     mid = float(np.median(x)) if center is None or math.isnan(center) else float(center)
     half = t_quantile(level, k - 1) * float(np.std(medians, ddof=1)) / math.sqrt(k)
     return mid - half, mid + half, k
@@ -228,6 +234,7 @@ def point_estimate(run_medians: Sequence[float], run_steps: Sequence = (), level
 
 # ------------------------------------------------------------------------------ the test
 
+
 def compare(faster: Estimate, slower: Estimate) -> Comparison:
     """The margin of `faster` over `slower` and whether their 95% intervals separate them."""
     margin = faster.median / slower.median - 1 if slower.median else math.nan
@@ -246,6 +253,7 @@ def ratio_interval(value, num: tuple, den: tuple) -> tuple:
     """
     (nm, nl, nh), (dm, dl, dh) = (np.asarray(num, dtype=float), np.asarray(den, dtype=float))
     with np.errstate(divide="ignore", invalid="ignore"):
+
         def rel(a, b):  # |log(a / b)|, infinite when either is 0 or below (an interval reaching 0)
             return np.where((a <= 0) | (b <= 0), np.inf, np.abs(np.log(a / b)))
 

@@ -7,13 +7,13 @@ The records follow docs/run_record.md; the numbers follow a simple model of the 
 results (throughput per GPU falling slowly with nodes, FULL_SHARD memory falling with ranks),
 not any measurement.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 import zlib
-from typing import Optional
 
 import numpy as np
 import yaml
@@ -50,26 +50,60 @@ def default_options(label: str) -> dict:
     except UserError:  # a label the registry does not know: options as DDP's
         fam = "ddp"
     if fam == "fsdp":
-        return {"version": 1, "backward_prefetch": "pre", "limit_all_gathers": True, "forward_prefetch": False,
-                "use_orig_params": False, "cpu_offload": False, "precision": "bf16", "activation_checkpointing": False}
+        return {
+            "version": 1,
+            "backward_prefetch": "pre",
+            "limit_all_gathers": True,
+            "forward_prefetch": False,
+            "use_orig_params": False,
+            "cpu_offload": False,
+            "precision": "bf16",
+            "activation_checkpointing": False,
+        }
     if fam == "deepspeed":
-        return {"stage": {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}.get(label, 0), "offload_optimizer": False,
-                "precision": "bf16", "activation_checkpointing": False}
+        return {
+            "stage": {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}.get(label, 0),
+            "offload_optimizer": False,
+            "precision": "bf16",
+            "activation_checkpointing": False,
+        }
     if fam == "colossalai":
         return {"precision": "fp16" if label != "CAI_DDP" else "fp32", "activation_checkpointing": False}
     return {"precision": "bf16", "activation_checkpointing": False}
 
 
-def write_run(root: str, *, study: str = "study", model: str = "vit_base", strategy: str = "DDP", nodes: int = 1,
-              ranks_per_node: int = 8, batch: int = 32, ips: Optional[float] = 100.0, status: str = "ok",
-              options: Optional[dict] = None, steps: int = 30, warmup: int = 5, time: float = 1.7e9,
-              run_id: Optional[str] = None, memory_gib: Optional[float] = 10.0, device: str = "rocm",
-              device_memory_gib: Optional[float] = 64.0, peak_tflops: Optional[float] = 191.5,
-              error: Optional[str] = None, end: bool = True, steps_logged: Optional[int] = None,
-              replicas_agree: Optional[bool] = True, job_id: Optional[str] = "1234", schema: int = 1,
-              params: Optional[float] = None, flops_per_image: Optional[float] = None,
-              predicted_gib: Optional[float] = None, spread: float = 0.02,
-              step_ips: Optional[list] = None) -> str:
+def write_run(
+    root: str,
+    *,
+    study: str = "study",
+    model: str = "vit_base",
+    strategy: str = "DDP",
+    nodes: int = 1,
+    ranks_per_node: int = 8,
+    batch: int = 32,
+    ips: float | None = 100.0,
+    status: str = "ok",
+    options: dict | None = None,
+    steps: int = 30,
+    warmup: int = 5,
+    time: float = 1.7e9,
+    run_id: str | None = None,
+    memory_gib: float | None = 10.0,
+    device: str = "rocm",
+    device_memory_gib: float | None = 64.0,
+    peak_tflops: float | None = 191.5,
+    error: str | None = None,
+    end: bool = True,
+    steps_logged: int | None = None,
+    replicas_agree: bool | None = True,
+    job_id: str | None = "1234",
+    schema: int = 1,
+    params: float | None = None,
+    flops_per_image: float | None = None,
+    predicted_gib: float | None = None,
+    spread: float = 0.02,
+    step_ips: list | None = None,
+) -> str:
     """One run directory; returns the path of its metrics.jsonl.
 
     status other than ok gives an end record with that status (ips still written if given,
@@ -91,48 +125,101 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     flops = m_flops if flops_per_image is None else flops_per_image
     opts = default_options(strategy) if options is None else dict(options)
     lay = layout(strategy, world_size, ranks_per_node)
-    config = {"model": model, "strategy": strategy,
-              "train": {"batch_size": batch, "steps": steps, "warmup_steps": warmup, "log_every": 1},
-              "output": {"dir": root, "study": study, "run_id": run_id}}
+    config = {
+        "model": model,
+        "strategy": strategy,
+        "train": {"batch_size": batch, "steps": steps, "warmup_steps": warmup, "log_every": 1},
+        "output": {"dir": root, "study": study, "run_id": run_id},
+    }
     gpu = device != "cpu"
     start = {
-        "event": "start", "time": time, "schema": schema, "run_id": run_id, "study": study,
-        "time_iso": "2024-05-01T00:00:00Z", "config": config,
-        "model": {"name": model, "params": int(params), "flops_per_image": int(flops), "img_size": 224,
-                  "patch_size": 14, "embed_dim": 768, "depth": 12, "num_heads": 12, "mlp_dim": 3072,
-                  "num_classes": 1000},
-        "strategy": {"label": strategy, "family": lay.family, "implementation": lay.implementation,
-                     "shard_group_size": lay.shard, "replicate_group_size": lay.replicate, "options": opts,
-                     "notes": list(lay.notes)},
-        "world": {"world_size": world_size, "nodes": nodes, "ranks_per_node": ranks_per_node, "device_type": device,
-                  "device_name": "AMD Instinct MI250X" if gpu else "cpu",
-                  "device_memory_gib": device_memory_gib if gpu else None,
-                  "backend": "nccl" if gpu else "gloo", "peak_tflops_per_device": peak_tflops if gpu else None,
-                  "peak_tflops_source": "table" if gpu else None},
+        "event": "start",
+        "time": time,
+        "schema": schema,
+        "run_id": run_id,
+        "study": study,
+        "time_iso": "2024-05-01T00:00:00Z",
+        "config": config,
+        "model": {
+            "name": model,
+            "params": int(params),
+            "flops_per_image": int(flops),
+            "img_size": 224,
+            "patch_size": 14,
+            "embed_dim": 768,
+            "depth": 12,
+            "num_heads": 12,
+            "mlp_dim": 3072,
+            "num_classes": 1000,
+        },
+        "strategy": {
+            "label": strategy,
+            "family": lay.family,
+            "implementation": lay.implementation,
+            "shard_group_size": lay.shard,
+            "replicate_group_size": lay.replicate,
+            "options": opts,
+            "notes": list(lay.notes),
+        },
+        "world": {
+            "world_size": world_size,
+            "nodes": nodes,
+            "ranks_per_node": ranks_per_node,
+            "device_type": device,
+            "device_name": "AMD Instinct MI250X" if gpu else "cpu",
+            "device_memory_gib": device_memory_gib if gpu else None,
+            "backend": "nccl" if gpu else "gloo",
+            "peak_tflops_per_device": peak_tflops if gpu else None,
+            "peak_tflops_source": "table" if gpu else None,
+        },
         "batch": {"per_device": batch, "global": batch * world_size},
         "launcher": "srun" if job_id else "torchrun",
-        "slurm": {"job_id": job_id, "step_id": str(nodes), "job_name": study, "nodelist": f"frontier[00001-{nodes:05d}]",
-                  "partition": "batch", "account": "abc123"} if job_id else None,
+        "slurm": {
+            "job_id": job_id,
+            "step_id": str(nodes),
+            "job_name": study,
+            "nodelist": f"frontier[00001-{nodes:05d}]",
+            "partition": "batch",
+            "account": "abc123",
+        }
+        if job_id
+        else None,
         "hosts": [f"frontier{i:05d}" for i in range(1, nodes + 1)],
-        "versions": {"python": "3.11.7", "torch": "2.4.1+rocm6.1", "timm": "1.0.9", "deepspeed": None,
-                     "colossalai": None, "cuda": None, "hip": "6.1" if gpu else None, "nccl": "2.20.5"},
-        "git_revision": "0123abc", "plan": ({"memory_gib": memory_gib, "fits": True,
-                                            "peak_allocated_gib": predicted_gib or memory_gib}
-                                           if memory_gib else None),
+        "versions": {
+            "python": "3.11.7",
+            "torch": "2.4.1+rocm6.1",
+            "timm": "1.0.9",
+            "deepspeed": None,
+            "colossalai": None,
+            "cuda": None,
+            "hip": "6.1" if gpu else None,
+            "nccl": "2.20.5",
+        },
+        "git_revision": "0123abc",
+        "plan": (
+            {"memory_gib": memory_gib, "fits": True, "peak_allocated_gib": predicted_gib or memory_gib}
+            if memory_gib
+            else None
+        ),
     }
     n_steps = steps if steps_logged is None else steps_logged
     step_time = batch * world_size / ips if ips else 1.0
-    timed_ips = (list(step_ips) if step_ips is not None
-                 else _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root)))
+    timed_ips = (
+        list(step_ips)
+        if step_ips is not None
+        else _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root))
+    )
     lines = [json.dumps(start)]
     # Step lines are formatted by hand: the benchmark writes a million of them.
     t = time
     for k in range(1, n_steps + 1):
         dt = batch * world_size / timed_ips[k - warmup - 1] if k > warmup and timed_ips else step_time
         t += dt
-        lines.append('{"event": "step", "time": %.3f, "step": %d, "loss": %.5f, "step_time_s": %.6f, '
-                     '"images_per_s": %.3f, "warmup": %s}' % (t, k, 6.9 - 0.01 * k, dt, batch * world_size / dt,
-                                                                "true" if k <= warmup else "false"))
+        lines.append(
+            '{"event": "step", "time": %.3f, "step": %d, "loss": %.5f, "step_time_s": %.6f, '
+            '"images_per_s": %.3f, "warmup": %s}'
+            % (t, k, 6.9 - 0.01 * k, dt, batch * world_size / dt, "true" if k <= warmup else "false")
+        )
     if end:
         timed = max(0, n_steps - warmup)
         have_ips = ips is not None and timed > 0
@@ -140,19 +227,31 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
         mem = None
         if memory_gib is not None:
             per_rank = [round(memory_gib * (1 - 0.01 * (r % 3)), 4) for r in range(world_size)]
-            mem = {"device_kind": device, measure: {"max": max(per_rank), "mean": sum(per_rank) / world_size,
-                                                    "per_rank": per_rank}, "window": "timed_steps"}
+            mem = {
+                "device_kind": device,
+                measure: {"max": max(per_rank), "mean": sum(per_rank) / world_size, "per_rank": per_rank},
+                "window": "timed_steps",
+            }
             if gpu:
-                mem["peak_reserved_gib"] = {"max": memory_gib * 1.1, "mean": memory_gib * 1.08,
-                                            "per_rank": [memory_gib * 1.1] * world_size}
+                mem["peak_reserved_gib"] = {
+                    "max": memory_gib * 1.1,
+                    "mean": memory_gib * 1.08,
+                    "per_rank": [memory_gib * 1.1] * world_size,
+                }
         tflops = flops * ips / world_size / 1e12 if have_ips else None
         end_rec = {
-            "event": "end", "time": t, "status": status, "error": error if status != "ok" else None,
+            "event": "end",
+            "time": t,
+            "status": status,
+            "error": error if status != "ok" else None,
             "failed_rank": 0 if status not in ("ok", "skipped") else None,
-            "steps_done": n_steps, "timed_steps": timed, "wall_time_s": step_time * n_steps,
+            "steps_done": n_steps,
+            "timed_steps": timed,
+            "wall_time_s": step_time * n_steps,
             "images_per_s": _summary(ips, timed_ips, spread) if have_ips else None,
             "images_per_s_per_device": ips / world_size if have_ips else None,
-            "memory": mem, "tflops_per_device": tflops,
+            "memory": mem,
+            "tflops_per_device": tflops,
             "mfu": tflops / peak_tflops if (tflops is not None and peak_tflops and gpu) else None,
             # as the trainer does, a run whose replicas disagree is ended as diverged
             "replicas_agree": replicas_agree if status in ("ok", "diverged") else None,
@@ -168,7 +267,7 @@ def write_run(root: str, *, study: str = "study", model: str = "vit_base", strat
     return path
 
 
-def _timed_ips(ips: Optional[float], n: int, spread: float, seed_text: str) -> list:
+def _timed_ips(ips: float | None, n: int, spread: float, seed_text: str) -> list:
     """n per-step figures around ips with a relative standard deviation `spread`, their median and
     mean exactly ips: seeded normal draws in the order drawn, centred on their median (the middle
     one or two set to it), the values above it scaled so that the mean matches too."""
@@ -180,7 +279,7 @@ def _timed_ips(ips: Optional[float], n: int, spread: float, seed_text: str) -> l
     z = rng.standard_normal(n)
     order = np.argsort(z)
     z -= z[order[(n - 1) // 2]] if n % 2 else (z[order[n // 2 - 1]] + z[order[n // 2]]) / 2
-    z[order[(n - 1) // 2: n // 2 + 1]] = 0.0
+    z[order[(n - 1) // 2 : n // 2 + 1]] = 0.0
     above = z > 0
     z[above] *= -z[~above].sum() / z[above].sum()
     return list(ips * (1 + spread * z / z.std()))
@@ -191,16 +290,28 @@ def _summary(ips: float, timed: list, spread: float) -> dict:
     if not timed:
         return {"mean": ips, "std": ips * spread, "min": ips, "max": ips, "median": ips}
     x = np.asarray(timed)
-    return {"mean": ips, "std": float(x.std()), "min": float(x.min()), "max": float(x.max()),
-            "median": float(np.median(x))}
+    return {
+        "mean": ips,
+        "std": float(x.std()),
+        "min": float(x.min()),
+        "max": float(x.max()),
+        "median": float(np.median(x)),
+    }
 
 
 # ------------------------------------------------------------------------------ a whole study
 
 # Relative cost of communication per strategy: the fraction of per-GPU throughput lost for each
 # doubling of nodes, and the fraction lost on one node against DDP.
-_COMM = {"DDP": (0.02, 0.00), "NO_SHARD": (0.03, 0.02), "HYBRID_1GPU": (0.015, 0.00), "HYBRID_2GPU": (0.03, 0.05),
-         "HYBRID_8GPU": (0.035, 0.10), "SHARD_GRAD_OP": (0.05, 0.08), "FULL_SHARD": (0.07, 0.12)}
+_COMM = {
+    "DDP": (0.02, 0.00),
+    "NO_SHARD": (0.03, 0.02),
+    "HYBRID_1GPU": (0.015, 0.00),
+    "HYBRID_2GPU": (0.03, 0.05),
+    "HYBRID_8GPU": (0.035, 0.10),
+    "SHARD_GRAD_OP": (0.05, 0.08),
+    "FULL_SHARD": (0.07, 0.12),
+}
 _SPLIT_LABELS = {"NO_SHARD": 1, "DDP": 1, "HYBRID_1GPU": 1, "HYBRID_2GPU": 2, "HYBRID_8GPU": 8}
 
 
@@ -212,9 +323,18 @@ def model_memory(model: str, label: str, world_size: int) -> float:
     return state / split + act
 
 
-def paper_study(root: str, study: str = "frontier", models=("vit_base", "vit_huge", "vit_1b", "vit_3b", "vit_5b"),
-                labels=tuple(_COMM), node_counts=(1, 2, 4, 8, 16), steps: int = 30, capacity: float = 64.0,
-                time: float = 1.7e9, grid: bool = True, failures: bool = True) -> list:
+def paper_study(
+    root: str,
+    study: str = "frontier",
+    models=("vit_base", "vit_huge", "vit_1b", "vit_3b", "vit_5b"),
+    labels=tuple(_COMM),
+    node_counts=(1, 2, 4, 8, 16),
+    steps: int = 30,
+    capacity: float = 64.0,
+    time: float = 1.7e9,
+    grid: bool = True,
+    failures: bool = True,
+) -> list:
     """The paper's weak-scaling study, with OOMs where the model state does not fit and, with
     failures, one timeout, one run killed without an end record and one failed earlier attempt."""
     paths = []
@@ -237,21 +357,49 @@ def paper_study(root: str, study: str = "frontier", models=("vit_base", "vit_hug
                 when = time + 1000 * (mi * 100 + ni)
                 if failures and (model, label, nodes) == ("vit_base", "DDP", node_counts[1]):
                     # an earlier attempt at the same point that hit a network error: set aside
-                    paths.append(write_run(root, study=study, model=model, strategy=label, nodes=nodes, ips=None,
-                                           status="failed", error="NCCL error: unhandled system error",
-                                           memory_gib=None, steps=steps, time=when - 500, run_id="earlier-attempt",
-                                           device_memory_gib=capacity))
-                paths.append(write_run(root, study=study, model=model, strategy=label, nodes=nodes, ips=ips,
-                                       status=status, error=err, memory_gib=mem if status == "ok" else None,
-                                       steps=steps, time=when, device_memory_gib=capacity, end=end,
-                                       steps_logged=steps // 2 if not end else None))
+                    paths.append(
+                        write_run(
+                            root,
+                            study=study,
+                            model=model,
+                            strategy=label,
+                            nodes=nodes,
+                            ips=None,
+                            status="failed",
+                            error="NCCL error: unhandled system error",
+                            memory_gib=None,
+                            steps=steps,
+                            time=when - 500,
+                            run_id="earlier-attempt",
+                            device_memory_gib=capacity,
+                        )
+                    )
+                paths.append(
+                    write_run(
+                        root,
+                        study=study,
+                        model=model,
+                        strategy=label,
+                        nodes=nodes,
+                        ips=ips,
+                        status=status,
+                        error=err,
+                        memory_gib=mem if status == "ok" else None,
+                        steps=steps,
+                        time=when,
+                        device_memory_gib=capacity,
+                        end=end,
+                        steps_logged=steps // 2 if not end else None,
+                    )
+                )
     if grid:
         paths += config_grid_study(root, study=study + "_configs", time=time)
     return paths
 
 
-def config_grid_study(root: str, study: str = "configs", model: str = "vit_5b", nodes: int = 8,
-                      time: float = 1.7e9) -> list:
+def config_grid_study(
+    root: str, study: str = "configs", model: str = "vit_5b", nodes: int = 8, time: float = 1.7e9
+) -> list:
     """Figure 1: three sharding strategies × backward prefetch × limit_all_gathers."""
     paths = []
     base = {"HYBRID_2GPU": 130.0, "FULL_SHARD": 100.0, "SHARD_GRAD_OP": 112.0}
@@ -259,27 +407,57 @@ def config_grid_study(root: str, study: str = "configs", model: str = "vit_5b", 
         for prefetch, pf in (("none", 0.93), ("pre", 1.0), ("post", 0.97)):
             for lag, lf in ((False, 0.94), (True, 1.0)):
                 opts = dict(default_options(label), backward_prefetch=prefetch, limit_all_gathers=lag)
-                paths.append(write_run(root, study=study, model=model, strategy=label, nodes=nodes,
-                                       ips=ips * pf * lf * nodes, options=opts, time=time,
-                                       run_id=f"r-{prefetch}-{int(lag)}", memory_gib=model_memory(model, label, 64)))
+                paths.append(
+                    write_run(
+                        root,
+                        study=study,
+                        model=model,
+                        strategy=label,
+                        nodes=nodes,
+                        ips=ips * pf * lf * nodes,
+                        options=opts,
+                        time=time,
+                        run_id=f"r-{prefetch}-{int(lag)}",
+                        memory_gib=model_memory(model, label, 64),
+                    )
+                )
     return paths
 
 
 def plugin_study(root: str, study: str = "plugin_comparison", model: str = "vit_base", time: float = 1.7e9) -> list:
     """Seeds 000/001: ColossalAI plugins on one GPU at several batch sizes (T4, 15 GiB)."""
     paths = []
-    table = {"CAI_DDP": (24.0, 1.7, 0.012), "CAI_DDP_FP16": (57.0, 1.7, 0.010),
-             "CAI_LOW_LEVEL_ZERO": (42.0, 1.6, 0.0), "CAI_GEMINI": (22.0, 0.65, 0.0)}
+    table = {
+        "CAI_DDP": (24.0, 1.7, 0.012),
+        "CAI_DDP_FP16": (57.0, 1.7, 0.010),
+        "CAI_LOW_LEVEL_ZERO": (42.0, 1.6, 0.0),
+        "CAI_GEMINI": (22.0, 0.65, 0.0),
+    }
     for label, (ips8, mem8, mem_per_img) in table.items():
         for batch in (8, 16, 32, 64):
             ips = ips8 * (1 + 0.35 * (batch / 8 - 1) ** 0.5)
             mem = mem8 + mem_per_img * (batch - 8)
             status = "oom" if (label == "CAI_DDP" and batch == 64) else "ok"
-            paths.append(write_run(root, study=study, model=model, strategy=label, nodes=1, ranks_per_node=1,
-                                   batch=batch, ips=ips if status == "ok" else None, status=status,
-                                   error="CUDA out of memory" if status != "ok" else None,
-                                   memory_gib=mem if status == "ok" else None, device_memory_gib=15.0,
-                                   peak_tflops=65.0, time=time, job_id=None, run_id=f"{int(time)}-bs{batch}"))
+            paths.append(
+                write_run(
+                    root,
+                    study=study,
+                    model=model,
+                    strategy=label,
+                    nodes=1,
+                    ranks_per_node=1,
+                    batch=batch,
+                    ips=ips if status == "ok" else None,
+                    status=status,
+                    error="CUDA out of memory" if status != "ok" else None,
+                    memory_gib=mem if status == "ok" else None,
+                    device_memory_gib=15.0,
+                    peak_tflops=65.0,
+                    time=time,
+                    job_id=None,
+                    run_id=f"{int(time)}-bs{batch}",
+                )
+            )
     return paths
 
 

@@ -13,6 +13,7 @@ Terms used throughout the analysis:
 - repetitions: the ok runs of one point (a study's repeats, or reruns of it); their medians make the
   point's statistics (analysis/stats.py), while the row shows the newest one's record.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,37 +35,112 @@ _LABELS = all_labels()
 MODEL_ORDER = ["vit_micro", "vit_tiny", "vit_small", "vit_base", "vit_huge", "vit_1b", "vit_3b", "vit_5b", "vit_15b"]
 
 # Short names for options in series labels; a legend entry has little room.
-OPTION_SHORT = {"backward_prefetch": "prefetch", "limit_all_gathers": "limit_ag", "forward_prefetch": "fwd_prefetch",
-                "activation_checkpointing": "ckpt", "use_orig_params": "orig_params"}
+OPTION_SHORT = {
+    "backward_prefetch": "prefetch",
+    "limit_all_gathers": "limit_ag",
+    "forward_prefetch": "fwd_prefetch",
+    "activation_checkpointing": "ckpt",
+    "use_orig_params": "orig_params",
+}
 
 VERSION_KEYS = ("python", "torch", "timm", "deepspeed", "colossalai", "cuda", "hip", "nccl")
 MEMORY_MEASURES = (("peak_allocated_gib", "allocated"), ("peak_reserved_gib", "reserved"), ("peak_rss_gib", "rss"))
 
 # The point's statistics over its ok runs (analysis/stats.py), in the kept row only.
-POINT_COLUMNS = ["ips_point_median", "ips_ci_low", "ips_ci_high", "ips_ci_confidence", "ips_ci_method", "ips_runs",
-                 "ips_timed_steps", "ips_run_cv"]
+POINT_COLUMNS = [
+    "ips_point_median",
+    "ips_ci_low",
+    "ips_ci_high",
+    "ips_ci_confidence",
+    "ips_ci_method",
+    "ips_runs",
+    "ips_timed_steps",
+    "ips_run_cv",
+]
 
 # Columns in the order a reader scans them; option columns (opt_*) and version columns follow.
 LEADING_COLUMNS = [
-    "study", "model", "params", "series", "strategy", "family", "implementation", "nodes", "world_size",
-    "ranks_per_node", "batch_per_device", "batch_global", "status", "ips_mean", "ips_std", "ips_min", "ips_max",
-    "ips_median", *POINT_COLUMNS, "ips_per_device", "efficiency", "efficiency_base_nodes",
-    "efficiency_base_world_size", "efficiency_ci_low", "efficiency_ci_high",
-    "memory_gib", "memory_measure", "mem_allocated_max_gib", "mem_allocated_mean_gib", "mem_reserved_max_gib",
-    "mem_reserved_mean_gib", "mem_rss_max_gib", "mem_rss_mean_gib", "mem_window", "device_memory_gib",
-    "tflops_per_device", "mfu", "peak_tflops_per_device", "steps_done", "steps_planned", "timed_steps",
-    "warmup_steps", "wall_time_s", "replicas_agree", "final_loss", "error", "failed_rank", "reruns_set_aside",
-    "run_id", "time_iso", "start_time", "job_id", "step_id", "job_name", "partition", "nodelist", "hosts",
-    "launcher", "launched_by", "device_type", "device_name", "cpu_model", "cpu_count", "backend",
-    "shard_group_size", "replicate_group_size", "flops_per_image",
-    "peak_tflops_source", "plan_memory_gib", "plan_peak_allocated_gib", "plan_fits", "git_revision", "notes", "path",
+    "study",
+    "model",
+    "params",
+    "series",
+    "strategy",
+    "family",
+    "implementation",
+    "nodes",
+    "world_size",
+    "ranks_per_node",
+    "batch_per_device",
+    "batch_global",
+    "status",
+    "ips_mean",
+    "ips_std",
+    "ips_min",
+    "ips_max",
+    "ips_median",
+    *POINT_COLUMNS,
+    "ips_per_device",
+    "efficiency",
+    "efficiency_base_nodes",
+    "efficiency_base_world_size",
+    "efficiency_ci_low",
+    "efficiency_ci_high",
+    "memory_gib",
+    "memory_measure",
+    "mem_allocated_max_gib",
+    "mem_allocated_mean_gib",
+    "mem_reserved_max_gib",
+    "mem_reserved_mean_gib",
+    "mem_rss_max_gib",
+    "mem_rss_mean_gib",
+    "mem_window",
+    "device_memory_gib",
+    "tflops_per_device",
+    "mfu",
+    "peak_tflops_per_device",
+    "steps_done",
+    "steps_planned",
+    "timed_steps",
+    "warmup_steps",
+    "wall_time_s",
+    "replicas_agree",
+    "final_loss",
+    "error",
+    "failed_rank",
+    "reruns_set_aside",
+    "run_id",
+    "time_iso",
+    "start_time",
+    "job_id",
+    "step_id",
+    "job_name",
+    "partition",
+    "nodelist",
+    "hosts",
+    "launcher",
+    "launched_by",
+    "device_type",
+    "device_name",
+    "cpu_model",
+    "cpu_count",
+    "backend",
+    "shard_group_size",
+    "replicate_group_size",
+    "flops_per_image",
+    "peak_tflops_source",
+    "plan_memory_gib",
+    "plan_peak_allocated_gib",
+    "plan_fits",
+    "git_revision",
+    "notes",
+    "path",
 ]
 
 
 @dataclass
 class Tables:
-    results: pd.DataFrame     # the kept runs, one per point, with the point's statistics over its ok runs
-    set_aside: pd.DataFrame   # the other runs of a point: older ok ones (pooled) and failed ones
+    results: pd.DataFrame  # the kept runs, one per point, with the point's statistics over its ok runs
+    set_aside: pd.DataFrame  # the other runs of a point: older ok ones (pooled) and failed ones
 
 
 def _num(x):
@@ -97,34 +173,55 @@ def run_row(run: RunRecord) -> dict:
     world_size = world["world_size"]
 
     row = {
-        "study": s.get("study") or "", "model": model["name"], "params": _num(model.get("params")),
+        "study": s.get("study") or "",
+        "model": model["name"],
+        "params": _num(model.get("params")),
         "flops_per_image": _num(model.get("flops_per_image")),
-        "strategy": strat["label"], "family": strat.get("family"), "implementation": strat.get("implementation"),
+        "strategy": strat["label"],
+        "family": strat.get("family"),
+        "implementation": strat.get("implementation"),
         "shard_group_size": _num(strat.get("shard_group_size")),
         "replicate_group_size": _num(strat.get("replicate_group_size")),
-        "nodes": int(world["nodes"]), "world_size": int(world_size),
+        "nodes": int(world["nodes"]),
+        "world_size": int(world_size),
         "ranks_per_node": _num(world.get("ranks_per_node")),
-        "device_type": world.get("device_type"), "device_name": world.get("device_name"),
-        "device_memory_gib": _num(world.get("device_memory_gib")), "backend": world.get("backend"),
+        "device_type": world.get("device_type"),
+        "device_name": world.get("device_name"),
+        "device_memory_gib": _num(world.get("device_memory_gib")),
+        "backend": world.get("backend"),
         "peak_tflops_per_device": _num(world.get("peak_tflops_per_device")),
         "peak_tflops_source": world.get("peak_tflops_source"),
-        "batch_per_device": int(batch["per_device"]), "batch_global": _num(batch.get("global")),
+        "batch_per_device": int(batch["per_device"]),
+        "batch_global": _num(batch.get("global")),
         "status": run.status,
-        "ips_mean": _num(ips.get("mean")), "ips_std": _num(ips.get("std")), "ips_min": _num(ips.get("min")),
-        "ips_max": _num(ips.get("max")), "ips_median": _num(ips.get("median")),
+        "ips_mean": _num(ips.get("mean")),
+        "ips_std": _num(ips.get("std")),
+        "ips_min": _num(ips.get("min")),
+        "ips_max": _num(ips.get("max")),
+        "ips_median": _num(ips.get("median")),
         "ips_per_device": _num(e.get("images_per_s_per_device")),
-        "tflops_per_device": _num(e.get("tflops_per_device")), "mfu": _num(e.get("mfu")),
+        "tflops_per_device": _num(e.get("tflops_per_device")),
+        "mfu": _num(e.get("mfu")),
         "steps_done": _num(e.get("steps_done")) if run.end else _num(run.last_step),
-        "steps_planned": _num(cfg_train.get("steps")), "timed_steps": _num(e.get("timed_steps")),
+        "steps_planned": _num(cfg_train.get("steps")),
+        "timed_steps": _num(e.get("timed_steps")),
         "warmup_steps": _num(cfg_train.get("warmup_steps")),
         "wall_time_s": _num(e.get("wall_time_s")),
         "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
-        "final_loss": _num(e.get("final_loss")), "error": e.get("error"), "failed_rank": _num(e.get("failed_rank")),
+        "final_loss": _num(e.get("final_loss")),
+        "error": e.get("error"),
+        "failed_rank": _num(e.get("failed_rank")),
         "mem_window": mem.get("window"),
-        "run_id": s.get("run_id"), "time_iso": s.get("time_iso"), "start_time": _num(s.get("time")),
-        "job_id": slurm.get("job_id"), "step_id": slurm.get("step_id"), "job_name": slurm.get("job_name"),
-        "partition": slurm.get("partition"), "nodelist": slurm.get("nodelist"),
-        "hosts": ",".join(map(str, s.get("hosts") or [])), "launcher": s.get("launcher"),
+        "run_id": s.get("run_id"),
+        "time_iso": s.get("time_iso"),
+        "start_time": _num(s.get("time")),
+        "job_id": slurm.get("job_id"),
+        "step_id": slurm.get("step_id"),
+        "job_name": slurm.get("job_name"),
+        "partition": slurm.get("partition"),
+        "nodelist": slurm.get("nodelist"),
+        "hosts": ",".join(map(str, s.get("hosts") or [])),
+        "launcher": s.get("launcher"),
         # Written by vit_scale/record/versions.py since the CPU model and the process starter were added;
         # older records lack them, and the report says "not recorded" instead of guessing.
         "launched_by": versions.get("launched_by"),
@@ -173,8 +270,17 @@ def run_row(run: RunRecord) -> dict:
 
 def _point_key(row: dict) -> tuple:
     opts = json.dumps(row["_options"], sort_keys=True, default=str)
-    return (row["study"], row["model"], row["strategy"], row["implementation"], opts, row["nodes"],
-            row["world_size"], row["batch_per_device"], row["device_type"])
+    return (
+        row["study"],
+        row["model"],
+        row["strategy"],
+        row["implementation"],
+        opts,
+        row["nodes"],
+        row["world_size"],
+        row["batch_per_device"],
+        row["device_type"],
+    )
 
 
 def _usable_row(row: dict) -> bool:
@@ -195,9 +301,16 @@ def _point_statistics(keep: dict, group: list) -> None:
     for r in group:
         r["_pooled"] = any(r is p for p in pooled)
     est = stats.point_estimate([_run_median(r) for r in pooled], [r["_steps"] for r in pooled])
-    keep.update(ips_point_median=est.median, ips_ci_low=est.low, ips_ci_high=est.high,
-                ips_ci_confidence=est.confidence, ips_ci_method=est.method or None, ips_runs=est.runs,
-                ips_timed_steps=est.steps, ips_run_cv=est.cv)
+    keep.update(
+        ips_point_median=est.median,
+        ips_ci_low=est.low,
+        ips_ci_high=est.high,
+        ips_ci_confidence=est.confidence,
+        ips_ci_method=est.method or None,
+        ips_runs=est.runs,
+        ips_timed_steps=est.steps,
+        ips_run_cv=est.cv,
+    )
 
 
 def _dedupe(rows: list) -> tuple[list, list]:
@@ -241,15 +354,22 @@ def _add_series(rows: list) -> None:
 
 def estimate_of(row) -> stats.Estimate:
     """A results row's point statistics as analysis/stats.py takes them."""
+
     def num(key):
         value = row.get(key) if hasattr(row, "get") else row[key]
         return math.nan if value is None or pd.isna(value) else float(value)
 
     runs, method = num("ips_runs"), row.get("ips_ci_method")
-    return stats.Estimate(num("ips_point_median"), num("ips_ci_low"), num("ips_ci_high"), num("ips_ci_confidence"),
-                          method if isinstance(method, str) else "", 0 if math.isnan(runs) else int(runs),
-                          int(num("ips_timed_steps")) if not math.isnan(num("ips_timed_steps")) else 0,
-                          num("ips_run_cv"))
+    return stats.Estimate(
+        num("ips_point_median"),
+        num("ips_ci_low"),
+        num("ips_ci_high"),
+        num("ips_ci_confidence"),
+        method if isinstance(method, str) else "",
+        0 if math.isnan(runs) else int(runs),
+        int(num("ips_timed_steps")) if not math.isnan(num("ips_timed_steps")) else 0,
+        num("ips_run_cv"),
+    )
 
 
 def point_ips(df: pd.DataFrame) -> pd.Series:
@@ -280,8 +400,9 @@ def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
     base = ok.groupby(["study", "model", "series", "batch_per_device"], dropna=False)["world_size"].transform("idxmin")
     base_ips = ips.loc[base.to_numpy()].to_numpy()
     base_world = df.loc[base.to_numpy(), "world_size"].to_numpy()
-    df.loc[ok.index, "efficiency"] = (ips.loc[ok.index].to_numpy()
-                                      / (base_ips * ok["world_size"].to_numpy() / base_world))
+    df.loc[ok.index, "efficiency"] = ips.loc[ok.index].to_numpy() / (
+        base_ips * ok["world_size"].to_numpy() / base_world
+    )
     df.loc[ok.index, "efficiency_base_nodes"] = df.loc[base.to_numpy(), "nodes"].to_numpy()
     df.loc[ok.index, "efficiency_base_world_size"] = base_world
     cols = ["ips_point_median", "ips_ci_low", "ips_ci_high"]
@@ -309,9 +430,18 @@ def sort_table(df: pd.DataFrame) -> pd.DataFrame:
     """Study, then models by size, strategies in the paper's order, series, batch, ranks, time."""
     if df.empty:
         return df.reset_index(drop=True)
-    keys = list(zip(df["study"].astype(str), df["params"].fillna(0), [_rank(m, MODEL_ORDER) for m in df["model"]],
-                    [strategy_rank(s) for s in df["strategy"]], df["series"].astype(str),
-                    df["batch_per_device"], df["world_size"], df["start_time"].fillna(0)))
+    keys = list(
+        zip(
+            df["study"].astype(str),
+            df["params"].fillna(0),
+            [_rank(m, MODEL_ORDER) for m in df["model"]],
+            [strategy_rank(s) for s in df["strategy"]],
+            df["series"].astype(str),
+            df["batch_per_device"],
+            df["world_size"],
+            df["start_time"].fillna(0),
+        )
+    )
     order = sorted(range(len(df)), key=keys.__getitem__)
     return df.iloc[order].reset_index(drop=True)
 
@@ -339,8 +469,16 @@ def build(coll: Collection) -> Tables:
     set_aside = _frame(aside)
     if not set_aside.empty:
         # the point's statistics and efficiency belong to its kept row
-        set_aside = set_aside.drop(columns=["efficiency", "efficiency_base_nodes", "efficiency_base_world_size",
-                                            "efficiency_ci_low", "efficiency_ci_high"] + POINT_COLUMNS)
+        set_aside = set_aside.drop(
+            columns=[
+                "efficiency",
+                "efficiency_base_nodes",
+                "efficiency_base_world_size",
+                "efficiency_ci_low",
+                "efficiency_ci_high",
+            ]
+            + POINT_COLUMNS
+        )
     return Tables(results=results, set_aside=set_aside)
 
 
@@ -351,6 +489,7 @@ def _add_series_for_aside(aside: list) -> None:
 
 
 # ------------------------------------------------------------------------------ derived views
+
 
 def usable(df: pd.DataFrame) -> pd.DataFrame:
     """Runs whose throughput can be compared: ok, measured, and not flagged as wrong.
@@ -399,8 +538,10 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=list(df.columns) + BEST_COLUMNS)
     res = pd.DataFrame(out)
     params = res["params"].fillna(0).tolist()
-    keys = [(params[i], _rank(m, MODEL_ORDER), n, w)
-            for i, (m, n, w) in enumerate(zip(res["model"], res["nodes"], res["world_size"]))]
+    keys = [
+        (params[i], _rank(m, MODEL_ORDER), n, w)
+        for i, (m, n, w) in enumerate(zip(res["model"], res["nodes"], res["world_size"]))
+    ]
     return res.iloc[sorted(range(len(res)), key=keys.__getitem__)].reset_index(drop=True)
 
 

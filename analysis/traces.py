@@ -19,6 +19,7 @@ memory and communication inside the step,
   a CPU the ranks' threads, did nothing: host overhead, launch gaps, waiting on a peer); so
   compute + memory + comm_exposed + idle = step.
 """
+
 from __future__ import annotations
 
 import glob
@@ -37,8 +38,23 @@ COMM_KERNEL = re.compile(r"^(nccl|rccl).*kernel", re.I)
 MEMORY_KERNEL = re.compile(r"^(Memcpy|Memset|dma)")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 MEMORY_CATEGORIES = ("gpu_memcpy", "gpu_memset")
-COLUMNS = ("study", "model", "strategy", "nodes", "world_size", "rank", "device", "steps", "step_ms", "compute_ms",
-           "memory_ms", "comm_overlapped_ms", "comm_exposed_ms", "idle_ms", "run_dir")
+COLUMNS = (
+    "study",
+    "model",
+    "strategy",
+    "nodes",
+    "world_size",
+    "rank",
+    "device",
+    "steps",
+    "step_ms",
+    "compute_ms",
+    "memory_ms",
+    "comm_overlapped_ms",
+    "comm_exposed_ms",
+    "idle_ms",
+    "run_dir",
+)
 PARTS = ("step_ms", "compute_ms", "memory_ms", "comm_overlapped_ms", "comm_exposed_ms", "idle_ms")
 
 
@@ -76,6 +92,7 @@ def clip(intervals, lo: float, hi: float) -> list:
 
 class Classified(NamedTuple):
     """One trace: its step ranges and the merged intervals of each class, in µs after `origin`."""
+
     steps: list
     compute: list
     memory: list
@@ -110,8 +127,7 @@ def classify(events) -> Classified:
         spans: dict = {"compute": [], "memory": [], "comm": []}
         for e in device:
             spans[device_class(e)].append(span(e))
-        return Classified(steps, union(spans["compute"]), union(spans["memory"]), union(spans["comm"]), "gpu",
-                          origin)
+        return Classified(steps, union(spans["compute"]), union(spans["memory"]), union(spans["comm"]), "gpu", origin)
     comm = [span(e) for e in complete if str(e.get("name", "")).startswith("gloo:")]
     return Classified(steps, union(cpu_leaf_operators(complete, span)), [], union(comm), "cpu", origin)
 
@@ -140,8 +156,14 @@ def split(classes: Classified, lo: float, hi: float) -> dict:
     hidden = length(intersect(c, m))
     busy_without_memory = length(union(c + m))
     busy = length(union(c + m + y))
-    return {"step": hi - lo, "compute": length(c), "memory": busy - busy_without_memory, "overlapped": hidden,
-            "exposed": length(m) - hidden, "idle": (hi - lo) - busy}
+    return {
+        "step": hi - lo,
+        "compute": length(c),
+        "memory": busy - busy_without_memory,
+        "overlapped": hidden,
+        "exposed": length(m) - hidden,
+        "idle": (hi - lo) - busy,
+    }
 
 
 def breakdown(path: str) -> dict | None:
@@ -157,10 +179,17 @@ def breakdown(path: str) -> dict | None:
         for k, v in split(classes, lo, hi).items():
             totals[k] = totals.get(k, 0.0) + v
     n = len(classes.steps)
-    ms = {k: round(v / n / 1000.0, 3) for k, v in totals.items()}   # trace times are in µs
-    return {"device": classes.device, "steps": n, "step_ms": ms["step"], "compute_ms": ms["compute"],
-            "memory_ms": ms["memory"], "comm_overlapped_ms": ms["overlapped"], "comm_exposed_ms": ms["exposed"],
-            "idle_ms": ms["idle"]}
+    ms = {k: round(v / n / 1000.0, 3) for k, v in totals.items()}  # trace times are in µs
+    return {
+        "device": classes.device,
+        "steps": n,
+        "step_ms": ms["step"],
+        "compute_ms": ms["compute"],
+        "memory_ms": ms["memory"],
+        "comm_overlapped_ms": ms["overlapped"],
+        "comm_exposed_ms": ms["exposed"],
+        "idle_ms": ms["idle"],
+    }
 
 
 def run_breakdowns(run) -> list[dict]:
@@ -171,18 +200,26 @@ def run_breakdowns(run) -> list[dict]:
         try:
             found = breakdown(path)
         except (OSError, ValueError, EOFError):
-            found = None   # a trace cut short (the run was killed while writing it): nothing to count
+            found = None  # a trace cut short (the run was killed while writing it): nothing to count
         if not m or found is None:
             continue
         start = run.start
-        rows.append({"study": start.get("study"), "model": start["model"]["name"],
-                     "strategy": start["strategy"]["label"], "nodes": start["world"]["nodes"],
-                     "world_size": start["world"]["world_size"], "rank": int(m.group(1)), **found,
-                     "run_dir": run.run_dir})
+        rows.append(
+            {
+                "study": start.get("study"),
+                "model": start["model"]["name"],
+                "strategy": start["strategy"]["label"],
+                "nodes": start["world"]["nodes"],
+                "world_size": start["world"]["world_size"],
+                "rank": int(m.group(1)),
+                **found,
+                "run_dir": run.run_dir,
+            }
+        )
     return rows
 
 
-def table(runs) -> "pd.DataFrame":
+def table(runs) -> pd.DataFrame:
     """time_breakdown.csv: one row per traced rank of every run that finished ok."""
     import pandas as pd
 
@@ -190,13 +227,13 @@ def table(runs) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
-def per_run(df: "pd.DataFrame") -> "pd.DataFrame":
+def per_run(df: pd.DataFrame) -> pd.DataFrame:
     """Mean over the traced ranks of each run (the figure's bars, the report's line)."""
     keys = ["study", "model", "strategy", "nodes", "world_size", "run_dir"]
     return df.groupby(keys, as_index=False, sort=False)[list(PARTS)].mean()
 
 
-def most_exposed(df: "pd.DataFrame") -> str | None:
+def most_exposed(df: pd.DataFrame) -> str | None:
     """The report's line: the strategy with the most exposed communication at the largest node count."""
     if df.empty:
         return None
@@ -211,7 +248,9 @@ def most_exposed(df: "pd.DataFrame") -> str | None:
         worst = at.loc[at["comm_exposed_ms"].idxmax()]
         where = f"{int(top_nodes)} node{'s' if top_nodes > 1 else ''} ({int(worst['world_size'])} ranks)"
         share = worst["comm_exposed_ms"] / worst["step_ms"] if worst["step_ms"] else 0
-        lines.append(f"{model} on {where}: {worst['strategy']} has the most exposed communication, "
-                     f"{worst['comm_exposed_ms']:.1f} ms of its {worst['step_ms']:.1f} ms step ({share:.0%}), "
-                     f"{worst['comm_overlapped_ms']:.1f} ms more hidden behind compute.")
+        lines.append(
+            f"{model} on {where}: {worst['strategy']} has the most exposed communication, "
+            f"{worst['comm_exposed_ms']:.1f} ms of its {worst['step_ms']:.1f} ms step ({share:.0%}), "
+            f"{worst['comm_overlapped_ms']:.1f} ms more hidden behind compute."
+        )
     return " ".join(lines)

@@ -6,6 +6,7 @@ Exit status: 0 done (files that could not be read are listed, not fatal); 1 noth
 found; 2 bad command line (a missing directory, an --out that is a file or a run directory);
 3 some records use a schema newer than this analysis reads (the rest is still written).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,12 +20,14 @@ if __package__ in (None, ""):
     # package imports below resolve and no module here shadows one of the same name elsewhere.
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from analysis import figures  # noqa: E402
-from analysis import prediction  # noqa: E402
-from analysis import report  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
-from analysis import table as tbl  # noqa: E402
-from analysis import traces  # noqa: E402
+from analysis import (
+    figures,
+    prediction,
+    report,
+    traces,
+)
+from analysis import table as tbl
+from vit_scale.record import reader as records
 
 EXIT_OK, EXIT_NOTHING, EXIT_USAGE, EXIT_SCHEMA = 0, 1, 2, 3
 FORMATS = ("png", "pdf", "svg")
@@ -41,22 +44,38 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv):
-    p = _Parser(prog="analysis/weak_scaling.py",
-                description="Tables, plots and a report from vit-scale run directories (docs/analysis.md).")
+    p = _Parser(
+        prog="analysis/weak_scaling.py",
+        description="Tables, plots and a report from vit-scale run directories (docs/analysis.md).",
+    )
     p.add_argument("runs", nargs="+", metavar="RUNS_DIR", help="directories searched for */metrics.jsonl")
     p.add_argument("--out", default="report", help="output directory (created; default: report)")
-    p.add_argument("--study", action="append", metavar="NAME",
-                   help="only runs of this study (repeatable; default: every study found)")
-    p.add_argument("--grid-model",
-                   help="model for the Figure-1 configuration grid (default: the one with the most configurations)")
+    p.add_argument(
+        "--study",
+        action="append",
+        metavar="NAME",
+        help="only runs of this study (repeatable; default: every study found)",
+    )
+    p.add_argument(
+        "--grid-model", help="model for the Figure-1 configuration grid (default: the one with the most configurations)"
+    )
     p.add_argument("--grid-nodes", type=_positive_int, help="node count for the configuration grid")
-    p.add_argument("--formats", default="png,pdf", type=_formats,
-                   help=f"figure formats, comma-separated from {', '.join(FORMATS)} (default: png,pdf)")
+    p.add_argument(
+        "--formats",
+        default="png,pdf",
+        type=_formats,
+        help=f"figure formats, comma-separated from {', '.join(FORMATS)} (default: png,pdf)",
+    )
     p.add_argument("--dpi", type=_dpi, default=300, help="PNG resolution (default: 300, print)")
-    p.add_argument("--width", type=_width, default="column", metavar="column|page|INCHES",
-                   help="the width the figures are drawn at, and so printed at without scaling their text: "
-                        f"column ({figures.COLUMN_WIDTH} in, default), page ({figures.PAGE_WIDTH} in) "
-                        f"or inches from {MIN_WIDTH:g} to {MAX_WIDTH:g}")
+    p.add_argument(
+        "--width",
+        type=_width,
+        default="column",
+        metavar="column|page|INCHES",
+        help="the width the figures are drawn at, and so printed at without scaling their text: "
+        f"column ({figures.COLUMN_WIDTH} in, default), page ({figures.PAGE_WIDTH} in) "
+        f"or inches from {MIN_WIDTH:g} to {MAX_WIDTH:g}",
+    )
     p.add_argument("--no-plots", action="store_true", help="tables and report only")
     p.add_argument("--quiet", action="store_true", help="only warnings and errors")
     p.add_argument("--debug", action="store_true", help="show the traceback of an unexpected error")
@@ -92,8 +111,9 @@ def _width(text):
     except ValueError:
         value = math.nan
     if not MIN_WIDTH <= value <= MAX_WIDTH:  # also false for nan
-        raise argparse.ArgumentTypeError(f"{text!r} not allowed; allowed: column, page or inches from "
-                                         f"{MIN_WIDTH:g} to {MAX_WIDTH:g}")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} not allowed; allowed: column, page or inches from {MIN_WIDTH:g} to {MAX_WIDTH:g}"
+        )
     return value
 
 
@@ -188,15 +208,19 @@ def run(args) -> int:
         unknown = [s for s in args.study if s not in found]
         if unknown:
             have = ", ".join(sorted(map(str, found))) or "none"
-            raise UsageError(f"--study: no runs of {', '.join(unknown)} under {', '.join(args.runs)}; "
-                             f"studies found: {have}")
+            raise UsageError(
+                f"--study: no runs of {', '.join(unknown)} under {', '.join(args.runs)}; studies found: {have}"
+            )
         coll.runs = [r for r in coll.runs if r.start.get("study") in args.study]
     tables = tbl.build(coll)
     results, set_aside = tables.results, tables.set_aside
     n_aside = len(set_aside)
-    _say(args, f"collected {len(coll.runs)} runs in {coll.seconds:.1f} s "
-               f"({len(coll.skipped) + len(coll.unknown_schema)} skipped, {n_aside} reruns set aside)"
-               + (f"; {len(results)} in the table: {report.status_counts(results)}" if len(results) else ""))
+    _say(
+        args,
+        f"collected {len(coll.runs)} runs in {coll.seconds:.1f} s "
+        f"({len(coll.skipped) + len(coll.unknown_schema)} skipped, {n_aside} reruns set aside)"
+        + (f"; {len(results)} in the table: {report.status_counts(results)}" if len(results) else ""),
+    )
     for s in (coll.skipped + coll.unknown_schema)[:MAX_LISTED]:
         _warn(f"skipped {s.path}: {s.reason}")
     extra = len(coll.skipped) + len(coll.unknown_schema) - MAX_LISTED
@@ -204,15 +228,20 @@ def run(args) -> int:
         _warn(f"... and {extra} more skipped (all listed in report.md)")
     schema_msg = None
     if coll.unknown_schema:
-        schema_msg = (f"{len(coll.unknown_schema)} run file(s) use a schema newer than this analysis reads "
-                      f"(up to {records.SUPPORTED_SCHEMA}), e.g. {coll.unknown_schema[0].path}; "
-                      f"update vit-scale's analysis to read them")
+        schema_msg = (
+            f"{len(coll.unknown_schema)} run file(s) use a schema newer than this analysis reads "
+            f"(up to {records.SUPPORTED_SCHEMA}), e.g. {coll.unknown_schema[0].path}; "
+            f"update vit-scale's analysis to read them"
+        )
     if results.empty:
         if schema_msg:
             print(f"error: {schema_msg}", file=sys.stderr)
             return EXIT_SCHEMA
-        print(f"error: no usable runs under {', '.join(args.runs)} "
-              f"({len(coll.skipped)} file(s) or directories skipped, listed above)", file=sys.stderr)
+        print(
+            f"error: no usable runs under {', '.join(args.runs)} "
+            f"({len(coll.skipped)} file(s) or directories skipped, listed above)",
+            file=sys.stderr,
+        )
         return EXIT_NOTHING
 
     # Resolve the grid choice before writing anything, so a bad --grid-model leaves no half output.
@@ -226,8 +255,11 @@ def run(args) -> int:
         os.makedirs(args.out, exist_ok=True)
     except OSError as exc:
         raise UsageError(f"--out: cannot create {args.out}: {exc.strerror or exc}") from None
-    writer = _Writer(args.out, {os.path.realpath(r.path) for r in coll.runs} |
-                     {os.path.realpath(s.path) for s in coll.skipped + coll.unknown_schema})
+    writer = _Writer(
+        args.out,
+        {os.path.realpath(r.path) for r in coll.runs}
+        | {os.path.realpath(s.path) for s in coll.skipped + coll.unknown_schema},
+    )
     try:
         results.to_csv(writer.path("results.csv"), index=False)
         if not set_aside.empty:
@@ -245,8 +277,9 @@ def run(args) -> int:
     drawn, missing = [], []
     if not args.no_plots:
         t_plot = time.perf_counter()
-        drawn, missing = figures.all_plots(results, args.grid_model, args.grid_nodes, args.width, breakdown,
-                                          predicted.rows)
+        drawn, missing = figures.all_plots(
+            results, args.grid_model, args.grid_nodes, args.width, breakdown, predicted.rows
+        )
         for fig in drawn:
             for fmt in args.formats:
                 fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
@@ -300,8 +333,11 @@ def main(argv=None) -> int:
     except Exception as exc:  # a bug, not bad input: say so in one line unless asked for more
         if debug:
             raise
-        print(f"error: internal error in the analysis: {type(exc).__name__}: {exc} "
-              f"(rerun with --debug for the traceback, and report it)", file=sys.stderr)
+        print(
+            f"error: internal error in the analysis: {type(exc).__name__}: {exc} "
+            f"(rerun with --debug for the traceback, and report it)",
+            file=sys.stderr,
+        )
         return EXIT_NOTHING
 
 

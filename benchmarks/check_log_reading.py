@@ -12,6 +12,7 @@ memory (tracemalloc) of each side by side. --net says where connection lines are
 Files are read from the page cache (they were just written); a parallel filesystem is slower to
 open each, which makes the old way's cost per file larger still.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,10 +38,13 @@ HEADER = """{host}:{pid}:{pid} [{local}] NCCL INFO Bootstrap : Using hsn0:10.{no
 {host}:{pid}:{pid} [{local}] NCCL INFO Setting affinity for GPU {local} to ff000000,00000000
 {host}:{pid}:{pid} [{local}] NCCL INFO Trees [0] {up}/-1/-1->{rank}->{down} [1] {up}/-1/-1->{rank}->{down}
 """
-WITHIN = ("{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[{peer_local}] "
-          "via P2P/IPC\n")
-BETWEEN = ("{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[0] [send] "
-           "via NET/AWS Libfabric/{nic}/GDRDMA\n")
+WITHIN = (
+    "{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[{peer_local}] via P2P/IPC\n"
+)
+BETWEEN = (
+    "{host}:{pid}:{tid} [{local}] NCCL INFO Channel {ch:02d}/0 : {rank}[{local}] -> {peer}[0] [send] "
+    "via NET/AWS Libfabric/{nic}/GDRDMA\n"
+)
 FOOTER = "{host}:{pid}:{pid} [{local}] NCCL INFO comm 0x5b1e2c0 rank {rank} nranks {ranks} - Init COMPLETE\n"
 
 
@@ -53,8 +57,18 @@ def write_rank_logs(folder: str, ranks: int, per_node: int, net: str, stamp: str
     for rank in range(ranks):
         node, local = divmod(rank, per_node)
         host, pid = f"frontier{node:05d}", 10000 + rank
-        facts = dict(host=host, pid=pid, tid=pid + 6, local=local, rank=rank, ranks=ranks, node_hi=node // 256,
-                     node_lo=node % 256, up=(rank - 1) % ranks, down=(rank + 1) % ranks)
+        facts = dict(
+            host=host,
+            pid=pid,
+            tid=pid + 6,
+            local=local,
+            rank=rank,
+            ranks=ranks,
+            node_hi=node // 256,
+            node_lo=node % 256,
+            up=(rank - 1) % ranks,
+            down=(rank + 1) % ranks,
+        )
         text = HEADER.format(**facts)
         crosses = local == per_node - 1 and (net == "first" or (net == "last" and rank == ranks - 1))
         for ch in range(4):
@@ -106,12 +120,14 @@ def main() -> int:
     try:
         started = time.perf_counter()
         written = write_rank_logs(os.path.join(out, "logs"), args.ranks, args.ranks_per_node, args.net)
-        print(f"{args.ranks} rank files, {written / 2 ** 20:.1f} MiB, written in {time.perf_counter() - started:.1f} s "
-              f"(connections between nodes: {args.net})")
+        print(
+            f"{args.ranks} rank files, {written / 2**20:.1f} MiB, written in {time.perf_counter() - started:.1f} s "
+            f"(connections between nodes: {args.net})"
+        )
         print(f"{'':<6} {'seconds':>9} {'peak MiB':>9}  between nodes")
         for name, read in (("old", old_way), ("new", new_way)):
             found, seconds, peak = measured(read, out, STAMP)
-            print(f"{name:<6} {seconds:>9.3f} {peak / 2 ** 20:>9.1f}  {', '.join(found['between_nodes']) or '-'}")
+            print(f"{name:<6} {seconds:>9.3f} {peak / 2**20:>9.1f}  {', '.join(found['between_nodes']) or '-'}")
     finally:
         if not args.dir:
             shutil.rmtree(out, ignore_errors=True)

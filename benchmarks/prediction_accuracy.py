@@ -18,6 +18,7 @@ them again. A few minutes on a 2-core machine; the machine's load during the run
 beside the figures, since on a shared CPU it moves both the check's fits and the study's speeds.
 Exit code 0 when the bar is met, 1 when not.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,7 @@ sys.path.insert(0, ROOT)
 from vit_scale.planning import predict as pr  # noqa: E402
 from vit_scale.record import reader  # noqa: E402
 
-BAR = 0.25                   # median absolute error over the 2-node points, on a CPU (issue 24)
+BAR = 0.25  # median absolute error over the 2-node points, on a CPU (issue 24)
 STUDY = os.path.join(ROOT, "configs", "studies", "local.yaml")
 
 
@@ -46,13 +47,17 @@ def load() -> str:
 
 def vit_scale(args: list, cwd: str) -> float:
     """Runs `python -m vit_scale ARGS` with this checkout first on the path; its seconds."""
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "VIT_SCALE_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "VIT_SCALE_PYTHON": sys.executable,
+    }
     started = time.perf_counter()
     print(f"$ vit-scale {' '.join(args)}   ({load()})", flush=True)
     proc = subprocess.run([sys.executable, "-m", "vit_scale", *args], cwd=cwd, env=env)
     seconds = time.perf_counter() - started
-    if proc.returncode not in (0, 1):   # 1: a check line or a run failed; the rest may still be usable
+    if proc.returncode not in (0, 1):  # 1: a check line or a run failed; the rest may still be usable
         raise SystemExit(f"vit-scale {args[0]} ended with exit code {proc.returncode}")
     return seconds
 
@@ -66,11 +71,18 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
         p = pr.predict([step.scenario], cal, comp, step.blocking, options=[step.options])[0]
         measured = step.scenario.batch_size * step.scenario.world / step.step_s
         b = p.breakdown
-        rows.append({"strategy": step.scenario.strategy, "nodes": step.scenario.nodes, "measured": measured,
-                     "predicted": p.images_per_s, "error": measured / p.images_per_s - 1 if p.images_per_s else None,
-                     "exposed_ms": (b.exposed_intra_s + b.exposed_inter_s) * 1e3 if b else None,
-                     "compute_ms": (b.forward_s + b.backward_s) * 1e3 if b else None,
-                     "step_ms": step.step_s * 1e3})
+        rows.append(
+            {
+                "strategy": step.scenario.strategy,
+                "nodes": step.scenario.nodes,
+                "measured": measured,
+                "predicted": p.images_per_s,
+                "error": measured / p.images_per_s - 1 if p.images_per_s else None,
+                "exposed_ms": (b.exposed_intra_s + b.exposed_inter_s) * 1e3 if b else None,
+                "compute_ms": (b.forward_s + b.backward_s) * 1e3 if b else None,
+                "step_ms": step.step_s * 1e3,
+            }
+        )
     return sorted(rows, key=lambda r: (r["strategy"], r["nodes"]))
 
 
@@ -93,13 +105,38 @@ def main(argv=None) -> int:
         check = args.check_json or os.path.join(work, "check", "check.json")
         if not args.check_json:
             # the strategy labels do not feed the calibration: DDP alone keeps the check short
-            s = vit_scale(["check", "--system", "local", "--nodes", "2", "--strategies", "DDP", "--out",
-                           os.path.join(work, "check")], work)
+            s = vit_scale(
+                [
+                    "check",
+                    "--system",
+                    "local",
+                    "--nodes",
+                    "2",
+                    "--strategies",
+                    "DDP",
+                    "--out",
+                    os.path.join(work, "check"),
+                ],
+                work,
+            )
             print(f"check: {s:.0f} s", flush=True)
         study = args.study_dir or os.path.join(work, "runs", "local")
         if not args.study_dir:
-            s = vit_scale(["study", "--system", "local", "--config", STUDY, "--study", "local", "--out",
-                           os.path.join(work, "runs"), "--no-analysis"], work)
+            s = vit_scale(
+                [
+                    "study",
+                    "--system",
+                    "local",
+                    "--config",
+                    STUDY,
+                    "--study",
+                    "local",
+                    "--out",
+                    os.path.join(work, "runs"),
+                    "--no-analysis",
+                ],
+                work,
+            )
             print(f"study: {s:.0f} s", flush=True)
         runs = reader.collect([study]).runs
         comp = pr.compute_from(study, runs=runs)
@@ -114,16 +151,19 @@ def main(argv=None) -> int:
         results = {name: rows_for(runs, cal, comp) for name, cal in calibrations.items()}
         print(f"\ncalibration: {calibrations['check'].describe()}")
         print(f"compute: {comp.describe()}")
-        print(f"\n{'strategy':14} {'nodes':>5} {'measured':>10} {'predicted':>10} {'error':>8} "
-              f"{'step ms':>8} {'compute ms':>10} {'exposed ms':>10}   (images/s in total)")
+        print(
+            f"\n{'strategy':14} {'nodes':>5} {'measured':>10} {'predicted':>10} {'error':>8} "
+            f"{'step ms':>8} {'compute ms':>10} {'exposed ms':>10}   (images/s in total)"
+        )
         for r in results["check"]:
-            print(f"{r['strategy']:14} {r['nodes']:5d} {r['measured']:10.1f} {r['predicted']:10.1f} "
-                  f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}")
+            print(
+                f"{r['strategy']:14} {r['nodes']:5d} {r['measured']:10.1f} {r['predicted']:10.1f} "
+                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}"
+            )
         print()
         for name, rows in results.items():
             m = median_abs(rows)
-            print(f"median |error| over the 2-node points, calibration {name:7}: "
-                  f"{'n/a' if m is None else f'{m:.1%}'}")
+            print(f"median |error| over the 2-node points, calibration {name:7}: {'n/a' if m is None else f'{m:.1%}'}")
         m = median_abs(results["check"])
         met = m is not None and m <= BAR
         print(f"\nbar: {BAR:.0%} on a CPU; {'met' if met else 'missed'} ({load()} at the end)")

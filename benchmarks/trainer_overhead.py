@@ -17,6 +17,7 @@ of the per-round ratio trainer/bare. Bar (issue 12): 0.97 or better.
 
 It starts itself under torchrun with --ranks processes (default: 2 on a CPU, every GPU on a GPU).
 """
+
 import argparse
 import os
 import statistics
@@ -49,18 +50,28 @@ def worker(args) -> int:
                 bare[label].append(bare_loop(label, args, world))
                 ours[label].append(trainer(label, args, world, out_dir)[0])
                 if world.is_main:
-                    print(f"round {r + 1}/{args.rounds} {label:10}: bare {bare[label][-1]:9.2f} img/s, "
-                          f"trainer {ours[label][-1]:9.2f} img/s", flush=True)
+                    print(
+                        f"round {r + 1}/{args.rounds} {label:10}: bare {bare[label][-1]:9.2f} img/s, "
+                        f"trainer {ours[label][-1]:9.2f} img/s",
+                        flush=True,
+                    )
     if world.is_main:
-        device = (torch.cuda.get_device_name(world.device_index) if world.device_type != "cpu"
-                  else f"CPU ({torch.get_num_threads()} threads per rank)")
-        print(f"\n{args.model}, batch {args.batch_size} per rank, {world.world_size} rank(s), {args.precision}, "
-              f"{device}, torch {torch.__version__}, {args.steps - args.warmup} timed steps x {args.rounds} rounds")
+        device = (
+            torch.cuda.get_device_name(world.device_index)
+            if world.device_type != "cpu"
+            else f"CPU ({torch.get_num_threads()} threads per rank)"
+        )
+        print(
+            f"\n{args.model}, batch {args.batch_size} per rank, {world.world_size} rank(s), {args.precision}, "
+            f"{device}, torch {torch.__version__}, {args.steps - args.warmup} timed steps x {args.rounds} rounds"
+        )
         for label in pairs:
             ratios = [o / b for o, b in zip(ours[label], bare[label])]
-            print(f"  {label:10} bare {statistics.median(bare[label]):9.2f} img/s, trainer "
-                  f"{statistics.median(ours[label]):9.2f} img/s (medians; per-round ratios "
-                  f"{', '.join(f'{x:.3f}' for x in ratios)})")
+            print(
+                f"  {label:10} bare {statistics.median(bare[label]):9.2f} img/s, trainer "
+                f"{statistics.median(ours[label]):9.2f} img/s (medians; per-round ratios "
+                f"{', '.join(f'{x:.3f}' for x in ratios)})"
+            )
         for label in pairs:
             ratio = statistics.median(o / b for o, b in zip(ours[label], bare[label]))
             print(f"ratio {label}: {ratio:.3f}")
@@ -96,8 +107,15 @@ def main() -> int:
         import torch
 
         ranks = torch.cuda.device_count() if gpu else 2
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-           os.path.abspath(__file__), *sys.argv[1:]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        os.path.abspath(__file__),
+        *sys.argv[1:],
+    ]
     return subprocess.call(cmd)
 
 

@@ -14,6 +14,7 @@ defaults; the planner is told the same. Rank 0 writes, per case, every rank's lo
 step and the planner's `communication.predict` and `per_unit` for the Scenario the trainer's config
 describes (`planning.from_config`).
 """
+
 import json
 import sys
 
@@ -85,9 +86,16 @@ class CollectiveLog(TorchDispatchMode):
                 kind, pg_arg, tensor_arg = KINDS[func]
                 group = ProcessGroup.unbox(args[pg_arg])
                 tensors = args[tensor_arg]
-                self.calls.append({"op": str(func), "kind": kind, "bytes": _nbytes(tensors),
-                                   "numel": _nbytes(tensors) // tensors_element_size(tensors),
-                                   "dtype": _dtypes(tensors), "ranks": dist.get_process_group_ranks(group)})
+                self.calls.append(
+                    {
+                        "op": str(func),
+                        "kind": kind,
+                        "bytes": _nbytes(tensors),
+                        "numel": _nbytes(tensors) // tensors_element_size(tensors),
+                        "dtype": _dtypes(tensors),
+                        "ranks": dist.get_process_group_ranks(group),
+                    }
+                )
         return func(*args, **(kwargs or {}))
 
 
@@ -113,17 +121,25 @@ def run_case(case: str, world) -> dict:
     label, _, extra = case.partition(":")
     extra = [x for x in extra.split(",") if x]
     zero = {k[1:]: int(v) for k, v in (x.split("=") for x in extra if x.startswith("@"))}
-    cfg = load_config(None, FAST + [f"strategy={label}", f"system.ranks_per_node={world.local_world_size}"]
-                      + [x for x in extra if not x.startswith("@")])
+    cfg = load_config(
+        None,
+        FAST
+        + [f"strategy={label}", f"system.ranks_per_node={world.local_world_size}"]
+        + [x for x in extra if not x.startswith("@")],
+    )
     parsed = parse_strategy(cfg.strategy)
     strategy = strategy_class(parsed.family)(cfg, parsed, world)
     if zero:  # DeepSpeed options the trainer leaves at their defaults: into the config it generated
         strategy.ds_config["zero_optimization"].update(zero)
     spec = get_spec(cfg.model)
-    strategy.setup(ModelFactory(spec, cfg.train.num_classes, cfg.train.seed, cfg.train.init,
-                                count_params(cfg.model, cfg.train.num_classes)))
-    batches = SyntheticBatches(cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device,
-                               cfg.train.seed, world.rank, 1)
+    strategy.setup(
+        ModelFactory(
+            spec, cfg.train.num_classes, cfg.train.seed, cfg.train.init, count_params(cfg.model, cfg.train.num_classes)
+        )
+    )
+    batches = SyntheticBatches(
+        cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device, cfg.train.seed, world.rank, 1
+    )
     images, labels = batches[0]
     for _ in range(WARM):
         strategy.train_step(images, labels)
@@ -139,8 +155,14 @@ def run_case(case: str, world) -> dict:
         communication.DS_MAX_REUSE_DISTANCE = default_reuse
     ranks = [None] * world.world_size
     dist.all_gather_object(ranks, steps)
-    return {"case": case, "ranks": ranks, "nodes": world.nodes, "ranks_per_node": world.local_world_size,
-            "predicted": predicted, "per_unit": per_unit}
+    return {
+        "case": case,
+        "ranks": ranks,
+        "nodes": world.nodes,
+        "ranks_per_node": world.local_world_size,
+        "predicted": predicted,
+        "per_unit": per_unit,
+    }
 
 
 def main() -> int:

@@ -1,5 +1,6 @@
 """Shared helpers. Multi-rank tests start real processes (torchrun or plain env:// ranks) that
 talk over gloo; nothing about torch.distributed is mocked."""
+
 import glob
 import json
 import os
@@ -91,8 +92,10 @@ def pytest_collection_modifyitems(config, items):
         else:
             item.add_marker(kind)
     if unknown:
-        raise pytest.UsageError(f"tests/conftest.py: KINDS gives no kind to {', '.join(sorted(unknown))}; "
-                                "add each module to unit, multirank or cluster")
+        raise pytest.UsageError(
+            f"tests/conftest.py: KINDS gives no kind to {', '.join(sorted(unknown))}; "
+            "add each module to unit, multirank or cluster"
+        )
 
 
 def require_tool(name: str) -> None:
@@ -130,8 +133,13 @@ def deepspeed_cpu_adam():
     random. `vit-scale prepare` also clears a lock that a build killed half-way left behind.
     (It is the command a study runs before its first run.)"""
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
-    proc = subprocess.run([PYTHON, "-m", "vit_scale", "prepare", "--strategies", "ZERO1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [PYTHON, "-m", "vit_scale", "prepare", "--strategies", "ZERO1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     print(proc.stdout.strip())
 
@@ -189,8 +197,14 @@ def _runnable_gloo_worker(task: str) -> bool:
 
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env=None) -> subprocess.CompletedProcess:
     cmd = [PYTHON, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 def run_many(nproc: int, runs: list[list[str]], tmp_path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -235,9 +249,14 @@ def by_study(runs: dict) -> dict:
 
 def start_train(args, tmp_path, env=None) -> subprocess.Popen:
     """One `python -m vit_scale train` with the fast settings, its output under tmp_path/runs."""
-    return subprocess.Popen([PYTHON, "-m", "vit_scale", "train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.Popen(
+        [PYTHON, "-m", "vit_scale", "train", *FAST, f"output.dir={tmp_path / 'runs'}", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 def env_without(module: str, tmp_path) -> dict:
@@ -246,6 +265,5 @@ def env_without(module: str, tmp_path) -> dict:
     when the package is not installed."""
     shim = tmp_path / f"no-{module}"
     shim.mkdir()
-    (shim / f"{module}.py").write_text(
-        f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
+    (shim / f"{module}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{module}'\", name='{module}')\n")
     return {"PYTHONPATH": os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

@@ -1,5 +1,6 @@
 """Helpers for the tests of jobs/: a stand-in for the trainer's python that makes one chosen run
 fail for real, and a view of the run records by (strategy, nodes)."""
+
 import os
 import sys
 
@@ -9,7 +10,7 @@ from conftest import load_runs
 # training step does ACTION instead (after one step's collectives, as a real failure would). The
 # failure then goes through the trainer's real paths under whatever launcher started it. ENTRY is
 # what the process runs: the trainer (TRAINER), or another program that trains (vit-scale check).
-INJECT = '''
+INJECT = """
 import signal, subprocess, sys, time
 
 from vit_scale.recipes import train
@@ -39,18 +40,18 @@ def second_step_goes_wrong(self):
 
 train.Run.train = second_step_goes_wrong
 {entry}
-'''
+"""
 TRAINER = "sys.exit(train.main(sys.argv[1:]))"
 
 # VIT_SCALE_PYTHON for a job script: the real python, except for the trainer's runs that CONDITION
 # (bash) picks, which run the trainer with the injected change
-WRAPPER = '''#!/bin/bash
+WRAPPER = """#!/bin/bash
 if [ "${{1:-}} ${{2:-}} ${{3:-}}" = "-m vit_scale train" ] && {condition}; then
   shift 3
   exec {python} {inject} "$@"
 fi
 exec {python} "$@"
-'''
+"""
 
 
 def python_injecting(tmp_dir, name: str, when: str, action: str, condition: str = "true") -> str:
@@ -80,18 +81,24 @@ def job_env(**extra) -> dict:
 def python_failing(tmp_dir, strategy: str) -> str:
     """A VIT_SCALE_PYTHON under which STRATEGY on 2 nodes (srun: SLURM_STEP_NUM_NODES;
     processes/torchrun: GROUP_WORLD_SIZE) runs out of memory on rank 1."""
-    return python_injecting(tmp_dir, "failing", "self.world.rank == 1",
-                            'raise MemoryError("injected by the test: rank 1 is out of memory")',
-                            f'[[ " $* " == *" strategy={strategy} "* ]] && '
-                            '[ "${SLURM_STEP_NUM_NODES:-${GROUP_WORLD_SIZE:-1}}" = 2 ]')
+    return python_injecting(
+        tmp_dir,
+        "failing",
+        "self.world.rank == 1",
+        'raise MemoryError("injected by the test: rank 1 is out of memory")',
+        f'[[ " $* " == *" strategy={strategy} "* ]] && [ "${{SLURM_STEP_NUM_NODES:-${{GROUP_WORLD_SIZE:-1}}}}" = 2 ]',
+    )
 
 
 def python_hanging(tmp_dir, marker: str) -> str:
     """A VIT_SCALE_PYTHON under which a DDP run wedges in its second step: it starts a child
     (`sleep MARKER`), ignores SIGTERM and blocks."""
-    return python_injecting(tmp_dir, "hanging", 'self.cfg.strategy == "DDP"',
-                            f'subprocess.Popen(["sleep", "{marker}"]); '
-                            'signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)')
+    return python_injecting(
+        tmp_dir,
+        "hanging",
+        'self.cfg.strategy == "DDP"',
+        f'subprocess.Popen(["sleep", "{marker}"]); signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)',
+    )
 
 
 def runs_by_strategy_and_nodes(study_dir) -> dict:

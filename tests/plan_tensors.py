@@ -10,6 +10,7 @@ Storage is measured, not numel, so padding FSDP adds to its shards is counted as
 A `train:` case runs the trainer itself (`train.execute`) with those overrides, in the same
 process group, and reports every rank's exit code (the plan.skip_if_not_fits path).
 """
+
 import json
 import sys
 
@@ -18,13 +19,13 @@ import torch.distributed as dist
 from torch.optim.optimizer import _foreach_supported_types
 
 from vit_scale.config import load_config
-from vit_scale.recipes.synthetic import SyntheticBatches
 from vit_scale.distributed import parse_strategy, strategy_class
 from vit_scale.distributed.base import ModelFactory
 from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
 from vit_scale.planning import layout
 from vit_scale.planning import memory as plan_memory
+from vit_scale.recipes.synthetic import SyntheticBatches
 
 FAST = ["model=vit_micro", "train.batch_size=2", "train.precision=bf16", "train.steps=2", "train.warmup_steps=1"]
 
@@ -57,17 +58,19 @@ def _numel_bytes(tensors) -> int:
 
 
 def _optimizer_state(optimizer) -> list:
-    return [v for state in optimizer.state.values() for k, v in state.items()
-            if torch.is_tensor(v) and k != "step"]
+    return [v for state in optimizer.state.values() for k, v in state.items() if torch.is_tensor(v) and k != "step"]
 
 
 def measure(strategy) -> dict:
     """params / optimizer bytes this rank holds after the step (DDP and FSDP: gradients too)."""
     if strategy.family in ("ddp", "fsdp"):
         params = list(strategy.model.parameters())
-        return {"params": _bytes(params), "grads": _numel_bytes(p.grad for p in params),
-                "optimizer": _numel_bytes(_optimizer_state(strategy.optimizer)),
-                "foreach_capable": all(type(p) in _foreach_supported_types for p in params)}
+        return {
+            "params": _bytes(params),
+            "grads": _numel_bytes(p.grad for p in params),
+            "optimizer": _numel_bytes(_optimizer_state(strategy.optimizer)),
+            "foreach_capable": all(type(p) in _foreach_supported_types for p in params),
+        }
     zero = strategy.model.optimizer
     if strategy.stage < 3:
         params = _numel_bytes(zero.bit16_groups_flat)
@@ -75,11 +78,15 @@ def measure(strategy) -> dict:
     else:
         module_params = list(strategy.model.module.parameters())
         # each parameter's partition, and the whole of those small enough to stay gathered
-        params = _numel_bytes(p.ds_tensor for p in module_params) + \
-            _numel_bytes(p.data for p in module_params if p.ds_persist)
+        params = _numel_bytes(p.ds_tensor for p in module_params) + _numel_bytes(
+            p.data for p in module_params if p.ds_persist
+        )
         masters = zero.fp32_partitioned_groups_flat
-    return {"params": params, "optimizer": _numel_bytes(masters) + _numel_bytes(_optimizer_state(zero.optimizer)),
-            "foreach_capable": all(type(p) in _foreach_supported_types for p in masters)}
+    return {
+        "params": params,
+        "optimizer": _numel_bytes(masters) + _numel_bytes(_optimizer_state(zero.optimizer)),
+        "foreach_capable": all(type(p) in _foreach_supported_types for p in masters),
+    }
 
 
 def deepspeed_grads(strategy) -> int:
@@ -108,9 +115,13 @@ def predicted(cfg, world) -> dict:
 
     sc = from_config(cfg, nodes=1, gpus_per_node=world.world_size, device_memory_gib=None)
     pred = plan_memory.predict(sc, layout(sc))
-    full = pred.phases["backward_end"]          # every gradient exists, before the step's extras
-    return {"params": full["params"], "grads": full["grads"], "optimizer": full["optimizer"],
-            "optimizer_impl_auto": pred.optimizer_impl}
+    full = pred.phases["backward_end"]  # every gradient exists, before the step's extras
+    return {
+        "params": full["params"],
+        "grads": full["grads"],
+        "optimizer": full["optimizer"],
+        "optimizer_impl_auto": pred.optimizer_impl,
+    }
 
 
 def run_case(case: str, world) -> dict:
@@ -119,12 +130,16 @@ def run_case(case: str, world) -> dict:
     parsed = parse_strategy(cfg.strategy)
     strategy = strategy_class(parsed.family)(cfg, parsed, world)
     spec = get_spec(cfg.model)
-    strategy.setup(ModelFactory(spec, cfg.train.num_classes, cfg.train.seed, cfg.train.init,
-                                count_params(cfg.model, cfg.train.num_classes)))
+    strategy.setup(
+        ModelFactory(
+            spec, cfg.train.num_classes, cfg.train.seed, cfg.train.init, count_params(cfg.model, cfg.train.num_classes)
+        )
+    )
     if parsed.family in ("ddp", "fsdp"):
         strategy.optimizer.zero_grad = lambda *args, **kwargs: None  # keep this step's gradients
-    images, labels = SyntheticBatches(cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device,
-                                      cfg.train.seed, world.rank, 1)[0]
+    images, labels = SyntheticBatches(
+        cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device, cfg.train.seed, world.rank, 1
+    )[0]
     if parsed.family == "deepspeed":
         grads = deepspeed_step(strategy, images, labels)
         got = {**measure(strategy), "grads": grads}
@@ -152,8 +167,7 @@ def main() -> int:
     cfg = load_config(None, FAST)
     world = choose_device(detect_world(cfg.system.launcher), "cpu")
     init_distributed(world, cfg.system.collective_timeout_s)
-    results = [run_training(case, world) if case.startswith("train:") else run_case(case, world)
-               for case in cases]
+    results = [run_training(case, world) if case.startswith("train:") else run_case(case, world) for case in cases]
     if world.rank == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)

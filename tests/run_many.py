@@ -5,17 +5,18 @@ RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1"
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it,
 or with "@finetune", which runs `vit-scale finetune` (its own checks first) instead of the benchmark.
 """
+
 import json
 import os
 import sys
 
-from vit_scale.recipes import finetune, train
-from vit_scale.run import session
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.distributed.fsdp import FSDPStrategy
 from vit_scale.errors import UserError
 from vit_scale.launch.world import choose_device, detect_world, leave
+from vit_scale.recipes import finetune, train
+from vit_scale.run import session
 
 
 class FSDP1WithOneRankShardGroups(FSDPStrategy):

@@ -4,6 +4,7 @@ tools/local-slurm-cluster.sh and stopped by the PIDs it recorded. Nothing about 
 
 Use it from a test module with `from slurm_fixture import slurm_cluster  # noqa: F401`.
 """
+
 import os
 import re
 import shutil
@@ -31,8 +32,14 @@ class Cluster:
         return job_env(SLURM_CONF=self.conf, **extra)
 
     def sbatch(self, args: list, cwd, **extra_env) -> str:
-        proc = subprocess.run(["sbatch", "--parsable", *args], cwd=cwd, env=self.env(**extra_env),
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            ["sbatch", "--parsable", *args],
+            cwd=cwd,
+            env=self.env(**extra_env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.strip().split(";")[0]
 
@@ -40,8 +47,13 @@ class Cluster:
         """Until none of the jobs is in the queue (polling is faster than sbatch --wait)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)], env=self.env(),
-                                 capture_output=True, text=True, timeout=30).stdout.split()
+            out = subprocess.run(
+                ["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)],
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout.split()
             if not out:
                 return
             time.sleep(0.5)
@@ -50,8 +62,9 @@ class Cluster:
 
     def job(self, job_id: str) -> dict:
         """scontrol's facts about a job (kept MinJobAge=300 s after it ends)."""
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], env=self.env(),
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], env=self.env(), capture_output=True, text=True, timeout=30
+        ).stdout
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
 

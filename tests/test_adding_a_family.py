@@ -5,6 +5,7 @@ edit to vit_scale/config.py; and the configuration and the family files import w
 Each case runs in a fresh interpreter: the registry is read once, when the configuration is
 first imported, as in a real process.
 """
+
 import os
 import subprocess
 import sys
@@ -53,13 +54,20 @@ class ToyStrategy(Strategy):
 
 def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          cwd=str(tmp_path), timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
 
 
 def test_a_family_file_and_one_registry_line_give_the_config_its_keys(tmp_path):
     (tmp_path / "toy_family.py").write_text(TOY_FAMILY)
-    proc = _python("""
+    proc = _python(
+        """
         import vit_scale.distributed as registry
         registry.FAMILIES["toy"] = "toy_family:ToyStrategy"   # the one line
 
@@ -81,7 +89,9 @@ def test_a_family_file_and_one_registry_line_give_the_config_its_keys(tmp_path):
             train._parse_args(["--help"])
         except SystemExit:
             pass
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "values 4 slow True" in out and "resolved True" in out and "layout 2 4" in out
@@ -94,7 +104,8 @@ def test_a_family_file_and_one_registry_line_give_the_config_its_keys(tmp_path):
 
 
 def test_the_config_and_the_family_files_import_no_torch(tmp_path):
-    proc = _python("""
+    proc = _python(
+        """
         import sys
         import vit_scale.config
         import vit_scale.distributed.capabilities
@@ -103,6 +114,8 @@ def test_the_config_and_the_family_files_import_no_torch(tmp_path):
             strategy_class(family)
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "deepspeed", "colossalai", "timm"))
         print("heavy", heavy)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "heavy []" in proc.stdout

@@ -1,11 +1,12 @@
 """The alpha-beta model of a collective: the fit recovers a known line, marks the fits it cannot
 vouch for, and the system profiles' documented defaults read back. Torch-free, in-process."""
+
 import math
 import os
 
 import pytest
-from conftest import ROOT
 
+from conftest import ROOT
 from vit_scale.planning.alpha_beta import (
     Link,
     Network,
@@ -41,8 +42,11 @@ def test_fit_recovers_alpha_and_bandwidth_from_exact_points(collective):
     assert f.bus_gbps == pytest.approx(10.0, rel=1e-6)
     assert f.max_rel_residual < 1e-9
     assert f.usable and f.flags == () and f.sizes == 8
-    assert f.link().seconds("all_reduce", 64 << 20, 8) == pytest.approx(0.011764, rel=1e-3) \
-        if collective == "all_reduce" else True
+    assert (
+        f.link().seconds("all_reduce", 64 << 20, 8) == pytest.approx(0.011764, rel=1e-3)
+        if collective == "all_reduce"
+        else True
+    )
 
 
 def test_too_few_points_says_how_many():
@@ -73,8 +77,9 @@ def test_latency_points_running_backwards_are_flagged():
     pts = exact("all_reduce", 2, 250.0, 10.0, [8, 131072, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
     pts[0] = (8, 400e-6)
     f = fit("all_reduce", "intra", 2, pts)
-    assert any(x.startswith("not monotone: 128 KiB took 263.1 us") and "than 8 B's 400.0 us" in x
-               for x in f.flags), f.flags
+    assert any(x.startswith("not monotone: 128 KiB took 263.1 us") and "than 8 B's 400.0 us" in x for x in f.flags), (
+        f.flags
+    )
     noisy = [(s, t, 100e-6 if s in (8, 131072) else 0.0) for s, t in pts]
     f2 = fit("all_reduce", "intra", 2, noisy)
     assert not any(x.startswith("not monotone") for x in f2.flags)
@@ -108,14 +113,21 @@ def test_profiles_carry_documented_defaults():
         assert net.intra.alpha_us > 0 and net.inter.alpha_us > 0
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
-        section = text[text.index("# What a collective costs"):]
+        section = text[text.index("# What a collective costs") :]
         assert "\nnetwork:" in section and section.count("#") >= 4, f"{name}: the figures need their sources"
 
 
 def test_bad_network_section_names_the_key():
     with pytest.raises(ValueError, match=r"x.yaml: network.inter_node.bus_gbps must be a positive number"):
-        network_from_profile({"network": {"intra_node": {"bus_gbps": 1, "latency_us": 1},
-                                          "inter_node": {"bus_gbps": -1, "latency_us": 1}}}, "x.yaml")
+        network_from_profile(
+            {
+                "network": {
+                    "intra_node": {"bus_gbps": 1, "latency_us": 1},
+                    "inter_node": {"bus_gbps": -1, "latency_us": 1},
+                }
+            },
+            "x.yaml",
+        )
     with pytest.raises(ValueError, match="network needs exactly the keys inter_node, intra_node"):
         network_from_profile({"network": {"intra_node": {"bus_gbps": 1, "latency_us": 1}}}, "x.yaml")
     assert network_from_profile({}, "x.yaml") is None

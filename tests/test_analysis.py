@@ -4,6 +4,7 @@ Run directories here are written by analysis/synthetic.py with numbers chosen so
 expected value can be worked out by hand; tests/test_analysis_contract.py reads ones the real
 trainer wrote.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +21,9 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from analysis import figures, report, table  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import default_options, write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 
 CAPACITY = 64.0
 
@@ -45,10 +46,26 @@ def _study(root) -> str:
         w(model="vit_base", strategy="FULL_SHARD", nodes=nodes, ips=ips, memory_gib=mem, time=t + nodes)
     for nodes, ips in ((1, 90.0), (2, 170.0)):
         w(model="vit_base", strategy="HYBRID_2GPU", nodes=nodes, ips=ips, memory_gib=15.0, time=t + nodes)
-    w(model="vit_base", strategy="HYBRID_2GPU", nodes=4, ips=None, status="timeout", error="SIGTERM after 600 s",
-      time=t)
-    w(model="vit_3b", strategy="DDP", nodes=1, ips=10.0, memory_gib=60.0, replicas_agree=False, status="diverged",
-      error="replicas differ at the end", time=t)
+    w(
+        model="vit_base",
+        strategy="HYBRID_2GPU",
+        nodes=4,
+        ips=None,
+        status="timeout",
+        error="SIGTERM after 600 s",
+        time=t,
+    )
+    w(
+        model="vit_3b",
+        strategy="DDP",
+        nodes=1,
+        ips=10.0,
+        memory_gib=60.0,
+        replicas_agree=False,
+        status="diverged",
+        error="replicas differ at the end",
+        time=t,
+    )
     for nodes, ips in ((1, 8.0), (2, 15.0)):
         w(model="vit_3b", strategy="FULL_SHARD", nodes=nodes, ips=ips, memory_gib=30.0 / nodes, time=t + nodes)
     return root
@@ -72,9 +89,17 @@ def _row(df, model, strategy, nodes):
 
 # --------------------------------------------------------------------------------- the table
 
+
 def test_efficiency_is_ips_over_base_times_node_ratio(results):
-    expected = {("DDP", 1): 1.0, ("DDP", 2): 0.9, ("DDP", 4): 0.75, ("FULL_SHARD", 2): 1.0, ("FULL_SHARD", 4): 0.9,
-                ("HYBRID_2GPU", 1): 1.0, ("HYBRID_2GPU", 2): 170 / 180}
+    expected = {
+        ("DDP", 1): 1.0,
+        ("DDP", 2): 0.9,
+        ("DDP", 4): 0.75,
+        ("FULL_SHARD", 2): 1.0,
+        ("FULL_SHARD", 4): 0.9,
+        ("HYBRID_2GPU", 1): 1.0,
+        ("HYBRID_2GPU", 2): 170 / 180,
+    }
     for (strategy, nodes), eff in expected.items():
         row = _row(results, "vit_base", strategy, nodes)
         assert row["efficiency"] == pytest.approx(eff), (strategy, nodes)
@@ -83,7 +108,7 @@ def test_efficiency_is_ips_over_base_times_node_ratio(results):
 
 
 # One slow step in nine: the run's median stays at its level, its mean does not.
-SKEWED_1 = [98.0, 100.0, 102.0, 101.0, 99.0, 103.0, 160.0, 97.0, 100.0]    # median 100, mean 106.7
+SKEWED_1 = [98.0, 100.0, 102.0, 101.0, 99.0, 103.0, 160.0, 97.0, 100.0]  # median 100, mean 106.7
 SKEWED_2 = [178.0, 180.0, 183.0, 181.0, 179.0, 182.0, 250.0, 177.0, 180.0]  # median 180, mean 187.8
 
 
@@ -118,10 +143,10 @@ def test_status_column_and_derived_columns(results):
 
 def test_best_run_per_model_and_nodes(results):
     best = table.best_runs(results).set_index(["model", "nodes"])
-    assert best.loc[("vit_base", 1), "strategy"] == "DDP"              # 100 vs 90; FULL_SHARD OOM
-    assert best.loc[("vit_base", 2), "strategy"] == "FULL_SHARD"       # 200 vs 180 vs 170
+    assert best.loc[("vit_base", 1), "strategy"] == "DDP"  # 100 vs 90; FULL_SHARD OOM
+    assert best.loc[("vit_base", 2), "strategy"] == "FULL_SHARD"  # 200 vs 180 vs 170
     assert best.loc[("vit_base", 2), "margin"] == pytest.approx(200 / 180 - 1)
-    assert best.loc[("vit_base", 4), "strategy"] == "FULL_SHARD"       # 360 vs 300; HYBRID timed out
+    assert best.loc[("vit_base", 4), "strategy"] == "FULL_SHARD"  # 360 vs 300; HYBRID timed out
     # DDP is faster on vit_3b but diverged (its replicas disagree): not a result
     assert best.loc[("vit_3b", 1), "strategy"] == "FULL_SHARD"
 
@@ -154,8 +179,17 @@ def test_series_name_the_options_that_vary(tmp_path):
     for prefetch in ("pre", "post"):
         opts = dict(default_options("FULL_SHARD"), backward_prefetch=prefetch)
         for nodes, ips in ((1, 100.0), (2, 150.0 if prefetch == "pre" else 190.0)):
-            write_run(root, study="g", strategy="FULL_SHARD", nodes=nodes, ips=ips, options=opts, steps=4, warmup=1,
-                      run_id=f"{prefetch}{nodes}")
+            write_run(
+                root,
+                study="g",
+                strategy="FULL_SHARD",
+                nodes=nodes,
+                ips=ips,
+                options=opts,
+                steps=4,
+                warmup=1,
+                run_id=f"{prefetch}{nodes}",
+            )
     write_run(root, study="g", strategy="DDP", nodes=1, ips=80.0, steps=4, warmup=1)
     df = table.build(records.collect([root])).results
     assert set(df["series"]) == {"FULL_SHARD [prefetch=pre]", "FULL_SHARD [prefetch=post]", "DDP"}
@@ -167,10 +201,31 @@ def test_series_name_the_options_that_vary(tmp_path):
 def test_single_node_rank_ladder_uses_ranks(tmp_path):
     """CPU runs with 1 and 2 ranks on one node: efficiency by ranks, x axis in ranks."""
     root = str(tmp_path)
-    write_run(root, study="c", model="vit_micro", strategy="DDP", nodes=1, ranks_per_node=1, ips=40.0, device="cpu",
-              steps=4, warmup=1)
-    write_run(root, study="c", model="vit_micro", strategy="DDP", nodes=1, ranks_per_node=2, ips=60.0, device="cpu",
-              steps=4, warmup=1, run_id="two")
+    write_run(
+        root,
+        study="c",
+        model="vit_micro",
+        strategy="DDP",
+        nodes=1,
+        ranks_per_node=1,
+        ips=40.0,
+        device="cpu",
+        steps=4,
+        warmup=1,
+    )
+    write_run(
+        root,
+        study="c",
+        model="vit_micro",
+        strategy="DDP",
+        nodes=1,
+        ranks_per_node=2,
+        ips=60.0,
+        device="cpu",
+        steps=4,
+        warmup=1,
+        run_id="two",
+    )
     df = table.build(records.collect([root])).results
     assert sorted(df["efficiency"]) == pytest.approx([0.75, 1.0])
     assert table.x_axis(df) == ("world_size", "ranks")
@@ -180,6 +235,7 @@ def test_single_node_rank_ladder_uses_ranks(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ plots
+
 
 def _lines(ax, style):
     return [ln for ln in ax.get_lines() if ln.get_linestyle() == style]
@@ -235,14 +291,34 @@ def _grid_study(root, oom=("FULL_SHARD", "none", False)):
             for lag in (False, True):
                 opts = dict(default_options(label), backward_prefetch=prefetch, limit_all_gathers=lag)
                 bad = (label, prefetch, lag) == oom
-                write_run(str(root), study="grid", model="vit_5b", strategy=label, nodes=8, options=opts,
-                          ips=None if bad else base + 10 * pi + 5 * lag, status="oom" if bad else "ok",
-                          steps=4, warmup=1, run_id=f"{prefetch}-{lag}")
+                write_run(
+                    str(root),
+                    study="grid",
+                    model="vit_5b",
+                    strategy=label,
+                    nodes=8,
+                    options=opts,
+                    ips=None if bad else base + 10 * pi + 5 * lag,
+                    status="oom" if bad else "ok",
+                    steps=4,
+                    warmup=1,
+                    run_id=f"{prefetch}-{lag}",
+                )
     # a second, smaller grid the picker must not choose
     for lag in (False, True):
         opts = dict(default_options("FULL_SHARD"), limit_all_gathers=lag)
-        write_run(str(root), study="grid", model="vit_base", strategy="FULL_SHARD", nodes=2, options=opts,
-                  ips=50.0, steps=4, warmup=1, run_id=f"b-{lag}")
+        write_run(
+            str(root),
+            study="grid",
+            model="vit_base",
+            strategy="FULL_SHARD",
+            nodes=2,
+            options=opts,
+            ips=50.0,
+            steps=4,
+            warmup=1,
+            run_id=f"b-{lag}",
+        )
 
 
 def test_config_grid_bars(tmp_path):
@@ -255,7 +331,10 @@ def test_config_grid_bars(tmp_path):
     assert d["values"][("HYBRID_2GPU", "pre", True)] == pytest.approx(145.0)
     ax = plot.figure.axes[0]
     assert len(ax.patches) == 17 and [t.get_text() for t in ax.get_xticklabels()] == [
-        "HYBRID_2GPU", "FULL_SHARD", "SHARD_GRAD_OP"]
+        "HYBRID_2GPU",
+        "FULL_SHARD",
+        "SHARD_GRAD_OP",
+    ]
     small = figures.config_grid(df, model="vit_base")
     assert small.drawn["bars"] == 2
     with pytest.raises(ValueError, match="--grid-model.*vit_5b"):
@@ -268,9 +347,20 @@ def test_plugin_comparison_found_by_data(tmp_path):
     for label, ips in (("CAI_DDP", 20.0), ("CAI_GEMINI", 30.0), ("ZERO2", 25.0)):
         for batch in (8, 32):
             bad = label == "CAI_DDP" and batch == 32
-            write_run(str(tmp_path), study="anything", strategy=label, nodes=1, ranks_per_node=1, batch=batch,
-                      ips=None if bad else ips * batch / 8, status="oom" if bad else "ok", steps=4, warmup=1,
-                      memory_gib=None if bad else batch / 8, run_id=f"b{batch}")
+            write_run(
+                str(tmp_path),
+                study="anything",
+                strategy=label,
+                nodes=1,
+                ranks_per_node=1,
+                batch=batch,
+                ips=None if bad else ips * batch / 8,
+                status="oom" if bad else "ok",
+                steps=4,
+                warmup=1,
+                memory_gib=None if bad else batch / 8,
+                run_id=f"b{batch}",
+            )
     df = table.build(records.collect([str(tmp_path)])).results
     plot = figures.plugin_comparison(df)
     assert plot.drawn == {("anything", "vit_base"): {"ips_lines": 3, "memory_lines": 3, "failed": 1, "capacity": 1}}
@@ -302,6 +392,7 @@ def test_figure_modules_share_only_the_private_modules():
 
 # ----------------------------------------------------------------------------- bad input
 
+
 def _one(path):
     coll = records.collect([str(path)])
     return coll
@@ -314,7 +405,7 @@ def test_truncated_last_line_is_an_incomplete_run(tmp_path):
     with open(path, "wb") as f:  # the job died while writing the end record
         f.write(data[: data.rfind(b'"event": "end"') + 20])
     coll = _one(tmp_path)
-    run, = coll.runs
+    (run,) = coll.runs
     assert run.status == "incomplete" and run.last_step == 10 and run.partial_ips == pytest.approx(50.0)
     assert any("truncated" in n for n in run.notes)
     row = table.build(coll).results.iloc[0]
@@ -335,7 +426,7 @@ def test_garbage_after_end_record_still_reads_the_end(tmp_path):
     path = write_run(str(tmp_path), ips=70.0)
     with open(path, "a") as f:
         f.write("\x00\x00garbage{\n")
-    run, = _one(tmp_path).runs
+    (run,) = _one(tmp_path).runs
     assert run.status == "ok" and run.end["images_per_s"]["mean"] == 70.0
     assert any("unreadable" in n for n in run.notes)
 
@@ -345,16 +436,21 @@ def test_huge_end_record_is_read_from_the_tail(tmp_path):
     path = write_run(str(tmp_path), nodes=512, ranks_per_node=8, ips=5000.0, steps=3, warmup=1)
     with open(path, "rb") as f:
         assert len(f.read().splitlines()[-1]) > 2 * records._TAIL_BLOCK
-    run, = _one(tmp_path).runs
+    (run,) = _one(tmp_path).runs
     assert run.status == "ok" and len(run.end["memory"]["peak_allocated_gib"]["per_rank"]) == 4096
 
 
 def test_each_bad_file_is_skipped_with_its_reason(tmp_path):
     good = write_run(str(tmp_path), study="b", ips=10.0)
     bad_dir = os.path.join(str(tmp_path), "b", "bad")
-    cases = {"empty": b"", "garbage": b"\x89PNG not json\n", "halfstart": b'{"event": "start", "sche',
-             "notstart": b'{"event": "step", "step": 1}\n', "noschema": b'{"event": "start"}\n',
-             "nomodel": json.dumps({"event": "start", "schema": 1}).encode() + b"\n"}
+    cases = {
+        "empty": b"",
+        "garbage": b"\x89PNG not json\n",
+        "halfstart": b'{"event": "start", "sche',
+        "notstart": b'{"event": "step", "step": 1}\n',
+        "noschema": b'{"event": "start"}\n',
+        "nomodel": json.dumps({"event": "start", "schema": 1}).encode() + b"\n",
+    }
     for name, content in cases.items():
         os.makedirs(os.path.join(bad_dir, name))
         with open(os.path.join(bad_dir, name, "metrics.jsonl"), "wb") as f:
@@ -365,8 +461,10 @@ def test_each_bad_file_is_skipped_with_its_reason(tmp_path):
     open(os.path.join(bad_dir, "nometrics", "config.yaml"), "w").close()
     coll = _one(tmp_path)
     assert [r.path for r in coll.runs] == [good]
-    reasons = {os.path.basename(os.path.dirname(s.path)) if s.path.endswith(".jsonl") else os.path.basename(s.path):
-               s.reason for s in coll.skipped}
+    reasons = {
+        os.path.basename(os.path.dirname(s.path)) if s.path.endswith(".jsonl") else os.path.basename(s.path): s.reason
+        for s in coll.skipped
+    }
     assert reasons["empty"] == "empty file"
     assert reasons["garbage"].startswith("first line is not JSON")
     assert reasons["halfstart"].startswith("first line is not JSON")
@@ -386,6 +484,7 @@ def test_permission_denied_is_skipped(tmp_path, monkeypatch):
         if p == path:
             raise PermissionError(13, "Permission denied", p)
         return real_open(p, *a, **kw)
+
     monkeypatch.setattr(records, "open", deny, raising=False)
     coll = _one(tmp_path)
     assert not coll.runs and coll.skipped[0].reason == "cannot read: Permission denied"
@@ -408,6 +507,7 @@ def test_unreadable_file_is_skipped(tmp_path):
 
 # ------------------------------------------------------------------------------------- CLI
 
+
 def _digest(root):
     out = {}
     for dirpath, _, files in os.walk(root):
@@ -423,11 +523,13 @@ def test_cli_end_to_end_without_torch(study, tmp_path):
     (the record reader and the label registry it uses from vit_scale are torch-free)."""
     out = str(tmp_path / "report")
     before = _digest(study)
-    probe = ("import sys, runpy; sys.argv = ['analysis/weak_scaling.py', %r, '--out', %r, '--dpi', '60']; "
-             "code = 0\ntry:\n    runpy.run_path('analysis/weak_scaling.py', run_name='__main__')\n"
-             "except SystemExit as e:\n    code = e.code\n"
-             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm', 'deepspeed', 'colossalai'))\n"
-             "print('FORBIDDEN', bad); sys.exit(code)") % (study, out)
+    probe = (
+        "import sys, runpy; sys.argv = ['analysis/weak_scaling.py', %r, '--out', %r, '--dpi', '60']; "
+        "code = 0\ntry:\n    runpy.run_path('analysis/weak_scaling.py', run_name='__main__')\n"
+        "except SystemExit as e:\n    code = e.code\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm', 'deepspeed', 'colossalai'))\n"
+        "print('FORBIDDEN', bad); sys.exit(code)"
+    ) % (study, out)
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "FORBIDDEN []" in proc.stdout
@@ -482,10 +584,13 @@ def test_cli_unknown_schema_is_an_error_but_the_rest_is_written(tmp_path, capsys
     assert main([str(only_new), "--out", str(tmp_path / "o2")]) == 3
 
 
-@pytest.mark.parametrize("case, expect", [
-    ("empty_dir", "no usable runs"),
-    ("only_garbage", "no usable runs"),
-])
+@pytest.mark.parametrize(
+    "case, expect",
+    [
+        ("empty_dir", "no usable runs"),
+        ("only_garbage", "no usable runs"),
+    ],
+)
 def test_cli_nothing_usable_exits_1(tmp_path, capsys, case, expect):
     runs = tmp_path / "runs"
     os.makedirs(runs)
@@ -537,6 +642,7 @@ def test_report_markdown_table_escapes_pipes():
 
 # ------------------------------------------------------------- figures and report for a paper
 
+
 def _patch_start(path, **changes):
     """Rewrite a synthetic run's start record (hosts, versions, ...) as another machine would write it."""
     with open(path) as f:
@@ -560,14 +666,36 @@ def _emulated_cpu_study(root):
     so the margins (5%, 7%) are within noise. FULL_SHARD 80 then 120 with a spread of 1.
     """
     cpu = {"cpu_model": "AMD EPYC 7763 64-Core Processor", "cpu_count": 128, "launched_by": "env"}
-    for strategy, ips1, ips2, spread in (("DDP", 100.0, 150.0, 10.0), ("SHARD_GRAD_OP", 95.0, 140.0, 10.0),
-                                         ("FULL_SHARD", 80.0, 120.0, 1.0)):
+    for strategy, ips1, ips2, spread in (
+        ("DDP", 100.0, 150.0, 10.0),
+        ("SHARD_GRAD_OP", 95.0, 140.0, 10.0),
+        ("FULL_SHARD", 80.0, 120.0, 1.0),
+    ):
         for nodes, ips in ((1, ips1), (2, ips2)):
-            path = write_run(str(root), study="local", model="vit_micro", strategy=strategy, nodes=nodes,
-                             ranks_per_node=2, batch=4, ips=ips, device="cpu", memory_gib=0.37, steps=8, warmup=2,
-                             job_id=None, run_id=f"{strategy}-{nodes}", spread=spread / ips)
-            _patch_start(path, hosts=[f"local{i}" for i in range(nodes)], versions=cpu, git_revision=None,
-                         world=dict(device_name="x86_64"))
+            path = write_run(
+                str(root),
+                study="local",
+                model="vit_micro",
+                strategy=strategy,
+                nodes=nodes,
+                ranks_per_node=2,
+                batch=4,
+                ips=ips,
+                device="cpu",
+                memory_gib=0.37,
+                steps=8,
+                warmup=2,
+                job_id=None,
+                run_id=f"{strategy}-{nodes}",
+                spread=spread / ips,
+            )
+            _patch_start(
+                path,
+                hosts=[f"local{i}" for i in range(nodes)],
+                versions=cpu,
+                git_revision=None,
+                world=dict(device_name="x86_64"),
+            )
     return str(root)
 
 
@@ -589,8 +717,16 @@ def test_colours_never_fall_back_to_black(tmp_path, results):
     root = str(tmp_path)
     for prefetch, mem in (("pre", 10.0), ("post", 11.0)):
         opts = dict(default_options("FULL_SHARD"), backward_prefetch=prefetch)
-        write_run(root, strategy="FULL_SHARD", options=opts, ips=10.0, memory_gib=mem, predicted_gib=mem * 1.01,
-                  run_id=prefetch, device="cuda")
+        write_run(
+            root,
+            strategy="FULL_SHARD",
+            options=opts,
+            ips=10.0,
+            memory_gib=mem,
+            predicted_gib=mem * 1.01,
+            run_id=prefetch,
+            device="cuda",
+        )
     write_run(root, strategy="ZERO3", ips=10.0, memory_gib=8.0, predicted_gib=7.9, run_id="z", device="cuda")
     df = table.build(records.collect([root])).results
     plot = figures.predicted_memory(df)
@@ -610,8 +746,7 @@ def test_weak_scaling_has_error_bars_labels_and_facts(results):
     colors = figures.series_colors(results)
     from matplotlib.colors import to_hex
 
-    assert {to_hex(p.get_edgecolor()) for p in ax.patches} == {colors[s] for s in ("DDP", "FULL_SHARD",
-                                                                                     "HYBRID_2GPU")}
+    assert {to_hex(p.get_edgecolor()) for p in ax.patches} == {colors[s] for s in ("DDP", "FULL_SHARD", "HYBRID_2GPU")}
     assert ax.get_yscale() == "log" and "log" in ax.get_ylabel() and "all ranks" in ax.get_ylabel()
     ticks = [t for t in ax.get_yticks() if ax.get_ylim()[0] <= t <= ax.get_ylim()[1]]
     assert len(ticks) >= 3  # 100 to 400 images/s: more than the two decade labels
@@ -619,10 +754,14 @@ def test_weak_scaling_has_error_bars_labels_and_facts(results):
     assert "8 × AMD Instinct MI250X per node" in facts and "batch 32 per device" in facts and "bf16" in facts
     assert "6 timed steps after 2 warm-up" in facts
     assert plot.figure.get_size_inches()[0] == pytest.approx(figures.COLUMN_WIDTH)
-    assert figures.weak_scaling(results, width=figures.PAGE_WIDTH).figure.get_size_inches()[0] == \
-        pytest.approx(figures.PAGE_WIDTH)
-    legend = plot.figure.legends[0] if plot.figure.legends else next(a.get_legend() for a in plot.figure.axes
-                                                                      if a.get_legend())
+    assert figures.weak_scaling(results, width=figures.PAGE_WIDTH).figure.get_size_inches()[0] == pytest.approx(
+        figures.PAGE_WIDTH
+    )
+    legend = (
+        plot.figure.legends[0]
+        if plot.figure.legends
+        else next(a.get_legend() for a in plot.figure.axes if a.get_legend())
+    )
     assert [t.get_text() for t in legend.get_texts()][:3] == ["DDP", "HYBRID_2GPU", "FULL_SHARD"]
 
 
@@ -642,8 +781,15 @@ def test_memory_plot_has_headroom_and_shows_equal_series(results, tmp_path):
     root = str(tmp_path)
     for strategy in ("DDP", "NO_SHARD", "FULL_SHARD"):
         for nodes in (1, 2):
-            write_run(root, strategy=strategy, nodes=nodes, ips=10.0 * nodes, memory_gib=12.0 / (nodes if
-                      strategy == "FULL_SHARD" else 1), run_id=f"{strategy}{nodes}", device_memory_gib=None)
+            write_run(
+                root,
+                strategy=strategy,
+                nodes=nodes,
+                ips=10.0 * nodes,
+                memory_gib=12.0 / (nodes if strategy == "FULL_SHARD" else 1),
+                run_id=f"{strategy}{nodes}",
+                device_memory_gib=None,
+            )
     df = table.build(records.collect([root])).results
     plot = figures.memory(df)
     other = next(a for a in plot.figure.axes if a.get_title().endswith("other strategies"))
@@ -674,8 +820,16 @@ def test_one_point_per_series_is_not_drawn_and_the_report_says_why(tmp_path):
     root = str(tmp_path / "runs")
     for strategy in ("DDP", "FULL_SHARD"):
         write_run(root, strategy=strategy, nodes=1, ips=100.0, run_id=f"{strategy}1")
-        write_run(root, strategy=strategy, nodes=2, ips=None, status="oom", error="out of memory", memory_gib=None,
-                  run_id=f"{strategy}2")
+        write_run(
+            root,
+            strategy=strategy,
+            nodes=2,
+            ips=None,
+            status="oom",
+            error="out of memory",
+            memory_gib=None,
+            run_id=f"{strategy}2",
+        )
     df = table.build(records.collect([root])).results
     assert figures.weak_scaling(df) is None and figures.memory(df) is None and figures.efficiency(df) is None
     _, missing = figures.all_plots(df)
@@ -694,8 +848,10 @@ def test_report_on_emulated_nodes_says_so_and_marks_noise(tmp_path):
     assert "these runs come from emulated nodes" in md and "local0, local1" in md
     assert "show the toolkit at work, not how a strategy scales" in md
     # DDP beats SHARD_GRAD_OP by 5.3% and 7.1%, inside the two medians' 95% intervals
-    assert ("| vit_micro | 1 | 2 | DDP | 4 | 100.0 | 79.0–121.0 | 1 | 50.0 | 100% | 0.4 |  | SHARD_GRAD_OP | "
-            "+5.3% (within noise) |") in md
+    assert (
+        "| vit_micro | 1 | 2 | DDP | 4 | 100.0 | 79.0–121.0 | 1 | 50.0 | 100% | 0.4 |  | SHARD_GRAD_OP | "
+        "+5.3% (within noise) |"
+    ) in md
     assert "+7.1% (within noise)" in md
     assert "2 margin(s) are marked within noise: the 95% confidence intervals of the two medians overlap" in md
     assert "| CPU | AMD EPYC 7763 64-Core Processor, 128 logical CPUs |" in md
@@ -733,8 +889,12 @@ def test_a_margin_without_an_interval_is_not_tested(tmp_path):
 
 
 def _git(cwd, *args):
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", *args],
-                   cwd=cwd, check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
 
 
 def _revision_of_copy(toolkit_root) -> str:
@@ -774,8 +934,16 @@ def test_launched_by_tells_a_script_from_torchrun(monkeypatch):
     from vit_scale.record import versions as host
 
     versions = {"launched_by": launch.launched_by, "cpu_model": host.cpu_model}
-    for key in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                "PMIX_RANK", "RANK", "WORLD_SIZE"):
+    for key in (
+        "TORCHELASTIC_RUN_ID",
+        "SLURM_STEP_ID",
+        "SLURM_PROCID",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "RANK",
+        "WORLD_SIZE",
+    ):
         monkeypatch.delenv(key, raising=False)
     assert versions["launched_by"]() == "single"
     monkeypatch.setenv("RANK", "0")
@@ -832,8 +1000,18 @@ def _ci_study(root, repeats: int = 1) -> str:
         for nodes in (1, 2):
             for k in range(repeats):
                 steps = NINE_STEPS if (strategy, nodes) == ("DDP", 2) and repeats == 1 else None
-                write_run(root, strategy=strategy, nodes=nodes, ips=base * nodes * (1 + 0.02 * k), step_ips=steps,
-                          steps=11, warmup=2, run_id=f"{strategy}{nodes}-{k}", time=1.7e9 + k, spread=0.05)
+                write_run(
+                    root,
+                    strategy=strategy,
+                    nodes=nodes,
+                    ips=base * nodes * (1 + 0.02 * k),
+                    step_ips=steps,
+                    steps=11,
+                    warmup=2,
+                    run_id=f"{strategy}{nodes}-{k}",
+                    time=1.7e9 + k,
+                    spread=0.05,
+                )
     return root
 
 
@@ -894,8 +1072,10 @@ def test_efficiency_cells_carry_their_interval(tmp_path):
     base = "100" if "cells in %" in " ".join(plot.figure.get_suptitle().split()) else "100%"
     assert f"±{math.ceil(wider)}" in texts and base in texts
     assert "wider side of the efficiency's 95% confidence interval" in plot.caption
-    assert (f"widest interval: DDP at 2 nodes (vit_base), {r['efficiency_ci_low'] * 100:.0f}–"
-            f"{r['efficiency_ci_high'] * 100:.0f}%") in plot.caption
+    assert (
+        f"widest interval: DDP at 2 nodes (vit_base), {r['efficiency_ci_low'] * 100:.0f}–"
+        f"{r['efficiency_ci_high'] * 100:.0f}%"
+    ) in plot.caption
     assert "95% CI's wider side" in " ".join(plot.figure.get_suptitle().split())
 
 
@@ -908,8 +1088,12 @@ def test_grid_and_single_device_bars_are_intervals(tmp_path):
     grid = figures.config_grid(df)
     assert len(grid.extra["errorbars"]) == 18
     for (label, prefetch, lag), (low, high) in grid.extra["errorbars"].items():
-        r = df[(df["strategy"] == label) & (df["opt_backward_prefetch"] == prefetch)
-               & (df["opt_limit_all_gathers"] == lag) & (df["model"] == "vit_5b")].iloc[0]
+        r = df[
+            (df["strategy"] == label)
+            & (df["opt_backward_prefetch"] == prefetch)
+            & (df["opt_limit_all_gathers"] == lag)
+            & (df["model"] == "vit_5b")
+        ].iloc[0]
         assert (low, high) == pytest.approx((r["ips_ci_low"], r["ips_ci_high"]))
         assert grid.drawn["values"][(label, prefetch, lag)] == pytest.approx(r["ips_point_median"])
     assert "error bars: the 95% CI of the median: batch medians within one run" in grid.caption

@@ -5,6 +5,7 @@ with FULL_SHARD), then the analysis CLI on what they wrote, and checks the rows 
 records. Also checks that analysis/synthetic.py, which the other analysis tests and the
 benchmark rely on, writes records the trainer's own JSON schema accepts.
 """
+
 from __future__ import annotations
 
 import glob
@@ -21,10 +22,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from analysis import table  # noqa: E402
-from vit_scale.record import reader as records  # noqa: E402
 from analysis.synthetic import write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
 from conftest import require_module  # noqa: E402
+from vit_scale.record import reader as records  # noqa: E402
 
 KEYS = ["model=vit_micro", "train.steps=6", "train.warmup_steps=2", "train.batch_size=4", "output.study=contract"]
 
@@ -45,8 +46,21 @@ def trained(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("trainer_runs"))
     py = sys.executable
     _train([py, "-m", "vit_scale", "train", "strategy=DDP", f"output.dir={out}"] + KEYS)
-    _train([py, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "vit_scale", "train",
-            "strategy=FULL_SHARD", f"output.dir={out}"] + KEYS)
+    _train(
+        [
+            py,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "vit_scale",
+            "train",
+            "strategy=FULL_SHARD",
+            f"output.dir={out}",
+        ]
+        + KEYS
+    )
     return out
 
 
@@ -66,7 +80,7 @@ def test_analysis_reads_what_the_trainer_writes(trained, tmp_path, capsys):
     assert sorted(df.index) == ["DDP", "FULL_SHARD"]
     for strategy, world in (("DDP", 1), ("FULL_SHARD", 2)):
         row = df.loc[strategy]
-        path, = glob.glob(os.path.join(trained, "contract", "vit_micro", strategy, "n1", "*", "metrics.jsonl"))
+        (path,) = glob.glob(os.path.join(trained, "contract", "vit_micro", strategy, "n1", "*", "metrics.jsonl"))
         start, end = _records(path)
         assert row["status"] == "ok" and row["study"] == "contract" and row["model"] == "vit_micro"
         assert row["world_size"] == world and row["nodes"] == 1
@@ -76,7 +90,9 @@ def test_analysis_reads_what_the_trainer_writes(trained, tmp_path, capsys):
         assert row["ips_std"] == pytest.approx(end["images_per_s"]["std"])
         assert row["ips_per_device"] == pytest.approx(end["images_per_s"]["mean"] / world)
         assert row["tflops_per_device"] == pytest.approx(end["tflops_per_device"])
-        assert row["memory_measure"] == "rss" and row["memory_gib"] == pytest.approx(end["memory"]["peak_rss_gib"]["max"])
+        assert row["memory_measure"] == "rss" and row["memory_gib"] == pytest.approx(
+            end["memory"]["peak_rss_gib"]["max"]
+        )
         assert row["steps_done"] == 6 and row["timed_steps"] == 4
         assert row["efficiency"] == pytest.approx(1.0)  # each strategy is its own baseline
         assert bool(row["replicas_agree"]) is True
@@ -89,7 +105,7 @@ def test_analysis_reads_what_the_trainer_writes(trained, tmp_path, capsys):
 
 def test_a_trainer_run_cut_short_reads_as_incomplete(trained, tmp_path):
     """A trainer record with its end line gone and the last step half written, as a killed job leaves it."""
-    src, = glob.glob(os.path.join(trained, "contract", "vit_micro", "DDP", "n1", "*"))
+    (src,) = glob.glob(os.path.join(trained, "contract", "vit_micro", "DDP", "n1", "*"))
     dst = tmp_path / "contract" / "vit_micro" / "DDP" / "n1" / "killed"
     shutil.copytree(src, dst)
     with open(dst / "metrics.jsonl") as f:
@@ -107,11 +123,14 @@ def test_synthetic_records_pass_the_trainer_schema(tmp_path):
     require_module("jsonschema", "pip install 'vit-scale[test]'")
     from vit_scale.record.schema import validate_record_file
 
-    paths = [write_run(str(tmp_path), strategy="FULL_SHARD", nodes=2, ips=100.0, run_id="ok"),
-             write_run(str(tmp_path), strategy="DDP", ips=None, status="oom", error="out of memory", memory_gib=None,
-                       run_id="oom"),
-             write_run(str(tmp_path), strategy="DDP", ips=50.0, status="diverged", replicas_agree=False, run_id="div"),
-             write_run(str(tmp_path), strategy="ZERO3", ips=80.0, device="cpu", run_id="cpu"),
-             write_run(str(tmp_path), strategy="DDP", end=False, steps_logged=3, run_id="killed")]
+    paths = [
+        write_run(str(tmp_path), strategy="FULL_SHARD", nodes=2, ips=100.0, run_id="ok"),
+        write_run(
+            str(tmp_path), strategy="DDP", ips=None, status="oom", error="out of memory", memory_gib=None, run_id="oom"
+        ),
+        write_run(str(tmp_path), strategy="DDP", ips=50.0, status="diverged", replicas_agree=False, run_id="div"),
+        write_run(str(tmp_path), strategy="ZERO3", ips=80.0, device="cpu", run_id="cpu"),
+        write_run(str(tmp_path), strategy="DDP", end=False, steps_logged=3, run_id="killed"),
+    ]
     for path in paths:
         validate_record_file(path)

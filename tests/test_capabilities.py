@@ -3,6 +3,7 @@ pair it allows trains to `ok`, every pair it refuses exits 2 with its one line b
 docs/strategies.md carries the same table. Real launches: the allowed pairs in one torchrun launch
 of 2 ranks (tests/run_many.py, which checks each pair as `vit-scale train` does), the refused ones
 as separate `python -m vit_scale train` processes."""
+
 import os
 import re
 
@@ -24,8 +25,9 @@ def test_the_doc_carries_the_table():
     text = open(os.path.join(ROOT, "docs", "strategies.md")).read()
     found = re.search(r"<!-- capabilities:begin -->\n(.*?)\n<!-- capabilities:end -->", text, re.S)
     assert found, "docs/strategies.md has lost its capabilities markers"
-    assert found.group(1) == caps.markdown(), \
+    assert found.group(1) == caps.markdown(), (
         "docs/strategies.md differs from the table: paste `python -m vit_scale.distributed.capabilities` between the markers"
+    )
 
 
 def test_every_label_and_precision_has_a_verdict_on_every_device():
@@ -60,7 +62,7 @@ def test_every_cpu_pair_trains_or_is_refused_in_one_line(tmp_path):
         assert end["status"] == "ok" and end["replicas_agree"] is True, (study, end)
 
     names = list(refused)
-    for batch in (names[i:i + 6] for i in range(0, len(names), 6)):  # 2 cores: a few imports at a time
+    for batch in (names[i : i + 6] for i in range(0, len(names), 6)):  # 2 cores: a few imports at a time
         procs = {name: start_train(refused[name][0], tmp_path / "refused") for name in batch}
         for name, p in procs.items():
             stdout, stderr = p.communicate(timeout=180)

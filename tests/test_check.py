@@ -9,6 +9,7 @@ fails), a transport that is not the expected one (VIT_SCALE_EXPECT_TRANSPORT=ib)
 exist here, NCCL's log lines and GPUs, is given to the verdict as NCCL prints it and as a GPU
 rank reports it (test_nccl_* and test_gpu_*), on the check.json of a real run.
 """
+
 import copy
 import json
 import os
@@ -25,8 +26,22 @@ from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
 
 DOCS = os.path.join(ROOT, "docs", "check.md")
-STUDY = ["--system", "local", "--models", "vit_micro", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
-         "--out", "runs", "--no-analysis", "--check"]
+STUDY = [
+    "--system",
+    "local",
+    "--models",
+    "vit_micro",
+    "--steps",
+    "3",
+    "--warmup-steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--out",
+    "runs",
+    "--no-analysis",
+    "--check",
+]
 
 # the worker, with SHARD_GRAD_OP raising in its second step on every rank, the meter's trainer run
 # raising in its second step on rank 0, and rank 3 alone getting a wrong reduce-scatter across nodes
@@ -49,10 +64,11 @@ sys.exit(worker.main(sys.argv[1:]))"""
 INJECT = jobs_support.INJECT.format(
     when='self.cfg.strategy == "SHARD_GRAD_OP" or self.cfg.output.study == "meter"',
     action='raise RuntimeError("injected by the test: " + ("the meter\'s run" if self.cfg.output.study == "meter" '
-           'else "SHARD_GRAD_OP") + " breaks in its second step")',
-    entry=WRONG_ON_RANK_3)
+    'else "SHARD_GRAD_OP") + " breaks in its second step")',
+    entry=WRONG_ON_RANK_3,
+)
 # VIT_SCALE_PYTHON: the worker with the injection, a `vit-scale prepare` that cannot build, the rest as is
-WRAPPER = '''#!/bin/bash
+WRAPPER = """#!/bin/bash
 if [ "${{1:-}} ${{2:-}}" = "-m vit_scale.check.worker" ]; then
   shift 2
   exec {python} {inject} "$@"
@@ -62,13 +78,14 @@ if [ "${{1:-}} ${{2:-}} ${{3:-}}" = "-m vit_scale prepare" ]; then
   exit 1
 fi
 exec {python} "$@"
-'''
+"""
 
 
 def docs_schema() -> dict:
     text = open(DOCS).read()
-    found = re.search(r"<!-- check.json schema: begin[^>]*-->\s*```json\n(.*?)```\s*<!-- check.json schema: end -->",
-                      text, re.S)
+    found = re.search(
+        r"<!-- check.json schema: begin[^>]*-->\s*```json\n(.*?)```\s*<!-- check.json schema: end -->", text, re.S
+    )
     assert found, "docs/check.md has no check.json schema between its markers"
     return json.loads(found.group(1))
 
@@ -90,18 +107,26 @@ def fail_lines(stderr: str, prog: str) -> list:
 
 
 def run(args, cwd, env=None, timeout=300):
-    return subprocess.run([PYTHON, "-m", "vit_scale", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return subprocess.run(
+        [PYTHON, "-m", "vit_scale", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
 
 
 # ---------------------------------------------------------------- real checks
+
 
 @pytest.fixture(scope="module")
 def passing_study(tmp_path_factory):
     """`vit-scale study --check` on 1 emulated node without Slurm: the check passes, then the run."""
     work = tmp_path_factory.mktemp("passing")
-    proc = run(["study", *STUDY, "--nodes", "1", "--strategies", "DDP", "--study", "s"], work,
-               env={"VIT_SCALE_PYTHON": PYTHON})
+    proc = run(
+        ["study", *STUDY, "--nodes", "1", "--strategies", "DDP", "--study", "s"], work, env={"VIT_SCALE_PYTHON": PYTHON}
+    )
     return work, proc
 
 
@@ -114,10 +139,16 @@ def broken_study(tmp_path_factory):
     wrapper.write_text(WRAPPER.format(python=PYTHON, inject=inject))
     wrapper.chmod(0o755)
     (work / "no-kernels").mkdir()
-    proc = run(["study", *STUDY, "--nodes", "2", "--strategies", "DDP,CAI_DDP_FP16,SHARD_GRAD_OP,ZERO1",
-                "--study", "b"], work,
-               env={"VIT_SCALE_PYTHON": str(wrapper), "TORCH_EXTENSIONS_DIR": str(work / "no-kernels"),
-                    "VIT_SCALE_EXPECT_TRANSPORT": "ib", "PYTHONPATH": ROOT})
+    proc = run(
+        ["study", *STUDY, "--nodes", "2", "--strategies", "DDP,CAI_DDP_FP16,SHARD_GRAD_OP,ZERO1", "--study", "b"],
+        work,
+        env={
+            "VIT_SCALE_PYTHON": str(wrapper),
+            "TORCH_EXTENSIONS_DIR": str(work / "no-kernels"),
+            "VIT_SCALE_EXPECT_TRANSPORT": "ib",
+            "PYTHONPATH": ROOT,
+        },
+    )
     return work, proc
 
 
@@ -129,9 +160,19 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
     found = lines_of(check)
     fit_status = {name: line["status"] for name, line in found.items() if " fit " in name}
     assert {name: line["status"] for name, line in found.items() if name not in fit_status} == {
-        "versions": "info", "modules": "info", "devices": "ok", "transport": "ok", "kernels": "ok",
-        "all_reduce": "ok", "all_gather": "ok", "reduce_scatter": "ok", "DDP fp32": "ok",
-        "meter overhead": "info", "meter timing": "info", "meter memory": "skipped"}
+        "versions": "info",
+        "modules": "info",
+        "devices": "ok",
+        "transport": "ok",
+        "kernels": "ok",
+        "all_reduce": "ok",
+        "all_gather": "ok",
+        "reduce_scatter": "ok",
+        "DDP fp32": "ok",
+        "meter overhead": "info",
+        "meter timing": "info",
+        "meter memory": "skipped",
+    }
     # quick mode still fits each collective (within the node only here); a fit it cannot vouch for warns
     assert set(fit_status) == {f"{c} fit intra" for c in ("all_reduce", "all_gather", "reduce_scatter")}
     assert set(fit_status.values()) <= {"info", "warn"}
@@ -144,22 +185,22 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
     # within the node only, each size timed, bus bandwidth as nccl-tests defines it
     measured = facts["interconnect"]["measurements"]
     assert {m["scope"] for m in measured} == {"node"}
-    assert {(m["collective"], m["size"]) for m in measured} >= {(c, s) for c in ("all_reduce", "all_gather",
-                                                                                "reduce_scatter")
-                                                               for s in ("latency", "block", "bucket")}
+    assert {(m["collective"], m["size"]) for m in measured} >= {
+        (c, s) for c in ("all_reduce", "all_gather", "reduce_scatter") for s in ("latency", "block", "bucket")
+    }
     for m in measured:
         assert m["correct"] and m["time_s"] > 0
         factor = 2 * (m["ranks"] - 1) / m["ranks"] if m["collective"] == "all_reduce" else (m["ranks"] - 1) / m["ranks"]
         assert m["algbw_gbs"] == pytest.approx(m["bytes"] / m["time_s"] / 1e9)
         assert m["busbw_gbs"] == pytest.approx(m["algbw_gbs"] * factor)
     bucket = next(m for m in measured if m["size"] == "bucket")
-    assert bucket["bytes"] == 25 * 2 ** 20
+    assert bucket["bytes"] == 25 * 2**20
     meter = facts["meter"]
     assert meter["ratio"] > 0 and meter["event_step_s"] > 0 and meter["host_step_s"] > 0 and meter["steps_compared"] > 0
     # then the study ran, and its summary shows the check
     assert "[1/1] vit_micro DDP n1 (2 ranks) ... ok" in proc.stdout
     assert "  check:       ready (" in proc.stdout and "transport tcp, expected tcp" in proc.stdout
-    assert not (work / "runs" / "s" / "check").exists()   # the check's records stay out of the study's
+    assert not (work / "runs" / "s" / "check").exists()  # the check's records stay out of the study's
 
 
 def test_report_shows_the_checks_facts(passing_study):
@@ -171,7 +212,7 @@ def test_report_shows_the_checks_facts(passing_study):
     assert "## System check" in text and "| verdict | ready (" in text
     assert re.search(r"\| transport between nodes \| tcp, expected tcp \|", text)
     assert re.search(r"\| all_reduce \| within a node \| 2 \| 25 MiB \(DDP bucket\) \| [0-9.]+ \|", text), text
-    assert report._check_section([str(work / "runs")]) == []   # no check.json there: no section
+    assert report._check_section([str(work / "runs")]) == []  # no check.json there: no section
 
 
 def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_study):
@@ -182,14 +223,23 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
     assert len(failures) == 6, proc.stderr
     text = "\n".join(failures)
     assert re.search(r"FAIL transport: tcp between nodes \(gloo: tcp\), expected ib; .*--expect-transport", text)
-    assert re.search(r"FAIL kernel deepspeed\.cpu_adam: not built on local0, local1 .*needed by ZERO1; run: "
-                     r"vit-scale prepare --strategies ZERO1", text)
+    assert re.search(
+        r"FAIL kernel deepspeed\.cpu_adam: not built on local0, local1 .*needed by ZERO1; run: "
+        r"vit-scale prepare --strategies ZERO1",
+        text,
+    )
     assert "FAIL CAI_DDP_FP16 fp32: strategy: CAI_DDP_FP16 needs a GPU" in text
-    assert re.search(r"FAIL SHARD_GRAD_OP fp32: failed: rank \d: RuntimeError: injected by the test: SHARD_GRAD_OP "
-                     r"breaks in its second step; see .*b\.check/records/", text)
+    assert re.search(
+        r"FAIL SHARD_GRAD_OP fp32: failed: rank \d: RuntimeError: injected by the test: SHARD_GRAD_OP "
+        r"breaks in its second step; see .*b\.check/records/",
+        text,
+    )
     # the meter's failed trainer run is a line, and the check goes on
-    assert re.search(r"FAIL meter: RuntimeError: the trainer's DDP run failed: RuntimeError: injected by the test: "
-                     r"the meter's run breaks in its second step \(record: .*/records/meter/", text), text
+    assert re.search(
+        r"FAIL meter: RuntimeError: the trainer's DDP run failed: RuntimeError: injected by the test: "
+        r"the meter's run breaks in its second step \(record: .*/records/meter/",
+        text,
+    ), text
     # a wrong result seen on rank 3 alone is reported
     assert re.search(r"FAIL reduce_scatter: wrong result across nodes at .* \(4 ranks\)", text), text
     assert "vit-scale study: the check found the system not ready" in proc.stderr
@@ -206,14 +256,18 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
         assert found[collective]["status"] == "ok" and "across nodes (4 ranks)" in found[collective]["text"]
     # the quick sweep's fits, both scopes, although the reduce-scatter across nodes was wrong on rank 3
     # (its points are left out: wrong results are not points)
-    assert_fits(check, min_sizes=4, pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter")
-                                           for s in ("intra", "inter")} - {("reduce_scatter", "inter")})
+    assert_fits(
+        check,
+        min_sizes=4,
+        pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter") for s in ("intra", "inter")}
+        - {("reduce_scatter", "inter")},
+    )
     assert_calibrates(check, str(work / "runs" / "b" / "check.json"))
     assert found["CAI_DDP_FP16 fp32"]["status"] == "refused"
     # the label after the one that took the ranks down ran in a second launch
     attempts = check["launch"]["attempts"]
     assert len(attempts) == 2 and attempts[1]["labels"] == [["ZERO1", "fp32"]], attempts
-    assert "some kernels could not be built" in proc.stderr   # the study's prepare failed; the check said which
+    assert "some kernels could not be built" in proc.stderr  # the study's prepare failed; the check said which
 
 
 def assert_fits(check: dict, min_sizes: int, pairs: set) -> None:
@@ -238,8 +292,9 @@ def assert_calibrates(check: dict, path: str) -> None:
     from vit_scale.planning import predict
     from vit_scale.planning.scenario import Scenario
 
-    cal = predict.choose_calibration(path, predict.profile_path("local"), system="local", models=["vit_micro"],
-                                     precisions=["fp32"])
+    cal = predict.choose_calibration(
+        path, predict.profile_path("local"), system="local", models=["vit_micro"], precisions=["fp32"]
+    )
     assert cal.kind == "check" and cal.source == path
     for f in check["fits"]:
         named = f"{f['collective']}/{f['scope']}"
@@ -253,8 +308,20 @@ def assert_calibrates(check: dict, path: str) -> None:
 def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
     """sbatch -N 2 jobs/check.sh: one srun step over both nodes, through env/local.sh, in full mode:
     the size sweep and its alpha-beta fits, which the prediction takes as its calibration."""
-    job = slurm_cluster.sbatch(["-N", "2", os.path.join(ROOT, "jobs", "check.sh"), "--system", "local",
-                                "--strategies", "DDP,HYBRID_2GPU", "--out", "check"], cwd=tmp_path)
+    job = slurm_cluster.sbatch(
+        [
+            "-N",
+            "2",
+            os.path.join(ROOT, "jobs", "check.sh"),
+            "--system",
+            "local",
+            "--strategies",
+            "DDP,HYBRID_2GPU",
+            "--out",
+            "check",
+        ],
+        cwd=tmp_path,
+    )
     slurm_cluster.wait([job])
     output = (tmp_path / f"vit-check-{job}.out").read_text()
     info = slurm_cluster.job(job)
@@ -268,10 +335,13 @@ def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
     assert lines_of(check)["HYBRID_2GPU fp32"]["status"] == "ok"
     # full mode: at least 8 sizes from 8 B to the largest message, per collective and scope, fitted
     measured = check["facts"]["interconnect"]["measurements"]
-    assert min(m["bytes"] for m in measured) <= 16 and max(m["bytes"] for m in measured) >= 25 * 2 ** 20
+    assert min(m["bytes"] for m in measured) <= 16 and max(m["bytes"] for m in measured) >= 25 * 2**20
     assert all(m["repeats"] == 3 and m["spread_s"] >= 0 for m in measured)
-    assert_fits(check, min_sizes=8, pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter")
-                                           for s in ("intra", "inter")})
+    assert_fits(
+        check,
+        min_sizes=8,
+        pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter") for s in ("intra", "inter")},
+    )
     assert_calibrates(check, str(tmp_path / "check" / "check.json"))
 
 
@@ -305,15 +375,18 @@ def verdict_of(check: dict) -> dict:
     return {line.check: line for line in verdict.lines(check)}
 
 
-@pytest.mark.parametrize("system, log, nodes, status, text", [
-    ("cuda", NCCL_IB, 2, "ok", "ib between nodes (nccl: IB), expected ib or ofi"),
-    ("cuda", NCCL_SOCKET, 2, "fail", "socket between nodes (nccl: Socket), expected ib or ofi"),
-    # on one node NCCL connects no nodes: what it loaded is said, not failed (Frontier's one-node steps get Socket)
-    ("cuda", NCCL_SOCKET, 1, "warn", "socket for a job over several nodes (nccl: Socket), expected ib or ofi"),
-    ("frontier", RCCL_OFI, 2, "ok", "ofi between nodes (nccl: AWS Libfabric), expected ofi"),
-    ("frontier", NCCL_IB, 2, "fail", "ib between nodes (nccl: IB), expected ofi"),
-    ("frontier", "", 2, "fail", "nccl said nothing about its network (expected ofi)"),
-])
+@pytest.mark.parametrize(
+    "system, log, nodes, status, text",
+    [
+        ("cuda", NCCL_IB, 2, "ok", "ib between nodes (nccl: IB), expected ib or ofi"),
+        ("cuda", NCCL_SOCKET, 2, "fail", "socket between nodes (nccl: Socket), expected ib or ofi"),
+        # on one node NCCL connects no nodes: what it loaded is said, not failed (Frontier's one-node steps get Socket)
+        ("cuda", NCCL_SOCKET, 1, "warn", "socket for a job over several nodes (nccl: Socket), expected ib or ofi"),
+        ("frontier", RCCL_OFI, 2, "ok", "ofi between nodes (nccl: AWS Libfabric), expected ofi"),
+        ("frontier", NCCL_IB, 2, "fail", "ib between nodes (nccl: IB), expected ofi"),
+        ("frontier", "", 2, "fail", "nccl said nothing about its network (expected ofi)"),
+    ],
+)
 def test_nccl_transport_from_its_log_lines(passing_study, system, log, nodes, status, text):
     """NCCL's own lines (mocked: no NCCL here) decide the transport line, as on a GPU cluster."""
     from vit_scale.check.environment import expected_transport, transport_facts
@@ -322,8 +395,7 @@ def test_nccl_transport_from_its_log_lines(passing_study, system, log, nodes, st
     work, _ = passing_study
     real = valid_check(work / "runs" / "s" / "check.json")
     facts = transport_facts("nccl", log, expected_transport(read_system(system).inter_node_transport, "nccl"))
-    line = verdict_of(as_if(real, system=system, nodes=nodes, ranks_per_node=1,
-                            transport=facts))["transport"]
+    line = verdict_of(as_if(real, system=system, nodes=nodes, ranks_per_node=1, transport=facts))["transport"]
     assert (line.status, line.text) == (status, text), line
     assert line.broken == (status == "fail")
     if status != "ok":
@@ -334,9 +406,17 @@ def test_gpu_ranks_sharing_or_missing_a_gpu_fail_the_devices_line(passing_study)
     """Two ranks of a node reporting one GPU's UUID, or a rank that sees none (mocked GPU ranks)."""
     work, _ = passing_study
     real = valid_check(work / "runs" / "s" / "check.json")
-    gpu_ranks = [{**r, "device_type": "cuda", "device_index": 0, "device_name": "NVIDIA H100",
-                  "device_id": "GPU-1234", "visible_devices": {"CUDA_VISIBLE_DEVICES": "0"}}
-                 for r in real["facts"]["ranks"]]
+    gpu_ranks = [
+        {
+            **r,
+            "device_type": "cuda",
+            "device_index": 0,
+            "device_name": "NVIDIA H100",
+            "device_id": "GPU-1234",
+            "visible_devices": {"CUDA_VISIBLE_DEVICES": "0"},
+        }
+        for r in real["facts"]["ranks"]
+    ]
     shared = as_if(real, backend="nccl")
     shared["facts"]["ranks"] = gpu_ranks
     line = verdict_of(shared)["devices"]
@@ -362,8 +442,8 @@ def test_the_schema_in_the_docs_is_the_codes():
     jsonschema.Draft202012Validator.check_schema(CHECK_SCHEMA)
 
 
-
 # ---------------------------------------------------------------- the decisions, without a launch
+
 
 def ring_sum(values, dtype):
     """What a ring all-reduce computes: each hop adds one rank's value to the partial sum and
@@ -371,7 +451,7 @@ def ring_sum(values, dtype):
     import numpy
     import torch
 
-    if dtype == torch.float32:   # numpy's float32 rounds each addition the same way, much faster
+    if dtype == torch.float32:  # numpy's float32 rounds each addition the same way, much faster
         total = numpy.float32(values[0])
         for value in values[1:]:
             total = numpy.float32(total + numpy.float32(value))
@@ -393,7 +473,7 @@ def test_collective_check_is_exact_where_a_bf16_ring_is_not():
     n = 384
     values = [float(rank + 1) for rank in range(n)]
     bf16 = ring_sum(values, torch.bfloat16)
-    assert not torch.allclose(bf16, torch.tensor(n * (n + 1) / 2), rtol=1e-2)   # why the check left bf16
+    assert not torch.allclose(bf16, torch.tensor(n * (n + 1) / 2), rtol=1e-2)  # why the check left bf16
     sent = [float(check_value("all_reduce", rank, n)) for rank in range(n)]
     exact = ring_sum(sent, torch.float32)
     assert result_is_right("all_reduce", exact.repeat(n), n, 1)
@@ -410,11 +490,11 @@ def test_scopes_come_from_every_ranks_node_and_uneven_placement_is_refused():
     from vit_scale.check.collectives import scopes_for
     from vit_scale.errors import UserError
 
-    assert scopes_for(["a", "b", "a", "b"]) == [("node", 2), ("world", 4)]   # cyclic placement
+    assert scopes_for(["a", "b", "a", "b"]) == [("node", 2), ("world", 4)]  # cyclic placement
     assert scopes_for(["a", "b"]) == [("world", 2)]
     assert scopes_for(["a", "a"]) == [("node", 2)]
     with pytest.raises(UserError) as refused:
-        scopes_for(["a", "a", "b"])   # rank 2 alone would skip the within-a-node collectives and hang the rest
+        scopes_for(["a", "a", "b"])  # rank 2 alone would skip the within-a-node collectives and hang the rest
     assert str(refused.value).startswith("ranks per node: uneven placement (a 2, b 1); allowed: the same number")
     assert "\n" not in str(refused.value)
 
@@ -432,7 +512,7 @@ def test_nccl_lines_are_read_from_their_files(tmp_path):
     rank_log = logs / f"check.{stamp}.1.log"
     rank_log.write_text("rank output, NCCL's lines lost to os._exit\n")
     text = "".join(line for lines in collective_logs(str(tmp_path), stamp, [str(rank_log)]) for line in lines)
-    assert "Socket" not in text and "rank output" in text   # another check's file is not read
+    assert "Socket" not in text and "rank output" in text  # another check's file is not read
     facts = transport_facts("nccl", collective_logs(str(tmp_path), stamp, [str(rank_log)]), ("ib", "ofi"))
     assert facts["observed"] == ["ib"], facts
     assert nccl_log_name(stamp, 2) == f"nccl.{stamp}.2.%h.%p.log"
@@ -447,8 +527,8 @@ def test_gpu_identity_is_the_pci_address_and_never_a_placeholder_uuid():
     """Device properties as torch reports them on ROCm and CUDA (mocked: no GPU here)."""
     from vit_scale.check.environment import gpu_identity
 
-    assert gpu_identity(Props("GPU-XX", 0, 0xc1, 0)) == "pci 0000:c1:00"
-    assert gpu_identity(Props("GPU-XX", 0, 0xd1, 0)) != gpu_identity(Props("GPU-XX", 0, 0xc1, 0))
+    assert gpu_identity(Props("GPU-XX", 0, 0xC1, 0)) == "pci 0000:c1:00"
+    assert gpu_identity(Props("GPU-XX", 0, 0xD1, 0)) != gpu_identity(Props("GPU-XX", 0, 0xC1, 0))
     assert gpu_identity(Props("GPU-XX")) is None
     assert gpu_identity(Props("00000000-0000-0000-0000-000000000000")) is None
     real = "8c1bd5e2-4a1f-7b3c-9d0e-112233445566"
@@ -465,8 +545,9 @@ def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_l
     that ran out of the one --time-limit every launch shares."""
     from vit_scale.check import cli
 
-    check = cli.Check(cli.parse(["--system", "local", "--strategies", "DDP,ZERO1", "--out", str(tmp_path),
-                                 "--time-limit", "0.05"]))
+    check = cli.Check(
+        cli.parse(["--system", "local", "--strategies", "DDP,ZERO1", "--out", str(tmp_path), "--time-limit", "0.05"])
+    )
     clock = [1000.0]
     monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
     launches = []
@@ -476,19 +557,31 @@ def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_l
         clock[0] += 2.0
         world = {"world": {"world_size": 2}}
         if attempt == 1:
-            return {**world, "in_progress": {"part": "meter", "settings": {"model": "vit_micro"}}}, \
-                FakeOutcome(1, False, 2.0), "log"
+            return (
+                {**world, "in_progress": {"part": "meter", "settings": {"model": "vit_micro"}}},
+                FakeOutcome(1, False, 2.0),
+                "log",
+            )
         clock[0] += left_s
-        return {**world, "parts_done": ["environment", "interconnect"],
-                "in_progress": {"label": "DDP", "precision": "fp32"}}, FakeOutcome(124, True, left_s), "log"
+        return (
+            {
+                **world,
+                "parts_done": ["environment", "interconnect"],
+                "in_progress": {"label": "DDP", "precision": "fp32"},
+            },
+            FakeOutcome(124, True, left_s),
+            "log",
+        )
 
     monkeypatch.setattr(check, "launch", launch)
     monkeypatch.setattr(cli, "last_line", lambda log: "the last line")
     facts, attempts = check.launch_until_done(type("S", (), {"interrupted": False})(), "stamp")
     assert [parts for parts, _ in launches] == [list(cli.PARTS), ["environment", "interconnect", "strategies"]]
     assert launches[0][1] == pytest.approx(3.0) and launches[1][1] == pytest.approx(1.0)
-    assert facts["meter"] == {"error": "failed: the trainer's run ended the ranks (exit 1): the last line",
-                              "settings": {"model": "vit_micro"}}
+    assert facts["meter"] == {
+        "error": "failed: the trainer's run ended the ranks (exit 1): the last line",
+        "settings": {"model": "vit_micro"},
+    }
     rows = {r["label"]: r for r in facts["strategies"]}
     assert rows["DDP"]["status"] == "timeout" and rows["ZERO1"]["status"] == "timeout"
     assert "used all of --time-limit 0.05 min" in rows["ZERO1"]["error"]
@@ -506,8 +599,9 @@ def test_full_sweep_runs_from_8_bytes_to_the_largest_message_of_the_strategies()
         assert len({s.nbytes for s in sizes}) >= 8 and sizes[0].nbytes == 8
         assert [s.nbytes for s in sizes] == sorted(s.nbytes for s in sizes)
         assert zero_bucket_bytes(model, precision) == Shape.from_spec(get_spec(model)).params * (
-            4 if precision == "fp32" else 2)
-        largest = max(block_bytes(model, precision), 25 * 2 ** 20, zero_bucket_bytes(model, precision))
+            4 if precision == "fp32" else 2
+        )
+        largest = max(block_bytes(model, precision), 25 * 2**20, zero_bucket_bytes(model, precision))
         assert sizes[-1].nbytes == largest and {"block", "bucket"} <= {s.name for s in sizes}
     assert [s.name for s in sizes_for("vit_micro", "fp32", quick=True)] == ["latency", "latency", "block", "bucket"]
 
@@ -518,10 +612,17 @@ def test_fits_of_measurements_keep_a_flagged_fit_flagged():
     from vit_scale.check.collectives import fits_of
 
     def m(scope, collective, nbytes, seconds, spread=0.0, correct=True):
-        return {"scope": scope, "collective": collective, "ranks": 4, "bytes": nbytes, "time_s": seconds,
-                "spread_s": spread, "correct": correct}
+        return {
+            "scope": scope,
+            "collective": collective,
+            "ranks": 4,
+            "bytes": nbytes,
+            "time_s": seconds,
+            "spread_s": spread,
+            "correct": correct,
+        }
 
-    sizes = [8 * 8 ** i for i in range(9)]
+    sizes = [8 * 8**i for i in range(9)]
     clean = [m("world", "all_gather", s, 50e-6 + s * 0.75 / 2e9) for s in sizes]
     backwards = [m("node", "all_reduce", 8, 900e-6, 1e-6), m("node", "all_reduce", 4096, 100e-6, 1e-6)]
     flat = [m("node", "reduce_scatter", s, 1e-3) for s in (8, 64, 512, 4096)]
@@ -543,10 +644,10 @@ def test_the_sweeps_time_budget_extends_the_line_of_what_was_measured():
 
     small = {"bytes": 8, "time_s": 1e-3}
     assert expected_seconds([small], 4096) == pytest.approx(1e-3)
-    big = {"bytes": 8 + 10 ** 6, "time_s": 1e-3 + 1e-2}
-    assert expected_seconds([small, big], 8 + 2 * 10 ** 6) == pytest.approx(1e-3 + 2e-2)
-    sweep = Size("sweep", 8 + 10 ** 7, "fp32", "")
+    big = {"bytes": 8 + 10**6, "time_s": 1e-3 + 1e-2}
+    assert expected_seconds([small, big], 8 + 2 * 10**6) == pytest.approx(1e-3 + 2e-2)
+    sweep = Size("sweep", 8 + 10**7, "fp32", "")
     assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=1.0).startswith("time budget: ")
     assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=100.0) == ""
-    assert left_out("all_reduce", Size("bucket", 8 + 10 ** 7, "fp32", ""), 2, 0, FULL, [small, big], 0.0) == ""
-    assert left_out("all_reduce", sweep, 2, 4 * 10 ** 7, FULL, [], 100.0).startswith("memory: ")
+    assert left_out("all_reduce", Size("bucket", 8 + 10**7, "fp32", ""), 2, 0, FULL, [small, big], 0.0) == ""
+    assert left_out("all_reduce", sweep, 2, 4 * 10**7, FULL, [], 100.0).startswith("memory: ")

@@ -9,6 +9,7 @@ tests/jobs_support.py does for the study), so that neither check can finish on i
 
 jobs/submit_sweep.sh --check: each job checks its own nodes into a check.json of its node count,
 and the report shows each."""
+
 import json
 import os
 import re
@@ -22,20 +23,21 @@ CHECK_SH = os.path.join(ROOT, "jobs", "check.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
 ARGS = ["--system", "local", "--quick", "--strategies", "DDP,FULL_SHARD,NO_SHARD", "--out", "check"]
 WORKER = "from vit_scale.check import worker  # noqa: E402\nsys.exit(worker.main(sys.argv[1:]))"
-WRAPPER = '''#!/bin/bash
+WRAPPER = """#!/bin/bash
 if [ "${{1:-}} ${{2:-}}" = "-m vit_scale.check.worker" ]; then
   shift 2
   exec {python} {inject} "$@"
 fi
 exec {python} "$@"
-'''
+"""
 
 
 def hanging_python(work) -> str:
     """FULL_SHARD sleeps in its second step, ignoring nothing: only a stop ends it."""
     inject, wrapper = work / "inject_hang.py", work / "python-hanging"
-    inject.write_text(jobs_support.INJECT.format(when='self.cfg.strategy == "FULL_SHARD"',
-                                                 action="time.sleep(3600)", entry=WORKER))
+    inject.write_text(
+        jobs_support.INJECT.format(when='self.cfg.strategy == "FULL_SHARD"', action="time.sleep(3600)", entry=WORKER)
+    )
     wrapper.write_text(WRAPPER.format(python=PYTHON, inject=inject))
     wrapper.chmod(0o755)
     return str(wrapper)
@@ -51,15 +53,22 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
     jobs = {}
     for work, sbatch, extra in ((derived, ["--time=3"], []), (stopped, ["--time=2"], ["--time-limit", "30"])):
         work.mkdir()
-        jobs[work] = slurm_cluster.sbatch(["-N", "1", *sbatch, CHECK_SH, *ARGS, *extra], cwd=work,
-                                          VIT_SCALE_PYTHON=hanging_python(work), VIT_SCALE_STOP_GRACE_S="3")
+        jobs[work] = slurm_cluster.sbatch(
+            ["-N", "1", *sbatch, CHECK_SH, *ARGS, *extra],
+            cwd=work,
+            VIT_SCALE_PYTHON=hanging_python(work),
+            VIT_SCALE_STOP_GRACE_S="3",
+        )
     slurm_cluster.wait(list(jobs.values()), timeout=400)
 
     # the default limit: the job's 3 minutes left, less the margin; the check stops itself and says so
     job = jobs[derived]
     output = (derived / f"vit-check-{job}.out").read_text()
-    assert re.search(rf"  time limit: 1\.[89] min \(job {job} has [23]\.\d+ min left, less a 1\.0 min margin to "
-                     rf"stop the ranks and write check\.json\)", output), output
+    assert re.search(
+        rf"  time limit: 1\.[89] min \(job {job} has [23]\.\d+ min left, less a 1\.0 min margin to "
+        rf"stop the ranks and write check\.json\)",
+        output,
+    ), output
     info = slurm_cluster.job(job)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, output)
     found = lines_of(derived / "check" / "check.json")
@@ -83,10 +92,37 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
 
 
 def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_cluster, tmp_path):  # noqa: F811
-    proc = subprocess.run([SUBMIT_SWEEP, "--system", "local", "--models", "vit_micro", "--strategies", "DDP",
-                           "--nodes", "1,2", "--steps", "3", "--warmup-steps", "1", "--batch-size", "2",
-                           "--study", "sw", "--out", "runs", "--logs", "logs", "--check"], cwd=tmp_path,
-                          env=slurm_cluster.env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            SUBMIT_SWEEP,
+            "--system",
+            "local",
+            "--models",
+            "vit_micro",
+            "--strategies",
+            "DDP",
+            "--nodes",
+            "1,2",
+            "--steps",
+            "3",
+            "--warmup-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--study",
+            "sw",
+            "--out",
+            "runs",
+            "--logs",
+            "logs",
+            "--check",
+        ],
+        cwd=tmp_path,
+        env=slurm_cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     n1, n2, analysis = proc.stdout.split()
     slurm_cluster.wait([n1, n2, analysis], timeout=900)
@@ -99,7 +135,7 @@ def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_
         with open(study / f"check-n{nodes}.json") as f:
             check = json.load(f)
         assert check["ok"] and check["nodes"] == nodes and check["slurm"]["job_id"] == job, check["lines"]
-    assert (study / "check.json").is_file()   # the latest, as one allocation's study has it
+    assert (study / "check.json").is_file()  # the latest, as one allocation's study has it
     # each job's summary names its own check; the analysis job's names both
     assert logs["n1"].count("  check:       ") == 1 and logs["n2"].count("  check:       ") == 1, logs
     assert "  check:       n1: ready (" in logs["analysis"] and "  check:       n2: ready (" in logs["analysis"]

@@ -4,6 +4,7 @@ running the check's worker over labels that make groups of their own: FSDP's HYB
 ColossalAI's. After each label this rank is in the world's group alone again (torch's registry,
 distributed_c10d._world.pg_map) and none of the label's runs is alive, and every group a label
 made held the check's 300 s collective bound, which the label's row says."""
+
 import json
 import os
 import subprocess
@@ -60,21 +61,50 @@ def test_each_labels_groups_are_bounded_and_destroyed_after_it(tmp_path):
 
     script = tmp_path / "counting_worker.py"
     script.write_text(COUNTING_WORKER)
-    spec = {"parts": ["strategies"], "labels": [[label, "fp32"] for label in LABELS], "model": "vit_micro",
-            "precisions": ["fp32"], "quick": True, "records": str(tmp_path / "records"),
-            "result": str(tmp_path / "facts.json"), "run_prefix": "groups", "attempt": 1}
+    spec = {
+        "parts": ["strategies"],
+        "labels": [[label, "fp32"] for label in LABELS],
+        "model": "vit_micro",
+        "precisions": ["fp32"],
+        "quick": True,
+        "records": str(tmp_path / "records"),
+        "result": str(tmp_path / "facts.json"),
+        "run_prefix": "groups",
+        "attempt": 1,
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     port = free_port()
     procs = []
     for rank in range(4):
-        env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "RANK": str(rank), "WORLD_SIZE": "4",
-               "LOCAL_RANK": str(rank % 2), "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "VIT_SCALE_NODE_NAME": f"node{rank // 2}",
-               "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions")}
-        procs.append(subprocess.Popen(
-            [PYTHON, str(script), str(tmp_path / f"report.{rank}.jsonl"), "system.launcher=torchrun",
-             f"spec={tmp_path / 'spec.json'}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "PYTHONPATH": ROOT,
+            "OMP_NUM_THREADS": "1",
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": str(rank % 2),
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "VIT_SCALE_NODE_NAME": f"node{rank // 2}",
+            "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    PYTHON,
+                    str(script),
+                    str(tmp_path / f"report.{rank}.jsonl"),
+                    "system.launcher=torchrun",
+                    f"spec={tmp_path / 'spec.json'}",
+                ],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outputs = []
     try:
         for proc in procs:

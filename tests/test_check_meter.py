@@ -3,6 +3,7 @@ one rank on this CPU, its process group in memory as the check's rank 0 makes it
 rounds; the second round's trainer run peaks where the first did. On a CPU the peak is the
 resident set's over the timed steps (vit_scale/run/memory.py), which everything still alive from
 the rounds before counts in, as on a GPU the allocator's peak does."""
+
 import json
 import os
 import subprocess
@@ -25,8 +26,14 @@ print(json.dumps([run.end["memory"]["peak_rss_gib"]["max"] for run in runs]))
 
 
 def test_each_rounds_peak_is_its_own(tmp_path):
-    proc = subprocess.run([PYTHON, "-c", METER, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})
+    proc = subprocess.run(
+        [PYTHON, "-c", METER, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     first, second, synchronised = json.loads(proc.stdout.strip().splitlines()[-1])
     # vit_tiny's model, AdamW state, gradients and DDP buckets: about 110 MiB a run left alive

@@ -3,6 +3,7 @@ Frontier's 75,264 ranks (9,408 nodes x 8), simulated in numpy in the orders a co
 adds in; NCCL's log files of that many ranks, generated as NCCL writes them (no NCCL here), read
 by the orchestrator. What needs ranks runs over gloo in tests/test_check.py and
 tests/test_check_groups.py."""
+
 import os
 
 import numpy
@@ -52,7 +53,7 @@ def test_rank_plus_one_is_not_exact_at_frontier_size():
     assert len(wrong) >= 10, wrong
 
 
-@pytest.mark.parametrize("ranks", [2, 8, 384, 5792, 8192, 8 * 1024, FRONTIER_RANKS, 2 ** 20])
+@pytest.mark.parametrize("ranks", [2, 8, 384, 5792, 8192, 8 * 1024, FRONTIER_RANKS, 2**20])
 def test_collective_check_is_exact_in_every_order_at_any_size(ranks):
     """What the ranks send for a sum adds up exactly however the library orders the additions,
     and result_is_right accepts that result and refuses one rank's value lost or counted twice."""
@@ -77,14 +78,16 @@ def test_collective_check_is_exact_in_every_order_at_any_size(ranks):
 
 # ---------------------------------------------------------------- NCCL's log files at full size
 
+
 def log_benchmark():
     import importlib.util
     import os
 
     from conftest import ROOT
 
-    spec = importlib.util.spec_from_file_location("check_log_reading",
-                                                  os.path.join(ROOT, "benchmarks", "check_log_reading.py"))
+    spec = importlib.util.spec_from_file_location(
+        "check_log_reading", os.path.join(ROOT, "benchmarks", "check_log_reading.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -117,9 +120,9 @@ def test_the_transport_is_read_from_75264_rank_files_as_a_stream_stopping_at_the
     tracemalloc.stop()
     assert facts["observed"] == ["ofi"] and facts["between_nodes"] == ["AWS Libfabric"], facts
     assert any("via NET/AWS Libfabric" in line for line in facts["evidence"])
-    left = sum(1 for _ in files)    # files not opened: reading stopped at the first connection between nodes
+    left = sum(1 for _ in files)  # files not opened: reading stopped at the first connection between nodes
     assert left > FRONTIER_RANKS + 1 - 1000, left
-    assert peak < 2 ** 20, peak
+    assert peak < 2**20, peak
 
     # every file as a stream: memory stays that of a file, not of the 75,264 together
     tracemalloc.start()
@@ -127,7 +130,7 @@ def test_the_transport_is_read_from_75264_rank_files_as_a_stream_stopping_at_the
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert lines == FRONTIER_RANKS * 12 + 1
-    assert written > 50 * 2 ** 20 and peak < 2 ** 20, (written, peak)
+    assert written > 50 * 2**20 and peak < 2**20, (written, peak)
 
 
 def test_only_the_ranks_of_two_nodes_log_nccl_lines():

@@ -4,8 +4,7 @@ before any work on a CPU; a missing colossalai names the install command."""
 
 import pytest
 
-from conftest import (FAST, assert_same_losses, env_without, load_runs, losses, require_package, run_many,
-                      start_train)
+from conftest import FAST, assert_same_losses, env_without, load_runs, losses, require_package, run_many, start_train
 
 
 @pytest.fixture(scope="module")
@@ -13,10 +12,18 @@ def two_rank_runs(tmp_path_factory):
     require_package("colossalai", "see docs/strategies.md for the install that keeps your torch")
     tmp = tmp_path_factory.mktemp("cai2")
     out = f"output.dir={tmp / 'runs'}"
-    runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],
-            [*FAST, out, "strategy=CAI_DDP", "output.study=cai-ddp"],
-            [*FAST, out, "strategy=CAI_DDP", "colossalai.bucket_cap_mb=1", "train.activation_checkpointing=true",
-             "output.study=cai-ddp-small-buckets-ac"]]
+    runs = [
+        [*FAST, out, "strategy=DDP", "output.study=ddp"],
+        [*FAST, out, "strategy=CAI_DDP", "output.study=cai-ddp"],
+        [
+            *FAST,
+            out,
+            "strategy=CAI_DDP",
+            "colossalai.bucket_cap_mb=1",
+            "train.activation_checkpointing=true",
+            "output.study=cai-ddp-small-buckets-ac",
+        ],
+    ]
     proc = run_many(2, runs, tmp)
     return {study: records for (study, _, _), records in load_runs(tmp / "runs").items()}, proc
 
@@ -45,6 +52,7 @@ def test_the_run_records_what_ran(two_rank_runs):
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, no work
 
+
 def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
     # the GPU checks come before the import, so they need no colossalai; the missing-package case
     # is simulated, so it runs whether or not colossalai is installed
@@ -54,10 +62,16 @@ def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
         "CAI_GEMINI": (["strategy=CAI_GEMINI", "colossalai.preset=seed000"], None, ["CAI_GEMINI", "needs a GPU"]),
         "CAI_FSDP": (["strategy=CAI_FSDP"], None, ["CAI_FSDP", "needs a GPU"]),
         "CAI_DDP-fp16": (["strategy=CAI_DDP", "train.precision=fp16"], None, ["train.precision", "needs a GPU"]),
-        "bad-zero-stage": (["strategy=CAI_LOW_LEVEL_ZERO", "colossalai.zero_stage=3"], None,
-                           ["colossalai.zero_stage", "allowed: 1, 2"]),
-        "colossalai-missing": (["strategy=CAI_DDP"], env_without("colossalai", tmp_path),
-                               ["colossalai", "pip install --no-deps colossalai==0.5.0"]),
+        "bad-zero-stage": (
+            ["strategy=CAI_LOW_LEVEL_ZERO", "colossalai.zero_stage=3"],
+            None,
+            ["colossalai.zero_stage", "allowed: 1, 2"],
+        ),
+        "colossalai-missing": (
+            ["strategy=CAI_DDP"],
+            env_without("colossalai", tmp_path),
+            ["colossalai", "pip install --no-deps colossalai==0.5.0"],
+        ),
     }
     procs = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
     for name, proc in procs.items():

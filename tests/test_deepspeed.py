@@ -9,19 +9,32 @@ serves inference all-reduce only); `cpu_adam` (~45 s) is needed by optimizer off
 the one offload run in `two_rank_runs` uses it, and the `deepspeed_cpu_adam` fixture (conftest.py)
 compiles it beforehand in one process, so no multi-rank launch waits for a build.
 """
+
 import json
 import os
 
 import pytest
 
-from conftest import (FAST, assert_same_losses, by_study, env_without, load_runs, losses, require_package, run_many,
-                      start_train)
+from conftest import (
+    FAST,
+    assert_same_losses,
+    by_study,
+    env_without,
+    load_runs,
+    losses,
+    require_package,
+    run_many,
+    start_train,
+)
 
 
 def _run_dir(records, out_dir):
     start = records[0]
-    matches = [os.path.join(root) for root, _, files in os.walk(out_dir)
-               if "metrics.jsonl" in files and root.endswith(start["run_id"]) and f"/{start['study']}/" in root]
+    matches = [
+        os.path.join(root)
+        for root, _, files in os.walk(out_dir)
+        if "metrics.jsonl" in files and root.endswith(start["run_id"]) and f"/{start['study']}/" in root
+    ]
     assert len(matches) == 1, matches
     return matches[0]
 
@@ -34,28 +47,67 @@ def two_rank_runs(tmp_path_factory, deepspeed_cpu_adam):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     tmp = tmp_path_factory.mktemp("ds2")
     out = f"output.dir={tmp / 'runs'}"
-    runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],
-            # first DeepSpeed run of the process: zero.Init must find DeepSpeed's comm already set up
-            [*FAST, out, "strategy=ZERO3", "train.init=meta", "deepspeed.param_persistence_threshold=0",
-             "output.study=zero3-meta"],
-            [*FAST, out, "strategy=ZERO1", "output.study=zero1"],
-            [*FAST, out, "strategy=ZERO2", "output.study=zero2"],
-            [*FAST, out, "strategy=ZERO2", "deepspeed.overlap_comm=false", "deepspeed.reduce_bucket_size=20000",
-             "deepspeed.allgather_bucket_size=20000", "output.study=zero2-small-buckets"],
-            [*FAST, out, "strategy=ZERO3", "output.study=zero3"],
-            # vit_micro's parameters are all under the default persistence threshold: 0 shards every one
-            [*FAST, out, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0",
-             "deepspeed.prefetch_bucket_size=10000", "output.study=zero3-sharded"],
-            [*FAST, out, "strategy=ZEROPP", *NO_QUANT, "deepspeed.param_persistence_threshold=0",
-             "output.study=zeropp"],
-            # not compared with DDP: these options must train and keep replicas equal
-            [*FAST, out, "strategy=ZERO2", "train.precision=bf16", "train.activation_checkpointing=true",
-             "output.study=zero2-bf16-ac"],
-            [*FAST, out, "strategy=ZERO3", "train.precision=bf16", "deepspeed.param_persistence_threshold=0",
-             "output.study=zero3-bf16"],
-            # the one run that needs a compiled op (cpu_adam, for DeepSpeed's CPU Adam; built by the fixture)
-            [*FAST, out, "strategy=ZERO3", "deepspeed.offload_optimizer=true", "deepspeed.offload_params=true",
-             "deepspeed.param_persistence_threshold=0", "output.study=zero3-offload"]]
+    runs = [
+        [*FAST, out, "strategy=DDP", "output.study=ddp"],
+        # first DeepSpeed run of the process: zero.Init must find DeepSpeed's comm already set up
+        [
+            *FAST,
+            out,
+            "strategy=ZERO3",
+            "train.init=meta",
+            "deepspeed.param_persistence_threshold=0",
+            "output.study=zero3-meta",
+        ],
+        [*FAST, out, "strategy=ZERO1", "output.study=zero1"],
+        [*FAST, out, "strategy=ZERO2", "output.study=zero2"],
+        [
+            *FAST,
+            out,
+            "strategy=ZERO2",
+            "deepspeed.overlap_comm=false",
+            "deepspeed.reduce_bucket_size=20000",
+            "deepspeed.allgather_bucket_size=20000",
+            "output.study=zero2-small-buckets",
+        ],
+        [*FAST, out, "strategy=ZERO3", "output.study=zero3"],
+        # vit_micro's parameters are all under the default persistence threshold: 0 shards every one
+        [
+            *FAST,
+            out,
+            "strategy=ZERO3",
+            "deepspeed.param_persistence_threshold=0",
+            "deepspeed.prefetch_bucket_size=10000",
+            "output.study=zero3-sharded",
+        ],
+        [*FAST, out, "strategy=ZEROPP", *NO_QUANT, "deepspeed.param_persistence_threshold=0", "output.study=zeropp"],
+        # not compared with DDP: these options must train and keep replicas equal
+        [
+            *FAST,
+            out,
+            "strategy=ZERO2",
+            "train.precision=bf16",
+            "train.activation_checkpointing=true",
+            "output.study=zero2-bf16-ac",
+        ],
+        [
+            *FAST,
+            out,
+            "strategy=ZERO3",
+            "train.precision=bf16",
+            "deepspeed.param_persistence_threshold=0",
+            "output.study=zero3-bf16",
+        ],
+        # the one run that needs a compiled op (cpu_adam, for DeepSpeed's CPU Adam; built by the fixture)
+        [
+            *FAST,
+            out,
+            "strategy=ZERO3",
+            "deepspeed.offload_optimizer=true",
+            "deepspeed.offload_params=true",
+            "deepspeed.param_persistence_threshold=0",
+            "output.study=zero3-offload",
+        ],
+    ]
     proc = run_many(2, runs, tmp, timeout=900)
     return by_study(load_runs(tmp / "runs")), tmp / "runs", proc
 
@@ -137,10 +189,19 @@ def four_rank_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds4")
     out = f"output.dir={tmp / 'runs'}"
     nodes = "system.ranks_per_node=2"
-    runs = [[*FAST, out, nodes, "strategy=DDP", "output.study=ddp"],
-            [*FAST, out, nodes, "strategy=ZEROPP", *NO_QUANT, "deepspeed.param_persistence_threshold=0",
-             "output.study=zeropp"],
-            [*FAST, out, nodes, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0", "output.study=zero3"]]
+    runs = [
+        [*FAST, out, nodes, "strategy=DDP", "output.study=ddp"],
+        [
+            *FAST,
+            out,
+            nodes,
+            "strategy=ZEROPP",
+            *NO_QUANT,
+            "deepspeed.param_persistence_threshold=0",
+            "output.study=zeropp",
+        ],
+        [*FAST, out, nodes, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0", "output.study=zero3"],
+    ]
     run_many(4, runs, tmp)
     return by_study(load_runs(tmp / "runs"))
 
@@ -161,19 +222,28 @@ def test_hpz_partition_defaults_to_ranks_per_node(four_rank_runs):
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, no work
 
+
 def test_bad_input_is_one_line_before_any_work(tmp_path):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     cases = {
         "zeropp-quantisation-on-cpu": (["strategy=ZEROPP"], None, ["ZEROPP", "needs a GPU", "quantized_weights"]),
-        "zeropp-qgz-only-on-cpu": (["strategy=ZEROPP", "deepspeed.quantized_weights=false"], None,
-                                   ["needs a GPU"]),
+        "zeropp-qgz-only-on-cpu": (["strategy=ZEROPP", "deepspeed.quantized_weights=false"], None, ["needs a GPU"]),
         "fp16-on-cpu": (["strategy=ZERO1", "train.precision=fp16"], None, ["train.precision", "needs a GPU"]),
-        "param-offload-on-zero2": (["strategy=ZERO2", "deepspeed.offload_params=true"], None,
-                                   ["deepspeed.offload_params", "ZeRO-3 only"]),
-        "hpz-not-dividing": (["strategy=ZEROPP", *NO_QUANT, "deepspeed.hpz_partition_size=3"], None,
-                             ["deepspeed.hpz_partition_size", "must divide"]),
-        "deepspeed-missing": (["strategy=ZERO2"], env_without("deepspeed", tmp_path),
-                              ["deepspeed", "pip install 'vit-scale[deepspeed]'"]),
+        "param-offload-on-zero2": (
+            ["strategy=ZERO2", "deepspeed.offload_params=true"],
+            None,
+            ["deepspeed.offload_params", "ZeRO-3 only"],
+        ),
+        "hpz-not-dividing": (
+            ["strategy=ZEROPP", *NO_QUANT, "deepspeed.hpz_partition_size=3"],
+            None,
+            ["deepspeed.hpz_partition_size", "must divide"],
+        ),
+        "deepspeed-missing": (
+            ["strategy=ZERO2"],
+            env_without("deepspeed", tmp_path),
+            ["deepspeed", "pip install 'vit-scale[deepspeed]'"],
+        ),
     }
     procs = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
     for name, proc in procs.items():
@@ -189,6 +259,7 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
 
 # ---------------------------------------------------------------- the generated config, as a GPU run would get it
 
+
 def _strategy_on(device_type, overrides, world_size=16, ranks_per_node=8):
     """The strategy object alone: its config is built from the run config and the world, with no
     process group and no deepspeed import, so GPU settings can be checked on a CPU."""
@@ -198,15 +269,34 @@ def _strategy_on(device_type, overrides, world_size=16, ranks_per_node=8):
     from vit_scale.launch.world import World
 
     cfg = load_config(None, overrides)
-    world = World("srun", 0, world_size, 0, ranks_per_node, world_size // ranks_per_node, "n0", "n0", 29500,
-                  device_type=device_type, device_index=0 if device_type != "cpu" else None,
-                  backend="nccl" if device_type != "cpu" else "gloo")
+    world = World(
+        "srun",
+        0,
+        world_size,
+        0,
+        ranks_per_node,
+        world_size // ranks_per_node,
+        "n0",
+        "n0",
+        29500,
+        device_type=device_type,
+        device_index=0 if device_type != "cpu" else None,
+        backend="nccl" if device_type != "cpu" else "gloo",
+    )
     return DeepSpeedStrategy(cfg, parse_strategy(cfg.strategy), world)
 
 
 def test_generated_config_for_a_gpu_run():
-    strategy = _strategy_on("cuda", ["strategy=ZEROPP", "train.precision=fp16", "train.batch_size=32",
-                                     "deepspeed.offload_optimizer=true", "deepspeed.gradient_clipping=1.0"])
+    strategy = _strategy_on(
+        "cuda",
+        [
+            "strategy=ZEROPP",
+            "train.precision=fp16",
+            "train.batch_size=32",
+            "deepspeed.offload_optimizer=true",
+            "deepspeed.gradient_clipping=1.0",
+        ],
+    )
     config = json.loads(strategy.artifacts()["deepspeed.json"])
     assert config["fp16"]["enabled"] is True and config["bf16"]["enabled"] is False
     assert config["train_batch_size"] == 32 * 16 and config["gradient_clipping"] == 1.0

@@ -1,5 +1,6 @@
 """The end record has one shape (vit_scale.record.end.EndRecord), built in one place from what the
 meter measured (vit_scale.run.ending.end_record); the schema's required end keys are its fields."""
+
 import jsonschema
 import pytest
 
@@ -11,8 +12,18 @@ from vit_scale.run.session import exit_code
 
 
 def figures(**changes):
-    base = dict(images_per_step=8, steps_done=6, last_step=6, last_loss=2.5, nonfinite_step=None, step_times=[0.5, 0.25, 0.25],
-                started_at=0.0, window_s=1.25, memory={"peak_rss_gib": 0.5}, memory_window="timed_steps")
+    base = dict(
+        images_per_step=8,
+        steps_done=6,
+        last_step=6,
+        last_loss=2.5,
+        nonfinite_step=None,
+        step_times=[0.5, 0.25, 0.25],
+        started_at=0.0,
+        window_s=1.25,
+        memory={"peak_rss_gib": 0.5},
+        memory_window="timed_steps",
+    )
     return Figures(**{**base, **changes})
 
 
@@ -28,9 +39,19 @@ def test_the_schema_requires_exactly_the_records_fields():
 
 
 def test_figures_become_the_records_figures():
-    end = end_record("ok", None, None, figures(), device_type="cpu", world_size=2,
-                     flops_per_image=10 ** 9, peak_tflops=1.0, peaks=[{"peak_rss_gib": 0.5}, {"peak_rss_gib": 1.5}],
-                     replicas_agree=True, replica_checksums=[[1.0]])
+    end = end_record(
+        "ok",
+        None,
+        None,
+        figures(),
+        device_type="cpu",
+        world_size=2,
+        flops_per_image=10**9,
+        peak_tflops=1.0,
+        peaks=[{"peak_rss_gib": 0.5}, {"peak_rss_gib": 1.5}],
+        replicas_agree=True,
+        replica_checksums=[[1.0]],
+    )
     assert (end.steps_done, end.timed_steps, end.final_loss) == (6, 3, 2.5)
     assert end.images_per_s["mean"] == pytest.approx(3 * 8 / 1.25)  # the window's figure, not the steps' mean
     assert end.images_per_s_per_device == pytest.approx(3 * 8 / 1.25 / 2)
@@ -41,13 +62,31 @@ def test_figures_become_the_records_figures():
 
 
 def test_a_run_stopped_short_keeps_what_it_measured():
-    stopped = end_record("timeout", "SIGTERM", None, figures(window_s=None), device_type="cpu", world_size=1,
-                         flops_per_image=10 ** 9, peak_tflops=None, rates=False)
+    stopped = end_record(
+        "timeout",
+        "SIGTERM",
+        None,
+        figures(window_s=None),
+        device_type="cpu",
+        world_size=1,
+        flops_per_image=10**9,
+        peak_tflops=None,
+        rates=False,
+    )
     assert stopped.images_per_s["mean"] == pytest.approx((16 + 32 + 32) / 3)  # per-step mean without a window
     assert stopped.tflops_per_device is None and stopped.mfu is None
     assert stopped.memory["peak_rss_gib"]["per_rank"] == [0.5]  # this rank's alone, no collective
-    before_loop = end_record("failed", "boom", 1, None, device_type="cpu", world_size=2,
-                             flops_per_image=1, peak_tflops=None, extra={"step": 0})
+    before_loop = end_record(
+        "failed",
+        "boom",
+        1,
+        None,
+        device_type="cpu",
+        world_size=2,
+        flops_per_image=1,
+        peak_tflops=None,
+        extra={"step": 0},
+    )
     assert before_loop == EndRecord("failed", "boom", 1, extra={"step": 0})
     jsonschema.validate(as_written(before_loop), END)
 

@@ -6,6 +6,7 @@ only set variables, which is enough to see that the env scripts load what they s
 they should, and change nothing when a module is missing. So is the ROCm torch of the tests that
 compare its HIP with the module: a venv whose torch package is only a version.py saying which HIP.
 """
+
 import os
 import subprocess
 import sys
@@ -47,8 +48,13 @@ def module_tree(root, modules=MOCK_MODULES):
 def source(script, tmp_path, modulepath, **env):
     """Source env/SCRIPT in a clean bash (as a batch job starts: no `module` function yet) and
     return (exit code, the environment afterwards, stderr)."""
-    base = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "MODULEPATH": modulepath, "USER": "tester",
-            "VIT_SCALE_VENV": TEST_VENV}
+    base = {
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "MODULEPATH": modulepath,
+        "USER": "tester",
+        "VIT_SCALE_VENV": TEST_VENV,
+    }
     base.update(env)
     code = f'source {ROOT}/env/{script}; status=$?; echo "status=$status"; env -0 > {tmp_path}/env.out'
     proc = subprocess.run(["bash", "-c", code], env=base, capture_output=True, text=True, timeout=60)
@@ -85,9 +91,11 @@ def test_frontier_loads_the_modules_and_sets_the_variables(tmp_path):
 
 
 # what OLCF's module sets (a part of it: the mock only has to show the script leaves them to it)
-RCCL_NET_PLUGIN = {"rccl-net-plugin/1.0.lua": 'setenv("FI_CXI_RDZV_PROTO", "alt_read")\n'
-                                              'setenv("NCCL_NET_GDR_LEVEL", "PHB")\n'
-                                              'prepend_path("LD_LIBRARY_PATH", "/sw/rccl-net-plugin/lib")\n'}
+RCCL_NET_PLUGIN = {
+    "rccl-net-plugin/1.0.lua": 'setenv("FI_CXI_RDZV_PROTO", "alt_read")\n'
+    'setenv("NCCL_NET_GDR_LEVEL", "PHB")\n'
+    'prepend_path("LD_LIBRARY_PATH", "/sw/rccl-net-plugin/lib")\n'
+}
 
 
 def test_frontier_loads_olcfs_rccl_net_plugin_module_after_rocm(tmp_path):
@@ -111,20 +119,46 @@ def test_frontier_sets_olcfs_variables_for_a_plugin_built_by_hand(tmp_path):
     plugin = tmp_path / "aws-ofi-nccl"
     (plugin / "lib").mkdir(parents=True)
     (plugin / "lib" / "librccl-net.so").write_text("")
-    status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_AWS_OFI_RCCL=str(plugin),
-                              LD_LIBRARY_PATH="/opt/other", FI_MR_CACHE_MONITOR="userfaultfd")
+    status, env, err = source(
+        "frontier.sh",
+        tmp_path,
+        module_tree(tmp_path),
+        VIT_SCALE_AWS_OFI_RCCL=str(plugin),
+        LD_LIBRARY_PATH="/opt/other",
+        FI_MR_CACHE_MONITOR="userfaultfd",
+    )
     assert status == 0, err
     assert env["LD_LIBRARY_PATH"] == f"{plugin}/lib:/opt/other"
     assert env["NCCL_NET_PLUGIN"] == f"{plugin}/lib/librccl-net.so"
     # OLCF's list for RCCL with the plugin on Slingshot, HPE's and AMD's "for correctness and speed"
-    assert {name: env.get(name) for name in (
-        "NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "HSA_FORCE_FINE_GRAIN_PCIE", "FI_CXI_DISABLE_HOST_REGISTER",
-        "FI_CXI_DEFAULT_CQ_SIZE", "FI_CXI_DEFAULT_TX_SIZE", "FI_CXI_RX_MATCH_MODE", "FI_CXI_RDZV_PROTO",
-        "FI_CXI_RDZV_EAGER_SIZE", "FI_CXI_RDZV_THRESHOLD", "FI_CXI_RDZV_GET_MIN")} == {
-        "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1", "HSA_FORCE_FINE_GRAIN_PCIE": "1",
-        "FI_CXI_DISABLE_HOST_REGISTER": "1", "FI_CXI_DEFAULT_CQ_SIZE": "131072", "FI_CXI_DEFAULT_TX_SIZE": "2048",
-        "FI_CXI_RX_MATCH_MODE": "hybrid", "FI_CXI_RDZV_PROTO": "alt_read", "FI_CXI_RDZV_EAGER_SIZE": "0",
-        "FI_CXI_RDZV_THRESHOLD": "0", "FI_CXI_RDZV_GET_MIN": "0"}
+    assert {
+        name: env.get(name)
+        for name in (
+            "NCCL_NET_GDR_LEVEL",
+            "NCCL_CROSS_NIC",
+            "HSA_FORCE_FINE_GRAIN_PCIE",
+            "FI_CXI_DISABLE_HOST_REGISTER",
+            "FI_CXI_DEFAULT_CQ_SIZE",
+            "FI_CXI_DEFAULT_TX_SIZE",
+            "FI_CXI_RX_MATCH_MODE",
+            "FI_CXI_RDZV_PROTO",
+            "FI_CXI_RDZV_EAGER_SIZE",
+            "FI_CXI_RDZV_THRESHOLD",
+            "FI_CXI_RDZV_GET_MIN",
+        )
+    } == {
+        "NCCL_NET_GDR_LEVEL": "PHB",
+        "NCCL_CROSS_NIC": "1",
+        "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+        "FI_CXI_DISABLE_HOST_REGISTER": "1",
+        "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+        "FI_CXI_DEFAULT_TX_SIZE": "2048",
+        "FI_CXI_RX_MATCH_MODE": "hybrid",
+        "FI_CXI_RDZV_PROTO": "alt_read",
+        "FI_CXI_RDZV_EAGER_SIZE": "0",
+        "FI_CXI_RDZV_THRESHOLD": "0",
+        "FI_CXI_RDZV_GET_MIN": "0",
+    }
     assert env["FI_MR_CACHE_MONITOR"] == "userfaultfd", "a value already set is kept"
     assert env["VIT_SCALE_NCCL_NET_ACROSS_NODES"] == "AWS Libfabric"
     assert "plugin" not in err
@@ -134,12 +168,16 @@ def test_a_job_over_several_nodes_without_a_plugin_stops_before_anything(tmp_pat
     status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), SLURM_JOB_NUM_NODES="4", LOADEDMODULES="")
     assert status == 1
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("env/frontier.sh: no RCCL network plugin") and \
-        "VIT_SCALE_REQUIRE_NET_PLUGIN=0" in lines[0], err
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("env/frontier.sh: no RCCL network plugin")
+        and "VIT_SCALE_REQUIRE_NET_PLUGIN=0" in lines[0]
+    ), err
     assert loaded(env) == [""] and "MIOPEN_USER_DB_PATH" not in env
     # asked for: sockets, said once
-    status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), SLURM_JOB_NUM_NODES="4",
-                              VIT_SCALE_REQUIRE_NET_PLUGIN="0")
+    status, env, err = source(
+        "frontier.sh", tmp_path, module_tree(tmp_path), SLURM_JOB_NUM_NODES="4", VIT_SCALE_REQUIRE_NET_PLUGIN="0"
+    )
     assert status == 0 and "RCCL will use TCP sockets between nodes" in err, err
     status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_REQUIRE_NET_PLUGIN="yes")
     assert status == 1 and err.strip().startswith("env/frontier.sh: VIT_SCALE_REQUIRE_NET_PLUGIN=yes is not allowed")
@@ -160,39 +198,64 @@ def test_torch_hip_is_compared_with_the_loaded_rocm_module(tmp_path):
     status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_VENV=old)
     assert status == 0, err
     (line,) = [line for line in err.splitlines() if "torch" in line]
-    assert line == (f"env/frontier.sh: torch 2.13.0+rocm6.4 in {old} is built for ROCm 6.4 but module rocm/7.2.0 is "
-                    f"loaded; rebuild the venv (VIT_SCALE_ROCM=7.2.0 bash env/setup_venv.sh frontier) or load a "
-                    f"rocm/6.4 module (VIT_SCALE_ROCM=6.4.x)")
+    assert line == (
+        f"env/frontier.sh: torch 2.13.0+rocm6.4 in {old} is built for ROCm 6.4 but module rocm/7.2.0 is "
+        f"loaded; rebuild the venv (VIT_SCALE_ROCM=7.2.0 bash env/setup_venv.sh frontier) or load a "
+        f"rocm/6.4 module (VIT_SCALE_ROCM=6.4.x)"
+    )
     # the same version on both sides: nothing to say
-    status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_VENV=old,
-                              VIT_SCALE_ROCM="6.4.2")
+    status, env, err = source(
+        "frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_VENV=old, VIT_SCALE_ROCM="6.4.2"
+    )
     assert status == 0 and "rocm/6.4.2" in loaded(env) and "torch" not in err, err
     new = venv_with_rocm_torch(tmp_path / "rocm72", "7.2.26015-fc0010cf6a")
     status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_VENV=new)
     assert status == 0 and "torch" not in err, err
 
 
-@pytest.mark.parametrize("script,modules,missing", [
-    ("frontier.sh", {k: v for k, v in MOCK_MODULES.items() if not k.startswith("rocm")}, "rocm/7.2.0"),
-    ("frontier.sh", {k: v for k, v in MOCK_MODULES.items() if not k.startswith("craype")}, "craype-accel-amd-gfx90a"),
-    ("cuda.sh", {k: v for k, v in MOCK_MODULES.items() if not k.startswith("cuda")}, "cuda"),
-])
+@pytest.mark.parametrize(
+    "script,modules,missing",
+    [
+        ("frontier.sh", {k: v for k, v in MOCK_MODULES.items() if not k.startswith("rocm")}, "rocm/7.2.0"),
+        (
+            "frontier.sh",
+            {k: v for k, v in MOCK_MODULES.items() if not k.startswith("craype")},
+            "craype-accel-amd-gfx90a",
+        ),
+        ("cuda.sh", {k: v for k, v in MOCK_MODULES.items() if not k.startswith("cuda")}, "cuda"),
+    ],
+)
 def test_a_missing_module_is_named_and_nothing_is_set(tmp_path, script, modules, missing):
     status, env, err = source(script, tmp_path, module_tree(tmp_path, modules), LOADEDMODULES="")
     assert status == 1
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"env/{script}: module '{missing}' is not available") and "nothing was loaded" in lines[0]
+    assert (
+        lines[0].startswith(f"env/{script}: module '{missing}' is not available") and "nothing was loaded" in lines[0]
+    )
     assert loaded(env) == [""], "no module may stay loaded"
-    for name in ("MIOPEN_USER_DB_PATH", "NCCL_SOCKET_IFNAME", "NCCL_DEBUG", "OMP_NUM_THREADS", "VIRTUAL_ENV",
-                 "VIT_SCALE_HOME", "ROCM_PATH", "PE_ENV", "VIT_SCALE_NCCL_NET_ACROSS_NODES"):
+    for name in (
+        "MIOPEN_USER_DB_PATH",
+        "NCCL_SOCKET_IFNAME",
+        "NCCL_DEBUG",
+        "OMP_NUM_THREADS",
+        "VIRTUAL_ENV",
+        "VIT_SCALE_HOME",
+        "ROCM_PATH",
+        "PE_ENV",
+        "VIT_SCALE_NCCL_NET_ACROSS_NODES",
+    ):
         assert name not in env, name
     assert env["PATH"] == "/usr/bin:/bin"
 
 
 def test_a_module_the_site_names_differently(tmp_path):
-    status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path),
-                              VIT_SCALE_MODULES="PrgEnv-gnu rocm/6.3.1 craype-accel-amd-gfx90a")
+    status, env, err = source(
+        "frontier.sh",
+        tmp_path,
+        module_tree(tmp_path),
+        VIT_SCALE_MODULES="PrgEnv-gnu rocm/6.3.1 craype-accel-amd-gfx90a",
+    )
     assert status == 1 and "module 'rocm/6.3.1' is not available" in err
     status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_MODULES="rocm")
     assert status == 0 and loaded(env) == ["rocm/7.2.0"], err
@@ -201,8 +264,10 @@ def test_a_module_the_site_names_differently(tmp_path):
 def test_a_missing_venv_is_named_and_nothing_is_set(tmp_path):
     status, env, err = source("frontier.sh", tmp_path, module_tree(tmp_path), VIT_SCALE_VENV=str(tmp_path / "none"))
     assert status == 1
-    assert err.strip() == (f"env/frontier.sh: no Python venv at {tmp_path}/none; build it with: bash {ROOT}/env/"
-                           f"setup_venv.sh frontier (or set VIT_SCALE_VENV)")
+    assert err.strip() == (
+        f"env/frontier.sh: no Python venv at {tmp_path}/none; build it with: bash {ROOT}/env/"
+        f"setup_venv.sh frontier (or set VIT_SCALE_VENV)"
+    )
     assert "LOADEDMODULES" not in env or loaded(env) == [""]
     assert "MIOPEN_USER_DB_PATH" not in env
 

@@ -1,6 +1,7 @@
 """env/setup_venv.sh, lightly: --dry-run prints the installs it would make (building a real venv
 takes minutes and is what the README's commands do), and bad input is refused. Also the rule
 that every variable an env script sets says why."""
+
 import glob
 import os
 import re
@@ -16,8 +17,13 @@ SETUP = os.path.join(ROOT, "env", "setup_venv.sh")
 def dry_run(tmp_path, *args, **env):
     full_env = {k: v for k, v in os.environ.items() if k not in ("TORCH_SPEC", "TORCH_INDEX_URL", "VIT_SCALE_ROCM")}
     full_env.update(env)
-    proc = subprocess.run(["bash", SETUP, *args, "--venv", str(tmp_path / "venv"), "--dry-run"], env=full_env,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", SETUP, *args, "--venv", str(tmp_path / "venv"), "--dry-run"],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "venv").exists()
     return [line[2:] for line in proc.stdout.splitlines() if line.startswith("+ ")]
@@ -35,8 +41,10 @@ def test_local_installs_torch_first_then_the_project_against_it(tmp_path):
     ]
 
 
-@pytest.mark.parametrize("system,index", [("cuda", "https://download.pytorch.org/whl/cu128"),
-                                          ("frontier", "https://download.pytorch.org/whl/rocm7.2")])
+@pytest.mark.parametrize(
+    "system,index",
+    [("cuda", "https://download.pytorch.org/whl/cu128"), ("frontier", "https://download.pytorch.org/whl/rocm7.2")],
+)
 def test_gpu_systems_take_torch_and_torchvision_from_the_build_index(tmp_path, system, index):
     commands = dry_run(tmp_path, system)
     assert f"{tmp_path}/venv/bin/python -m pip install torch==2.13.0 torchvision --index-url {index}" in commands
@@ -50,11 +58,17 @@ def test_frontier_wheels_follow_the_rocm_of_env_frontier_sh(tmp_path):
     pip = f"{tmp_path}/venv/bin/python -m pip install torch==2.13.0 torchvision --index-url"
     assert f"{pip} https://download.pytorch.org/whl/rocm{default}" in dry_run(tmp_path, "frontier")
     assert f"{pip} https://download.pytorch.org/whl/rocm7.1" in dry_run(tmp_path, "frontier", VIT_SCALE_ROCM="7.1.1")
-    proc = subprocess.run(["bash", SETUP, "frontier", "--dry-run"], env=dict(os.environ, VIT_SCALE_ROCM="latest"),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", SETUP, "frontier", "--dry-run"],
+        env=dict(os.environ, VIT_SCALE_ROCM="latest"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "setup_venv.sh: VIT_SCALE_ROCM: 'latest' is not a ROCm version; allowed: a version such as 7.2.0 (the "
-        "module rocm/7.2.0, the wheels of whl/rocm7.2)")
+        "module rocm/7.2.0, the wheels of whl/rocm7.2)"
+    )
 
 
 def test_frontier_builds_mpi4py_against_cray_mpich(tmp_path):
@@ -64,28 +78,42 @@ def test_frontier_builds_mpi4py_against_cray_mpich(tmp_path):
     # OLCF's recipe, before the project whose [mpi] extra would otherwise take a wheel
     assert commands[-2:] == [
         f"env MPICC=cc -shared {venv}/bin/python -m pip install {constraints} --no-cache-dir --no-binary=mpi4py mpi4py",
-        f"{venv}/bin/python -m pip install {constraints} -e {ROOT}[mpi]"]
+        f"{venv}/bin/python -m pip install {constraints} -e {ROOT}[mpi]",
+    ]
     assert not any("MPICC" in line for line in dry_run(tmp_path, "local", "--extras", "mpi"))
 
 
 def test_overrides_and_colossalai(tmp_path):
-    commands = dry_run(tmp_path, "local", "--extras", "colossalai", TORCH_SPEC="torch==2.12.1",
-                       TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu")
+    commands = dry_run(
+        tmp_path,
+        "local",
+        "--extras",
+        "colossalai",
+        TORCH_SPEC="torch==2.12.1",
+        TORCH_INDEX_URL="https://download.pytorch.org/whl/cpu",
+    )
     pip = f"{tmp_path}/venv/bin/python -m pip install"
     constraints = f"-c {tmp_path}/venv/vit-scale-constraints.txt"
     assert f"{pip} torch==2.12.1 torchvision --index-url https://download.pytorch.org/whl/cpu" in commands
     # colossalai last and alone: no later pip call checks its torch<=2.5.1 pin (pip's red resolver ERROR)
-    assert commands[-2:] == [f"{pip} {constraints} transformers==4.51.3 peft==0.13.2 galore-torch bitsandbytes",
-                             f"{pip} {constraints} --no-deps colossalai==0.5.0"]
+    assert commands[-2:] == [
+        f"{pip} {constraints} transformers==4.51.3 peft==0.13.2 galore-torch bitsandbytes",
+        f"{pip} {constraints} --no-deps colossalai==0.5.0",
+    ]
 
 
-@pytest.mark.parametrize("args,message", [
-    ([], "SYSTEM: missing; allowed: local, cuda, frontier"),
-    (["summit"], "SYSTEM: unknown system 'summit'; allowed: local, cuda, frontier"),
-    (["local", "--extras", "test,horovod"],
-     "--extras: unknown extra 'horovod'; allowed: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb"),
-    (["local", "--gpu"], "unknown option '--gpu'; allowed: --venv --extras --with-test-tools --dry-run --help"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        ([], "SYSTEM: missing; allowed: local, cuda, frontier"),
+        (["summit"], "SYSTEM: unknown system 'summit'; allowed: local, cuda, frontier"),
+        (
+            ["local", "--extras", "test,horovod"],
+            "--extras: unknown extra 'horovod'; allowed: test, deepspeed, mpi, colossalai, lora, tensorboard, wandb",
+        ),
+        (["local", "--gpu"], "unknown option '--gpu'; allowed: --venv --extras --with-test-tools --dry-run --help"),
+    ],
+)
 def test_bad_input(tmp_path, args, message):
     proc = subprocess.run(["bash", SETUP, *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip() == f"setup_venv.sh: {message}"
@@ -93,12 +121,17 @@ def test_bad_input(tmp_path, args, message):
 
 
 def test_with_test_tools_installs_the_test_packages_with_apt(tmp_path):
-    proc = subprocess.run(["bash", SETUP, "local", "--with-test-tools", "--venv", str(tmp_path / "v"), "--dry-run"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", SETUP, "local", "--with-test-tools", "--venv", str(tmp_path / "v"), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     packages = "slurm-wlm munge lmod shellcheck openmpi-bin libpmix-dev g++"
-    assert f"test tools already installed: {packages}" in proc.stdout or \
-        re.search(rf"apt-get install -y --no-install-recommends {packages}$", proc.stdout, re.M), proc.stdout
+    assert f"test tools already installed: {packages}" in proc.stdout or re.search(
+        rf"apt-get install -y --no-install-recommends {packages}$", proc.stdout, re.M
+    ), proc.stdout
 
 
 def test_every_variable_an_env_script_sets_says_why():
@@ -121,7 +154,8 @@ def test_the_extras_it_accepts_are_the_projects(tmp_path):
     tomllib = pytest.importorskip("tomllib")
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         extras = set(tomllib.load(f)["project"]["optional-dependencies"])
-    proc = subprocess.run(["bash", SETUP, "local", "--extras", "nope"], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        ["bash", SETUP, "local", "--extras", "nope"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert proc.returncode == 2
     assert set(proc.stderr.strip().split("allowed: ")[1].split(", ")) == extras

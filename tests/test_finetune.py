@@ -11,6 +11,7 @@ upscaled to vit_micro's 32 px. One launch per scenario:
 - CAI_DDP (ColossalAI TorchDDPPlugin, whole state dicts) does the same;
 and a resumed run's per-step losses equal the uninterrupted run's.
 """
+
 import csv
 import glob
 import json
@@ -20,7 +21,6 @@ import re
 import shutil
 import subprocess
 import time
-
 
 import pytest
 
@@ -33,16 +33,34 @@ MIN_ACCURACY = 0.90
 # from scratch, no augmentation, 16 epochs of 44 steps of 2 x 16 images: 96.1%, 96.1%, 98.3% with
 # seeds 0, 1, 2 under DDP. (lr 4e-3 with a shorter warm-up once sat at chance for epochs: 77%.)
 EPOCHS = 16
-ACCURACY = ["model=vit_micro", "train.batch_size=16", "train.lr=2e-3", "finetune.lr_warmup_steps=44",
-            f"finetune.epochs={EPOCHS}", "data.augment=none", "train.print_every=1000", "train.warmup_steps=2"]
+ACCURACY = [
+    "model=vit_micro",
+    "train.batch_size=16",
+    "train.lr=2e-3",
+    "finetune.lr_warmup_steps=44",
+    f"finetune.epochs={EPOCHS}",
+    "data.augment=none",
+    "train.print_every=1000",
+    "train.warmup_steps=2",
+]
 # short runs for resuming, with everything that could break "the same losses": random crops and
 # flips, two loader workers per rank, accumulation over two micro-batches, clipping, label smoothing
-SHORT = ["model=vit_micro", "train.batch_size=16", "finetune.accumulation_steps=2", "train.lr=4e-3",
-         "finetune.lr_warmup_steps=5", "finetune.epochs=2", "data.augment=standard", "data.workers=2",
-         "train.print_every=1000", "train.warmup_steps=2"]
+SHORT = [
+    "model=vit_micro",
+    "train.batch_size=16",
+    "finetune.accumulation_steps=2",
+    "train.lr=4e-3",
+    "finetune.lr_warmup_steps=5",
+    "finetune.epochs=2",
+    "data.augment=standard",
+    "data.workers=2",
+    "train.print_every=1000",
+    "train.warmup_steps=2",
+]
 SHORT_STEPS = 44  # 1,438 training images / 2 ranks / 16 / 2 micro-batches = 22 steps per epoch
 
 # ---------------------------------------------------------------- helpers
+
 
 def write_digits(root) -> dict:
     """The digits as PNGs, one folder per class, 20% of each class in val/; returns image counts."""
@@ -62,7 +80,8 @@ def write_digits(root) -> dict:
             os.makedirs(os.path.join(root, split, str(label)), exist_ok=True)
             pixels = (digits.images[i] * (255 / 16)).astype(np.uint8)  # 0..16 gray levels
             Image.fromarray(pixels, "L").resize((32, 32), Image.BILINEAR).save(
-                os.path.join(root, split, str(label), f"{i:04d}.png"))
+                os.path.join(root, split, str(label), f"{i:04d}.png")
+            )
             counts[split] += 1
     return counts
 
@@ -95,8 +114,14 @@ def read_run(out_dir, study) -> list[dict]:
 def run_dir(records) -> str:
     start = records[0]
     cfg = start["config"]
-    return os.path.join(cfg["output"]["dir"], start["study"], cfg["model"], cfg["strategy"],
-                        f"n{start['world']['nodes']}", start["run_id"])
+    return os.path.join(
+        cfg["output"]["dir"],
+        start["study"],
+        cfg["model"],
+        cfg["strategy"],
+        f"n{start['world']['nodes']}",
+        start["run_id"],
+    )
 
 
 def losses_by_step(records) -> dict[int, float]:
@@ -116,6 +141,7 @@ def assert_resumed_losses_match(resumed: dict, reference: dict, what: str) -> No
 
 # ---------------------------------------------------------------- fixtures: one launch per scenario
 
+
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     root = tmp_path_factory.mktemp("digits")
@@ -125,9 +151,16 @@ def digits(tmp_path_factory):
 @pytest.fixture(scope="module", params=["DDP", "FULL_SHARD"])
 def accuracy_run(request, digits, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"acc-{request.param}")
-    proc, seconds = finetune([f"data.path={digits[0]}", *ACCURACY, f"strategy={request.param}",
-                              f"data.workers={1 if request.param == 'DDP' else 0}",
-                              f"output.dir={out}", "output.study=acc"])
+    proc, seconds = finetune(
+        [
+            f"data.path={digits[0]}",
+            *ACCURACY,
+            f"strategy={request.param}",
+            f"data.workers={1 if request.param == 'DDP' else 0}",
+            f"output.dir={out}",
+            "output.study=acc",
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     print(f"\n{request.param}: digits fine-tuning took {seconds:.0f} s")
     return {"records": read_run(out, "acc"), "seconds": seconds, "stdout": proc.stdout, "strategy": request.param}
@@ -157,17 +190,33 @@ def pretrained_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ddp_resumed(digits, pretrained_file, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ddp-resume")
-    common = [f"data.path={digits[0]}", *SHORT, "strategy=DDP", f"finetune.pretrained={pretrained_file}",
-              f"output.dir={tmp / 'runs'}"]
-    whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
-                               "checkpoint.every_steps=7", "checkpoint.keep=0"])
+    common = [
+        f"data.path={digits[0]}",
+        *SHORT,
+        "strategy=DDP",
+        f"finetune.pretrained={pretrained_file}",
+        f"output.dir={tmp / 'runs'}",
+    ]
+    whole, whole_s = finetune(
+        [*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}", "checkpoint.every_steps=7", "checkpoint.keep=0"]
+    )
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
-    resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
-                                   f"checkpoint.resume={tmp / 'ck' / 'step-00000007'}"])
+    resumed, resumed_s = finetune(
+        [
+            *common,
+            "output.study=resumed",
+            f"checkpoint.dir={tmp / 'ck2'}",
+            f"checkpoint.resume={tmp / 'ck' / 'step-00000007'}",
+        ]
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     print(f"\nDDP resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
-    return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
-            "checkpoints": str(tmp / "ck"), "stdout": whole.stdout + resumed.stdout}
+    return {
+        "whole": read_run(tmp / "runs", "whole"),
+        "resumed": read_run(tmp / "runs", "resumed"),
+        "checkpoints": str(tmp / "ck"),
+        "stdout": whole.stdout + resumed.stdout,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +231,13 @@ def fsdp_requeued(digits, tmp_path_factory):
     resumed, resumed_s = finetune([*requeue, "output.study=resumed"])
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     print(f"\nFULL_SHARD requeue: uninterrupted {whole_s:.0f} s, stopped {stopped_s:.0f} s, resumed {resumed_s:.0f} s")
-    return {"whole": read_run(tmp / "runs", "whole"), "stopped": read_run(tmp / "runs", "stopped"),
-            "resumed": read_run(tmp / "runs", "resumed"), "stopped_proc": stopped, "checkpoints": str(tmp / "ck")}
+    return {
+        "whole": read_run(tmp / "runs", "whole"),
+        "stopped": read_run(tmp / "runs", "stopped"),
+        "resumed": read_run(tmp / "runs", "resumed"),
+        "stopped_proc": stopped,
+        "checkpoints": str(tmp / "ck"),
+    }
 
 
 def _resume_from_step_4(digits, tmp_path_factory, strategy: str) -> dict:
@@ -191,17 +245,33 @@ def _resume_from_step_4(digits, tmp_path_factory, strategy: str) -> dict:
     resumed from step 4: for strategies whose accumulation and clipping are their own
     (DeepSpeed's engine boundary counter, ColossalAI's booster.no_sync)."""
     tmp = tmp_path_factory.mktemp(f"{strategy.lower()}-resume")
-    common = [f"data.path={digits[0]}", *SHORT, "data.workers=0", "finetune.steps=8", f"strategy={strategy}",
-              f"output.dir={tmp / 'runs'}"]
-    whole, whole_s = finetune([*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}",
-                               "checkpoint.every_steps=4", "checkpoint.keep=0"])
+    common = [
+        f"data.path={digits[0]}",
+        *SHORT,
+        "data.workers=0",
+        "finetune.steps=8",
+        f"strategy={strategy}",
+        f"output.dir={tmp / 'runs'}",
+    ]
+    whole, whole_s = finetune(
+        [*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}", "checkpoint.every_steps=4", "checkpoint.keep=0"]
+    )
     assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
-    resumed, resumed_s = finetune([*common, "output.study=resumed", f"checkpoint.dir={tmp / 'ck2'}",
-                                   f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}"])
+    resumed, resumed_s = finetune(
+        [
+            *common,
+            "output.study=resumed",
+            f"checkpoint.dir={tmp / 'ck2'}",
+            f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}",
+        ]
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     print(f"\n{strategy} resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
-    return {"whole": read_run(tmp / "runs", "whole"), "resumed": read_run(tmp / "runs", "resumed"),
-            "checkpoints": str(tmp / "ck")}
+    return {
+        "whole": read_run(tmp / "runs", "whole"),
+        "resumed": read_run(tmp / "runs", "resumed"),
+        "checkpoints": str(tmp / "ck"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +288,7 @@ def cai_ddp_resumed(digits, tmp_path_factory):
 
 # ---------------------------------------------------------------- accuracy and evaluation
 
+
 def test_digits_reach_90_percent_validation_accuracy(accuracy_run, digits):
     records = accuracy_run["records"]
     end = records[-1]
@@ -230,8 +301,10 @@ def test_digits_reach_90_percent_validation_accuracy(accuracy_run, digits):
     assert final["top1"] >= MIN_ACCURACY, (accuracy_run["strategy"], [round(e["top1"], 3) for e in per_epoch])
     assert final["top5"] >= final["top1"] and end["eval"]["top1"] == final["top1"]
     assert per_epoch[-1]["loss"] < per_epoch[0]["loss"]
-    print(f"\n{accuracy_run['strategy']}: top-1 {final['top1'] * 100:.1f}% top-5 {final['top5'] * 100:.1f}% "
-          f"in {accuracy_run['seconds']:.0f} s")
+    print(
+        f"\n{accuracy_run['strategy']}: top-1 {final['top1'] * 100:.1f}% top-5 {final['top5'] * 100:.1f}% "
+        f"in {accuracy_run['seconds']:.0f} s"
+    )
 
 
 def test_step_records_say_how_long_each_step_waited_for_data(accuracy_run):
@@ -264,19 +337,26 @@ def test_confusion_matrix_sums_to_the_validation_set(accuracy_run, digits):
 
 # ---------------------------------------------------------------- resuming
 
+
 def test_resuming_from_a_periodic_checkpoint_gives_the_same_losses_ddp(ddp_resumed):
     whole, resumed = ddp_resumed["whole"], ddp_resumed["resumed"]
     assert whole[-1]["status"] == resumed[-1]["status"] == "ok"
     assert sorted(losses_by_step(resumed)) == list(range(8, SHORT_STEPS + 1))
     assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "DDP resumed from step 7")
-    assert [(e["epoch"], e["top1"], e["loss"]) for e in evals(resumed)] == \
-        [(e["epoch"], e["top1"], e["loss"]) for e in evals(whole)]
+    assert [(e["epoch"], e["top1"], e["loss"]) for e in evals(resumed)] == [
+        (e["epoch"], e["top1"], e["loss"]) for e in evals(whole)
+    ]
     assert resumed[-1]["resumed_from"]["step"] == 7 and resumed[-1]["step"] == SHORT_STEPS
     names = sorted(os.listdir(ddp_resumed["checkpoints"]))
     assert names == ["latest"] + [f"step-{s:08d}" for s in (7, 14, 21, 28, 35, 42, SHORT_STEPS)]
     meta = json.load(open(os.path.join(ddp_resumed["checkpoints"], "step-00000007", "meta.json")))
-    assert (meta["model"], meta["strategy"], meta["step"], meta["epoch"], meta["step_in_epoch"]) == \
-        ("vit_micro", "DDP", 7, 0, 7)
+    assert (meta["model"], meta["strategy"], meta["step"], meta["epoch"], meta["step_in_epoch"]) == (
+        "vit_micro",
+        "DDP",
+        7,
+        0,
+        7,
+    )
     assert meta["sampler"]["start_sample_per_rank"] == 7 * 2 * 16 and meta["checkpoint_format"] == "full"
 
 
@@ -298,15 +378,18 @@ def test_sigusr1_saves_a_sharded_checkpoint_and_exits_for_requeue(fsdp_requeued)
     assert os.path.isfile(os.path.join(saved, "state", ".metadata"))  # torch.distributed.checkpoint
     assert len(glob.glob(os.path.join(saved, "state", "*.distcp"))) == 2  # one shard file per rank
     assert json.load(open(os.path.join(saved, "meta.json")))["reason"] == "signal"
-    assert_resumed_losses_match(losses_by_step(stopped), losses_by_step(fsdp_requeued["whole"]),
-                                "FULL_SHARD before the signal")
+    assert_resumed_losses_match(
+        losses_by_step(stopped), losses_by_step(fsdp_requeued["whole"]), "FULL_SHARD before the signal"
+    )
 
 
 def test_requeued_fsdp_run_continues_the_same_loss_curve(fsdp_requeued):
     whole, resumed = fsdp_requeued["whole"], fsdp_requeued["resumed"]
     assert resumed[-1]["status"] == "ok" and resumed[-1]["resumed_from"]["step"] == 9
     assert sorted(losses_by_step(resumed)) == list(range(10, SHORT_STEPS + 1))
-    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "FULL_SHARD resumed after SIGUSR1 at step 9")
+    assert_resumed_losses_match(
+        losses_by_step(resumed), losses_by_step(whole), "FULL_SHARD resumed after SIGUSR1 at step 9"
+    )
     assert [(e["epoch"], e["top1"]) for e in evals(resumed)] == [(e["epoch"], e["top1"]) for e in evals(whole)]
 
 
@@ -316,8 +399,11 @@ def test_deepspeed_zero2_resumes_from_its_engine_checkpoint_with_the_same_losses
     assert sorted(losses_by_step(whole)) == list(range(1, 9))
     assert sorted(losses_by_step(resumed)) == list(range(5, 9))
     assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "ZERO2 resumed from step 4")
-    assert [(e["step"], e["top1"]) for e in evals(resumed)] == [(e["step"], e["top1"]) for e in evals(whole)] == \
-        [(8, evals(whole)[0]["top1"])]
+    assert (
+        [(e["step"], e["top1"]) for e in evals(resumed)]
+        == [(e["step"], e["top1"]) for e in evals(whole)]
+        == [(8, evals(whole)[0]["top1"])]
+    )
     saved = os.path.join(zero2_resumed["checkpoints"], "step-00000004")
     assert os.path.isdir(os.path.join(saved, "engine"))  # DeepSpeed's own save_checkpoint
     assert json.load(open(os.path.join(saved, "meta.json")))["checkpoint_format"] == "engine"
@@ -332,14 +418,18 @@ def test_colossalai_ddp_resumes_from_its_checkpoint_with_the_same_losses(cai_ddp
     assert sorted(losses_by_step(resumed)) == list(range(5, 9))
     assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "CAI_DDP resumed from step 4")
     assert all(r["grad_norm"] > 0 for r in whole if r["event"] == "step")  # torch's clip, its norm recorded
-    assert [(e["step"], e["top1"]) for e in evals(resumed)] == [(e["step"], e["top1"]) for e in evals(whole)] == \
-        [(8, evals(whole)[0]["top1"])]
+    assert (
+        [(e["step"], e["top1"]) for e in evals(resumed)]
+        == [(e["step"], e["top1"]) for e in evals(whole)]
+        == [(8, evals(whole)[0]["top1"])]
+    )
     saved = os.path.join(cai_ddp_resumed["checkpoints"], "step-00000004")
     assert os.path.isfile(os.path.join(saved, "state.pt"))  # TorchDDPPlugin: whole state dicts, as DDP's
     assert json.load(open(os.path.join(saved, "meta.json")))["checkpoint_format"] == "full"
 
 
 # ---------------------------------------------------------------- bad input, through the command line
+
 
 def _main_error(args, capsys) -> str:
     from vit_scale.recipes.finetune import main
@@ -379,11 +469,18 @@ def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "one" / "cat" / "a.png")
-    for path, words in ((tmp_path / "missing", "no such directory"), (tmp_path / "empty", "holds no images"),
-                        (tmp_path / "one", "1 class (cat)")):
-        proc = subprocess.run([PYTHON, "-m", "vit_scale", "finetune", f"data.path={path}",
-                               f"output.dir={tmp_path / 'runs'}"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
+    for path, words in (
+        (tmp_path / "missing", "no such directory"),
+        (tmp_path / "empty", "holds no images"),
+        (tmp_path / "one", "1 class (cat)"),
+    ):
+        proc = subprocess.run(
+            [PYTHON, "-m", "vit_scale", "finetune", f"data.path={path}", f"output.dir={tmp_path / 'runs'}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
         assert str(path) in proc.stderr and words in proc.stderr, proc.stderr
@@ -393,9 +490,18 @@ def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
 def test_a_run_the_plan_says_cannot_fit_is_skipped_as_the_benchmark_does(digits, tmp_path):
     """plan.skip_if_not_fits is the session's, so fine-tuning honours it like `vit-scale train`
     (tests/test_plan_tensors.py shows the benchmark's): exit 6, a `skipped` end record, no step."""
-    proc, _ = finetune([f"data.path={digits[0]}", "model=vit_micro", "strategy=FULL_SHARD", "data.workers=0",
-                        "plan.skip_if_not_fits=true", "plan.device_memory_gib=0.01",
-                        f"output.dir={tmp_path}", "output.study=skip"])
+    proc, _ = finetune(
+        [
+            f"data.path={digits[0]}",
+            "model=vit_micro",
+            "strategy=FULL_SHARD",
+            "data.workers=0",
+            "plan.skip_if_not_fits=true",
+            "plan.device_memory_gib=0.01",
+            f"output.dir={tmp_path}",
+            "output.study=skip",
+        ]
+    )
     assert set(rank_exit_codes(proc)) == {6}, proc.stdout[-2000:] + proc.stderr[-3000:]
     records = read_run(tmp_path, "skip")
     assert [r["event"] for r in records] == ["start", "end"]

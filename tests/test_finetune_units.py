@@ -1,5 +1,6 @@
 """Fine-tuning parts one at a time, in this process: config keys, schedule, datasets and samplers,
 pretrained weights, checkpoints (a real one-rank gloo process group), evaluation files, CLI."""
+
 import csv
 import json
 import os
@@ -12,10 +13,10 @@ import pytest
 import torch
 
 from conftest import end_one_rank_group, init_one_rank_group
-from vit_scale.recipes import checkpoint as ckpt
-from vit_scale.recipes import datasets
 from vit_scale.config import DataConfig, load_config
 from vit_scale.errors import UserError
+from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.recipes import datasets
 from vit_scale.recipes.finetune import learning_rate
 
 
@@ -27,13 +28,20 @@ def _one_line(exc_info) -> str:
 
 # ---------------------------------------------------------------- config and schedule
 
+
 def test_finetune_sections_load_and_round_trip(tmp_path):
     path = tmp_path / "ft.yaml"
-    path.write_text("data:\n  path: /data/pets\n  augment: crop\nfinetune:\n  epochs: 3\n  label_smoothing: 0.2\n"
-                    "checkpoint:\n  every_steps: 100\n  resume: auto\n  dir: /scratch/ck\n")
+    path.write_text(
+        "data:\n  path: /data/pets\n  augment: crop\nfinetune:\n  epochs: 3\n  label_smoothing: 0.2\n"
+        "checkpoint:\n  every_steps: 100\n  resume: auto\n  dir: /scratch/ck\n"
+    )
     cfg = load_config(str(path), ["finetune.accumulation_steps=4", "data.workers=0"])
-    assert (cfg.data.path, cfg.data.augment, cfg.finetune.epochs, cfg.finetune.label_smoothing) == \
-        ("/data/pets", "crop", 3, 0.2)
+    assert (cfg.data.path, cfg.data.augment, cfg.finetune.epochs, cfg.finetune.label_smoothing) == (
+        "/data/pets",
+        "crop",
+        3,
+        0.2,
+    )
     assert (cfg.checkpoint.every_steps, cfg.checkpoint.resume, cfg.finetune.accumulation_steps) == (100, "auto", 4)
     from vit_scale.config import to_yaml
 
@@ -42,15 +50,18 @@ def test_finetune_sections_load_and_round_trip(tmp_path):
     assert load_config(str(dumped)).to_dict() == cfg.to_dict()
 
 
-@pytest.mark.parametrize("override, words", [
-    ("data.format=zip", ["data.format", "imagefolder", "cifar100", "hf"]),
-    ("data.augment=heavy", ["data.augment", "standard, crop, none"]),
-    ("finetune.label_smoothing=1.5", ["finetune.label_smoothing", "between 0 and 1"]),
-    ("finetune.accumulation_steps=0", ["finetune.accumulation_steps", "at least 1"]),
-    ("checkpoint.every_steps=-5", ["checkpoint.every_steps", "negative"]),
-    ("data.val_fraction=2", ["data.val_fraction", "between 0 and 1"]),
-    ("finetune.epoch=3", ["finetune.epoch", "unknown key", "epochs"]),
-])
+@pytest.mark.parametrize(
+    "override, words",
+    [
+        ("data.format=zip", ["data.format", "imagefolder", "cifar100", "hf"]),
+        ("data.augment=heavy", ["data.augment", "standard, crop, none"]),
+        ("finetune.label_smoothing=1.5", ["finetune.label_smoothing", "between 0 and 1"]),
+        ("finetune.accumulation_steps=0", ["finetune.accumulation_steps", "at least 1"]),
+        ("checkpoint.every_steps=-5", ["checkpoint.every_steps", "negative"]),
+        ("data.val_fraction=2", ["data.val_fraction", "between 0 and 1"]),
+        ("finetune.epoch=3", ["finetune.epoch", "unknown key", "epochs"]),
+    ],
+)
 def test_bad_finetune_keys_are_one_line_errors(override, words):
     with pytest.raises(UserError) as info:
         load_config(None, [override])
@@ -69,6 +80,7 @@ def test_schedule_warms_up_linearly_then_follows_a_cosine():
 
 
 # ---------------------------------------------------------------- datasets
+
 
 def _image_folder(root, classes, per_class, size=12):
     from PIL import Image
@@ -100,13 +112,16 @@ def test_image_folder_with_train_and_val_folders(tmp_path):
     assert (len(splits.train), len(splits.val)) == (8, 4) and splits.val.where.endswith("validation")
 
 
-@pytest.mark.parametrize("case, words", [
-    ("missing", ["data.path", "no such directory", "nothing is downloaded"]),
-    ("empty", ["data.path", "holds no images", "one folder per class"]),
-    ("one_class", ["data.path", "1 class", "only_cat", "at least 2"]),
-    ("val_extra_class", ["has classes that", "zebra"]),
-    ("unset", ["data.path", "no dataset given"]),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("missing", ["data.path", "no such directory", "nothing is downloaded"]),
+        ("empty", ["data.path", "holds no images", "one folder per class"]),
+        ("one_class", ["data.path", "1 class", "only_cat", "at least 2"]),
+        ("val_extra_class", ["has classes that", "zebra"]),
+        ("unset", ["data.path", "no dataset given"]),
+    ],
+)
 def test_unusable_datasets_are_one_line_errors_naming_the_path(tmp_path, case, words):
     path = tmp_path / "ds"
     if case == "empty":
@@ -143,10 +158,13 @@ def _write_cifar(root, kind):
         pickle.dump({b"fine_label_names": [b"apple", b"bee", b"cup"]}, open(root / "meta", "wb"))
 
 
-@pytest.mark.parametrize("kind, folder, sizes, names", [
-    ("cifar10", "cifar-10-batches-py", (20, 6), ["plane", "car", "bird"]),
-    ("cifar100", "cifar-100-python", (9, 3), ["apple", "bee", "cup"]),
-])
+@pytest.mark.parametrize(
+    "kind, folder, sizes, names",
+    [
+        ("cifar10", "cifar-10-batches-py", (20, 6), ["plane", "car", "bird"]),
+        ("cifar100", "cifar-100-python", (9, 3), ["apple", "bee", "cup"]),
+    ],
+)
 def test_cifar_python_files_are_found_and_read(tmp_path, kind, folder, sizes, names):
     _write_cifar(tmp_path / folder, kind)
     splits = datasets.load_splits(DataConfig(path=str(tmp_path)), seed=0)  # auto-detected, in its sub-folder
@@ -171,6 +189,7 @@ def test_hugging_face_format_without_the_package_says_so(tmp_path):
 
 
 # ---------------------------------------------------------------- samplers and augmentation
+
 
 def test_resumable_sampler_continues_the_same_order_and_ranks_share_it():
     full = [list(datasets.ResumableDistributedSampler(103, r, 2, seed=7)) for r in range(2)]
@@ -211,6 +230,7 @@ def test_augmentation_depends_on_seed_epoch_and_image_only(tmp_path):
 
 # ---------------------------------------------------------------- pretrained weights
 
+
 def _vit_micro(num_classes, seed=0, img_size=32):
     from vit_scale.models import build_model, get_spec
 
@@ -225,9 +245,9 @@ def _vit_micro(num_classes, seed=0, img_size=32):
 
 @pytest.mark.parametrize("fmt", ["pth", "safetensors"])
 def test_pretrained_file_loads_and_the_head_is_replaced(tmp_path, fmt):
-    from vit_scale.recipes import pretrained
     from vit_scale.distributed.base import ModelFactory
     from vit_scale.models import get_spec
+    from vit_scale.recipes import pretrained
 
     source = _vit_micro(5, seed=1)
     saved = {k: v.clone() for k, v in source.state_dict().items()}
@@ -263,14 +283,17 @@ def test_pretrained_at_another_image_size_has_its_position_embedding_resampled(t
     assert tuple(state["pos_embed"].shape) == (1, 65, 64)
 
 
-@pytest.mark.parametrize("case, words", [
-    ("missing", ["finetune.pretrained", "no such file"]),
-    ("garbage", ["finetune.pretrained", "cannot read"]),
-    ("other_model", ["finetune.pretrained", "does not fit", "of another shape"]),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("missing", ["finetune.pretrained", "no such file"]),
+        ("garbage", ["finetune.pretrained", "cannot read"]),
+        ("other_model", ["finetune.pretrained", "does not fit", "of another shape"]),
+    ],
+)
 def test_unusable_pretrained_files_are_one_line_errors(tmp_path, case, words):
-    from vit_scale.recipes import pretrained
     from vit_scale.models import build_model, get_spec
+    from vit_scale.recipes import pretrained
 
     path = tmp_path / "w.pth"
     if case == "garbage":
@@ -286,6 +309,7 @@ def test_unusable_pretrained_files_are_one_line_errors(tmp_path, case, words):
 
 
 # ---------------------------------------------------------------- checkpoints (one-rank gloo group)
+
 
 def _trained_ddp_strategy():
     """A DDP strategy over vit_micro in the one-rank group, one step trained (optimizer state to save)."""
@@ -334,8 +358,15 @@ def test_the_ddp_model_is_gone_when_its_one_rank_group_ends():
     assert vars(test_locals_hold_it) == {}
 
 
-FACTS = {"model": "vit_micro", "strategy": "DDP", "world_size": 1, "batch_size": 32, "accumulation_steps": 1,
-         "seed": 0, "num_classes": 10}
+FACTS = {
+    "model": "vit_micro",
+    "strategy": "DDP",
+    "world_size": 1,
+    "batch_size": 32,
+    "accumulation_steps": 1,
+    "seed": 0,
+    "num_classes": 10,
+}
 
 
 def test_checkpoint_round_trip_restores_model_optimizer_and_rng(ddp_strategy, tmp_path):
@@ -391,15 +422,18 @@ def test_only_the_newest_checkpoints_are_kept(ddp_strategy, tmp_path):
     assert open(os.path.join(directory, "latest")).read().strip() == "step-00000008"
 
 
-@pytest.mark.parametrize("case, words", [
-    ("other_model", ["meta.json", "vit_micro under DDP", "vit_tiny under DDP"]),
-    ("other_strategy", ["meta.json", "vit_micro under DDP", "FULL_SHARD"]),
-    ("other_world", ["meta.json", "1 ranks", "4"]),
-    ("flipped_byte", ["state.pt", "corrupt", "sha256"]),
-    ("truncated", ["rank-00000.pt", "corrupt", "bytes"]),
-    ("missing_file", ["state.pt", "missing"]),
-    ("bad_meta", ["meta.json", "corrupt"]),
-])
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("other_model", ["meta.json", "vit_micro under DDP", "vit_tiny under DDP"]),
+        ("other_strategy", ["meta.json", "vit_micro under DDP", "FULL_SHARD"]),
+        ("other_world", ["meta.json", "1 ranks", "4"]),
+        ("flipped_byte", ["state.pt", "corrupt", "sha256"]),
+        ("truncated", ["rank-00000.pt", "corrupt", "bytes"]),
+        ("missing_file", ["state.pt", "missing"]),
+        ("bad_meta", ["meta.json", "corrupt"]),
+    ],
+)
 def test_unusable_checkpoints_are_one_line_errors_naming_the_file(ddp_strategy, tmp_path, case, words):
     path = ckpt.save(ddp_strategy, str(tmp_path / "ck"), ckpt.Position(3, 0, 3), FACTS, keep=0)
     expected = dict(FACTS)
@@ -453,6 +487,7 @@ def test_resume_paths(tmp_path):
 
 # ---------------------------------------------------------------- evaluation files, CLI
 
+
 def test_confusion_matrix_files(tmp_path):
     from vit_scale.recipes.evaluate import EvalResult, plot_confusion, write_confusion_csv, write_per_class_csv
 
@@ -464,8 +499,11 @@ def test_confusion_matrix_files(tmp_path):
     rows = list(csv.reader(open(tmp_path / "cm.csv")))
     assert rows[0][1:] == classes and sum(int(v) for r in rows[1:] for v in r[1:]) == 8
     per_class = list(csv.DictReader(open(tmp_path / "pc.csv")))
-    assert [(r["class"], r["images"], r["correct"]) for r in per_class] == [("a", "4", "3"), ("b", "2", "2"),
-                                                                           ("c", "2", "1")]
+    assert [(r["class"], r["images"], r["correct"]) for r in per_class] == [
+        ("a", "4", "3"),
+        ("b", "2", "2"),
+        ("c", "2", "1"),
+    ]
     assert float(per_class[0]["accuracy"]) == 0.75
     assert open(tmp_path / "cm.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 

@@ -8,6 +8,7 @@ optimizer with `_step_supports_amp_scaling` (the fused AdamW, vit-scale's GPU de
 the local gradients only; without an `unscale_` first, the rank that overflowed skips a step the
 others take, and the loss scales drift apart.
 """
+
 import json
 import math
 import sys
@@ -52,16 +53,22 @@ def rank_main() -> None:
     init_distributed(world, 120)
     strategy = FSDPStrategy(cfg, parse_strategy(cfg.strategy), world)
     spec = get_spec(cfg.model)
-    strategy.setup(ModelFactory(spec, cfg.train.num_classes, cfg.train.seed, "device",
-                                count_params(cfg.model, cfg.train.num_classes)))
+    strategy.setup(
+        ModelFactory(
+            spec, cfg.train.num_classes, cfg.train.seed, "device", count_params(cfg.model, cfg.train.num_classes)
+        )
+    )
     assert strategy.optimizer.defaults["fused"] is True
-    batches = SyntheticBatches(cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device,
-                               cfg.train.seed, world.rank)
-    result = {"first": _step(strategy, *batches[0]),
-              "overflow_on_rank_1": _step(strategy, *batches[1], overflow_on=(1,)),
-              "clipped_overflow_on_both": _step(strategy, *batches[2], overflow_on=(0, 1), clip=True),
-              "clipped": _step(strategy, *batches[3], clip=True),
-              "after": _step(strategy, *batches[0])}
+    batches = SyntheticBatches(
+        cfg.train.batch_size, spec.img_size, cfg.train.num_classes, world.device, cfg.train.seed, world.rank
+    )
+    result = {
+        "first": _step(strategy, *batches[0]),
+        "overflow_on_rank_1": _step(strategy, *batches[1], overflow_on=(1,)),
+        "clipped_overflow_on_both": _step(strategy, *batches[2], overflow_on=(0, 1), clip=True),
+        "clipped": _step(strategy, *batches[3], clip=True),
+        "after": _step(strategy, *batches[0]),
+    }
     gathered = [None] * world.world_size
     dist.all_gather_object(gathered, result)
     if world.is_main:
@@ -74,14 +81,16 @@ def test_fsdp1_fp16_fused_adamw_overflow_on_one_rank_skips_the_step_on_every_ran
     proc = torchrun(2, [__file__], timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    ranks = json.loads(line[len("RESULT "):])
-    scale = 2.0 ** 16
-    expected = {"first": [True, scale],  # the setup is sound: a step is taken at the initial scale
-                "overflow_on_rank_1": [False, scale / 2],  # nobody steps, both halve the scale
-                # through unscale_ (clipping): the fused AdamW must see one 0-d flag equal to 1
-                "clipped_overflow_on_both": [False, scale / 4],
-                "clipped": [True, scale / 4],
-                "after": [True, scale / 4]}
+    ranks = json.loads(line[len("RESULT ") :])
+    scale = 2.0**16
+    expected = {
+        "first": [True, scale],  # the setup is sound: a step is taken at the initial scale
+        "overflow_on_rank_1": [False, scale / 2],  # nobody steps, both halve the scale
+        # through unscale_ (clipping): the fused AdamW must see one 0-d flag equal to 1
+        "clipped_overflow_on_both": [False, scale / 4],
+        "clipped": [True, scale / 4],
+        "after": [True, scale / 4],
+    }
     for what, outcome in expected.items():
         assert [r[what] for r in ranks] == [outcome] * 2, (what, ranks)
 
@@ -91,8 +100,20 @@ def _gpu_world(world_size: int = 2):
     nothing here needs the GPU this machine lacks."""
     from vit_scale.launch.world import World
 
-    return World("torchrun", 0, world_size, 0, world_size, 1, "node", "127.0.0.1", 29500,
-                 device_type="cuda", device_index=0, backend="nccl")
+    return World(
+        "torchrun",
+        0,
+        world_size,
+        0,
+        world_size,
+        1,
+        "node",
+        "127.0.0.1",
+        29500,
+        device_type="cuda",
+        device_index=0,
+        backend="nccl",
+    )
 
 
 def test_fsdp2_fp16_with_cpu_offload_is_refused_on_a_gpu_in_one_line():
@@ -141,8 +162,11 @@ def test_fsdp1_offload_in_fp16_steps_with_an_optimizer_that_waits_for_the_scale(
     assert strategy("train.precision=fp16", "fsdp.cpu_offload=true").auto_optimizer() == "default"
     assert strategy("train.precision=bf16", "fsdp.cpu_offload=true").auto_optimizer() == "fused"
     assert strategy("train.precision=fp16").auto_optimizer() == "fused"
-    with pytest.raises(UserError, match=r"^train.optimizer: fused with FSDP1 parameter offload and fp16 .*"
-                                        r"use train.optimizer=auto"):
+    with pytest.raises(
+        UserError,
+        match=r"^train.optimizer: fused with FSDP1 parameter offload and fp16 .*"
+        r"use train.optimizer=auto",
+    ):
         strategy("train.precision=fp16", "fsdp.cpu_offload=true", "train.optimizer=fused")
 
 

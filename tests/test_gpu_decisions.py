@@ -10,6 +10,7 @@ is mocked here is only what cannot exist on this machine, and each test says wha
   `vit-scale plan --device rocm` in-process.
 - `vit-scale prepare` on a CUDA machine: a fake `nvcc` script and torch.version.cuda set to 13.0.
 """
+
 import json
 import os
 import stat
@@ -17,7 +18,6 @@ import stat
 import pytest
 
 from conftest import require_module, require_package
-
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy
 from vit_scale.errors import UserError
@@ -25,9 +25,20 @@ from vit_scale.launch.world import World
 
 
 def _world(device_type, world_size=8, ranks_per_node=8):
-    return World("srun", 0, world_size, 0, ranks_per_node, max(1, world_size // ranks_per_node), "n0", "n0", 29500,
-                 device_type=device_type, device_index=0 if device_type != "cpu" else None,
-                 backend="nccl" if device_type != "cpu" else "gloo")
+    return World(
+        "srun",
+        0,
+        world_size,
+        0,
+        ranks_per_node,
+        max(1, world_size // ranks_per_node),
+        "n0",
+        "n0",
+        29500,
+        device_type=device_type,
+        device_index=0 if device_type != "cpu" else None,
+        backend="nccl" if device_type != "cpu" else "gloo",
+    )
 
 
 def _deepspeed(device_type, overrides, world_size=8, ranks_per_node=8):
@@ -38,6 +49,7 @@ def _deepspeed(device_type, overrides, world_size=8, ranks_per_node=8):
 
 
 # ---------------------------------------------------------------- item 3: DeepSpeed's throughput timer
+
 
 class _CountingAccelerator:
     def __init__(self):
@@ -55,7 +67,7 @@ def _synchronizations(ds_config: dict, monkeypatch, steps=6) -> int:
 
     accelerator = _CountingAccelerator()
     monkeypatch.setattr(timer_module, "get_accelerator", lambda: accelerator)
-    timer = timer_module.ThroughputTimer(get_timers_config(ds_config), batch_size=8, steps_per_output=10 ** 9)
+    timer = timer_module.ThroughputTimer(get_timers_config(ds_config), batch_size=8, steps_per_output=10**9)
     for _ in range(steps):
         timer.start()
         timer.stop(global_step=True, report_speed=False)
@@ -75,6 +87,7 @@ def test_deepspeed_config_keeps_its_throughput_timer_from_synchronising(monkeypa
 
 # ---------------------------------------------------------------- item 4: ZeRO++ qgZ and visible GPUs
 
+
 def test_qgz_is_refused_unless_each_rank_sees_its_nodes_gpus():
     from vit_scale.distributed.deepspeed import qgz_refusal
 
@@ -85,7 +98,7 @@ def test_qgz_is_refused_unless_each_rank_sees_its_nodes_gpus():
         assert "torch.cuda.device_count(), 1 here, but 8 ranks" in error
         assert "--gpus-per-node" in error and "deepspeed.quantized_gradients=false" in error
     assert qgz_refusal(False, device_count=1, ranks_per_node=8, nodes=8) is None  # qgZ off: nothing to refuse
-    assert qgz_refusal(True, device_count=4, ranks_per_node=4, nodes=2) is None   # all of a node's GPUs visible
+    assert qgz_refusal(True, device_count=4, ranks_per_node=4, nodes=2) is None  # all of a node's GPUs visible
     # more GPUs visible than ranks: across nodes DeepSpeed groups the wrong ranks (or drops qgZ) ...
     assert qgz_refusal(True, device_count=8, ranks_per_node=4, nodes=2) is not None
     # ... on one node it counts no node and reduce-scatters unquantised, as ZeRO++ does on one node
@@ -96,6 +109,7 @@ def test_zeropp_check_refuses_qgz_with_one_gpu_per_rank(monkeypatch):
     """torch.cuda.device_count() is replaced: there is no GPU here."""
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")  # check() ends by importing it
     import torch
+
     from vit_scale.distributed.deepspeed import DeepSpeedStrategy, qgz_refusal
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -160,15 +174,16 @@ def test_trainer_and_plan_refuse_low_level_zero_offload_on_rocm_with_one_line(ca
 
 # ---------------------------------------------------------------- item 11: the CUDA toolkit against torch's CUDA
 
+
 def test_toolkit_of_another_major_version_is_refused_with_what_to_do():
     from vit_scale.distributed.kernels import toolkit_problem
 
     error = toolkit_problem("13.0", "/sw/cuda/12.4", "12.4")
     assert "/sw/cuda/12.4 is 12.4" in error and "CUDA 13.0" in error
     assert "module load cuda/13" in error and "CUDA_HOME" in error and "\n" not in error
-    assert toolkit_problem("13.0", "/sw/cuda/13.1", "13.1") is None   # a minor difference only warns
+    assert toolkit_problem("13.0", "/sw/cuda/13.1", "13.1") is None  # a minor difference only warns
     assert toolkit_problem("12.8", "/sw/cuda/12.4", "12.4") is None
-    assert toolkit_problem(None, "/sw/cuda/12.4", "12.4") is None     # CPU or ROCm torch: no nvcc build
+    assert toolkit_problem(None, "/sw/cuda/12.4", "12.4") is None  # CPU or ROCm torch: no nvcc build
     assert "no CUDA toolkit" in toolkit_problem("13.0", None, None)
     assert "did not run" in toolkit_problem("13.0", "/sw/cuda/13.0", None)
 
@@ -178,8 +193,10 @@ def _fake_toolkit(root, release: str) -> str:
     bindir = root / f"cuda-{release}" / "bin"
     bindir.mkdir(parents=True)
     nvcc = bindir / "nvcc"
-    nvcc.write_text("#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
-                    f"echo 'Cuda compilation tools, release {release}, V{release}.99'\n")
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        f"echo 'Cuda compilation tools, release {release}, V{release}.99'\n"
+    )
     nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
     return str(bindir.parent)
 
@@ -198,6 +215,7 @@ def test_prepare_stops_before_building_on_a_major_mismatch(tmp_path, monkeypatch
     """A CUDA 13 torch (torch.version.cuda replaced: this torch is a CPU build) with the site's CUDA
     12.4 module loaded (a fake nvcc first on PATH)."""
     import torch
+
     from vit_scale.study import prepare
 
     home = _fake_toolkit(tmp_path, "12.4")
@@ -212,5 +230,6 @@ def test_prepare_stops_before_building_on_a_major_mismatch(tmp_path, monkeypatch
         "and no kernel builds across CUDA major versions (ColossalAI refuses, DeepSpeed would compile against the "
         "wrong CUDA): load a cuda module of CUDA 13.x "
         "(e.g. `module load cuda/13`; env/cuda.sh loads VIT_SCALE_MODULES, default `cuda`) or set CUDA_HOME to "
-        "a CUDA 13 toolkit"]
+        "a CUDA 13 toolkit"
+    ]
     assert "building" not in out and "kernel(s)" not in out  # nothing was started

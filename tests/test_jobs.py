@@ -1,6 +1,7 @@
 """jobs/weak_scaling.sh and jobs/submit_sweep.sh without Slurm: bad input refused in one line
 before anything starts, the dry runs print what Frontier would run, and the local study (nodes
 emulated as groups of processes) runs, records and reports."""
+
 import os
 import subprocess
 
@@ -15,46 +16,71 @@ SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
 
 def run(script, args, cwd, timeout=60, **env):
     """The script as on a laptop: no Slurm (SLURM_CONF too is dropped), the tests' python."""
-    return subprocess.run(["bash", script, *args], cwd=cwd, env=job_env(**env), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", script, *args], cwd=cwd, env=job_env(**env), capture_output=True, text=True, timeout=timeout
+    )
 
 
 BAD_INPUT = [
     (WEAK_SCALING, ["--system", "summit"], "--system: unknown system 'summit'; allowed: cuda, frontier, local"),
-    (WEAK_SCALING, ["--models", "vit_micro,vit_giant"], "--models: unknown model 'vit_giant'; allowed: vit_micro, "
-                                                         "vit_tiny, vit_small, vit_base, vit_huge, vit_1b, vit_3b, "
-                                                         "vit_5b, vit_15b"),
+    (
+        WEAK_SCALING,
+        ["--models", "vit_micro,vit_giant"],
+        "--models: unknown model 'vit_giant'; allowed: vit_micro, "
+        "vit_tiny, vit_small, vit_base, vit_huge, vit_1b, vit_3b, "
+        "vit_5b, vit_15b",
+    ),
     (WEAK_SCALING, ["--strategies", "DDP,ZERO4"], "--strategies: unknown strategy 'ZERO4'; allowed: DDP, NO_SHARD"),
-    (WEAK_SCALING, ["--ranks-per-node", "4", "--strategies", "HYBRID_8GPU"],
-     "--strategies: HYBRID_8GPU shards over groups of 8 ranks within a node, but system local runs 4 ranks per "
-     "node; allowed: HYBRID_<g>GPU with g in 1, 2, 4"),
+    (
+        WEAK_SCALING,
+        ["--ranks-per-node", "4", "--strategies", "HYBRID_8GPU"],
+        "--strategies: HYBRID_8GPU shards over groups of 8 ranks within a node, but system local runs 4 ranks per "
+        "node; allowed: HYBRID_<g>GPU with g in 1, 2, 4",
+    ),
     (WEAK_SCALING, ["--system", "frontier"], "--system: frontier runs inside a Slurm allocation"),
-    (WEAK_SCALING, ["--system", "cuda", "--models", "vit_base"], "--system: cuda runs one rank per GPU, but this "
-                                                                 "machine shows none; run it on a machine with NVIDIA"),
+    (
+        WEAK_SCALING,
+        ["--system", "cuda", "--models", "vit_base"],
+        "--system: cuda runs one rank per GPU, but this machine shows none; run it on a machine with NVIDIA",
+    ),
     (WEAK_SCALING, ["--nodes", "1,two"], "--nodes: 'two' is not allowed; allowed: node counts"),
     (WEAK_SCALING, ["--steps", "4", "--warmup-steps", "4"], "--warmup-steps: 4 is not allowed; allowed: fewer than"),
-    (WEAK_SCALING, ["--backward-prefetch", "pre,sideways"], "--backward-prefetch: 'sideways' is not allowed; "
-                                                            "allowed: none, pre, post"),
+    (
+        WEAK_SCALING,
+        ["--backward-prefetch", "pre,sideways"],
+        "--backward-prefetch: 'sideways' is not allowed; allowed: none, pre, post",
+    ),
     (WEAK_SCALING, ["--launcher", "ssh"], "--launcher: 'ssh' is not allowed on local; allowed: srun, torchrun, mpi"),
     (WEAK_SCALING, ["--config", "configs/studies/nope.yaml"], "--config: no such file"),
     (WEAK_SCALING, ["--gpus", "4"], "unknown option '--gpus'; allowed: --config"),
     (WEAK_SCALING, ["--models"], "--models: needs a value"),
-    (SUBMIT_SWEEP, ["--system", "frontier", "--nodes", "1,2", "--strategies", "HYBRID_16GPU", "--dry-run"],
-     "--strategies: HYBRID_16GPU shards over groups of 16 ranks within a node, but system frontier runs 8"),
+    (
+        SUBMIT_SWEEP,
+        ["--system", "frontier", "--nodes", "1,2", "--strategies", "HYBRID_16GPU", "--dry-run"],
+        "--strategies: HYBRID_16GPU shards over groups of 16 ranks within a node, but system frontier runs 8",
+    ),
     (SUBMIT_SWEEP, ["--system", "cuda", "--nodes", "1,2", "--dry-run"], "--gpus-per-node: cuda runs one rank per GPU"),
-    (SUBMIT_SWEEP, ["--system", "frontier", "--models", "vit_7b", "--nodes", "1", "--dry-run"],
-     "--models: unknown model 'vit_7b'"),
-    (SUBMIT_SWEEP, ["--system", "frontier", "--dry-run"], "frontier_fsdp.yaml: 'ladder' needs the largest node "
-                                                           "count"),
+    (
+        SUBMIT_SWEEP,
+        ["--system", "frontier", "--models", "vit_7b", "--nodes", "1", "--dry-run"],
+        "--models: unknown model 'vit_7b'",
+    ),
+    (SUBMIT_SWEEP, ["--system", "frontier", "--dry-run"], "frontier_fsdp.yaml: 'ladder' needs the largest node count"),
     (WEAK_SCALING, ["--models", "--steps", "4"], "--models: needs a value"),
     (SUBMIT_SWEEP, ["--walltime", "1:00:00"], "unknown option '--walltime'"),
     # qgZ under Frontier's --gpus-per-task=1: refused when the study plans, not on the compute node
-    (WEAK_SCALING, ["--system", "frontier", "--nodes", "1,2", "--strategies", "DDP,ZEROPP", "--dry-run"],
-     "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier, whose srun_flags "
-     "give each rank 1 GPU (--gpus-per-task=1) while 8 ranks share a node, so DeepSpeed would group the wrong ranks; "
-     "allowed: --set deepspeed.quantized_gradients=false"),
-    (SUBMIT_SWEEP, ["--system", "frontier", "--nodes", "2", "--strategies", "ZEROPP", "--dry-run"],
-     "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier"),
+    (
+        WEAK_SCALING,
+        ["--system", "frontier", "--nodes", "1,2", "--strategies", "DDP,ZEROPP", "--dry-run"],
+        "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier, whose srun_flags "
+        "give each rank 1 GPU (--gpus-per-task=1) while 8 ranks share a node, so DeepSpeed would group the wrong ranks; "
+        "allowed: --set deepspeed.quantized_gradients=false",
+    ),
+    (
+        SUBMIT_SWEEP,
+        ["--system", "frontier", "--nodes", "2", "--strategies", "ZEROPP", "--dry-run"],
+        "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier",
+    ),
 ]
 
 
@@ -72,33 +98,69 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, script, args, me
 
 def test_zeropp_without_qgz_or_one_rank_a_node_is_planned_on_frontier(tmp_path):
     """What the qgZ refusal allows: qgZ switched off, or one rank a node (each rank then sees its node's one GPU)."""
-    off = run(WEAK_SCALING, ["--system", "frontier", "--nodes", "1,2", "--strategies", "ZEROPP", "--dry-run",
-                             "--set", "deepspeed.quantized_gradients=false"], tmp_path)
+    off = run(
+        WEAK_SCALING,
+        [
+            "--system",
+            "frontier",
+            "--nodes",
+            "1,2",
+            "--strategies",
+            "ZEROPP",
+            "--dry-run",
+            "--set",
+            "deepspeed.quantized_gradients=false",
+        ],
+        tmp_path,
+    )
     assert off.returncode == 0, off.stderr
     assert "strategy=ZEROPP" in off.stdout and "deepspeed.quantized_gradients=false" in off.stdout
-    one = run(WEAK_SCALING, ["--system", "frontier", "--nodes", "1,2", "--strategies", "ZEROPP", "--dry-run",
-                             "--ranks-per-node", "1"], tmp_path)
+    one = run(
+        WEAK_SCALING,
+        ["--system", "frontier", "--nodes", "1,2", "--strategies", "ZEROPP", "--dry-run", "--ranks-per-node", "1"],
+        tmp_path,
+    )
     assert one.returncode == 0, one.stderr
 
 
 def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
-    proc = run(SUBMIT_SWEEP, ["--system", "frontier", "--nodes", "1,2", "--models", "vit_base,vit_5b",
-                              "--strategies", "DDP,HYBRID_8GPU", "--account", "PRJ123", "--time", "02:00:00",
-                              "--dry-run"], tmp_path)
+    proc = run(
+        SUBMIT_SWEEP,
+        [
+            "--system",
+            "frontier",
+            "--nodes",
+            "1,2",
+            "--models",
+            "vit_base,vit_5b",
+            "--strategies",
+            "DDP,HYBRID_8GPU",
+            "--account",
+            "PRJ123",
+            "--time",
+            "02:00:00",
+            "--dry-run",
+        ],
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     sbatch = [line for line in out.splitlines() if line.startswith("sbatch ")]
     assert len(sbatch) == 3, out
     logs = tmp_path / "logs"
     for nodes, line in zip((1, 2), sbatch):
-        assert line.startswith(f"sbatch --parsable --job-name=vit-frontier_fsdp-n{nodes} "
-                               f"--output={logs}/%x-%j.out --account=PRJ123 --network=disable_rdzv_get "
-                               f"--nodes={nodes} --time=02:00:00 "
-                               f"{WEAK_SCALING} --system frontier --study frontier_fsdp --out {tmp_path}/runs "
-                               f"--nodes {nodes} --models vit_base,vit_5b --no-analysis"), line
+        assert line.startswith(
+            f"sbatch --parsable --job-name=vit-frontier_fsdp-n{nodes} "
+            f"--output={logs}/%x-%j.out --account=PRJ123 --network=disable_rdzv_get "
+            f"--nodes={nodes} --time=02:00:00 "
+            f"{WEAK_SCALING} --system frontier --study frontier_fsdp --out {tmp_path}/runs "
+            f"--nodes {nodes} --models vit_base,vit_5b --no-analysis"
+        ), line
     assert sbatch[2].startswith("sbatch --parsable --job-name=vit-frontier_fsdp-analysis ")
-    assert "--nodes=1 --time=00:30:00 --dependency=afterany:{vit-frontier_fsdp-n1}:{vit-frontier_fsdp-n2} " \
-           in sbatch[2] and "--analysis-only" in sbatch[2]
+    assert (
+        "--nodes=1 --time=00:30:00 --dependency=afterany:{vit-frontier_fsdp-n1}:{vit-frontier_fsdp-n2} " in sbatch[2]
+        and "--analysis-only" in sbatch[2]
+    )
 
     srun = [line.strip() for line in out.splitlines() if "srun " in line]
     assert len(srun) == 8, out  # 2 node counts x 2 models x 2 strategies
@@ -108,8 +170,14 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
     assert all("python -m vit_scale train system.launcher=srun " in line for line in srun)
     assert sum("srun --nodes=2 --ntasks=16 " in line for line in srun) == 4
     # the paper's settings from configs/studies/frontier_fsdp.yaml, MFU peak from the profile
-    for setting in ("train.batch_size=32", "train.precision=bf16", "fsdp.backward_prefetch=pre",
-                    "fsdp.limit_all_gathers=true", "system.peak_tflops=191.5", "plan.device_memory_gib=64"):
+    for setting in (
+        "train.batch_size=32",
+        "train.precision=bf16",
+        "fsdp.backward_prefetch=pre",
+        "fsdp.limit_all_gathers=true",
+        "system.peak_tflops=191.5",
+        "plan.device_memory_gib=64",
+    ):
         assert all(setting in line for line in srun), setting
     assert "[4/4] vit_5b HYBRID_8GPU n2 (16 ranks)" in out
     assert out.rstrip().endswith("dry run: nothing was submitted")
@@ -117,25 +185,46 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
 
 
 def test_fsdp_grid_dry_run_is_the_figure_1_grid(tmp_path):
-    proc = run(WEAK_SCALING, ["--system", "frontier", "--config", "configs/studies/fsdp_grid.yaml", "--dry-run"],
-               ROOT)
+    proc = run(WEAK_SCALING, ["--system", "frontier", "--config", "configs/studies/fsdp_grid.yaml", "--dry-run"], ROOT)
     assert proc.returncode == 0, proc.stderr
     runs = [line for line in proc.stdout.splitlines() if line.startswith("[")]
     assert len(runs) == 18 and runs[0].startswith("[1/18] vit_5b HYBRID_2GPU n8 (64 ranks) ")
     for strategy in ("HYBRID_2GPU", "FULL_SHARD", "SHARD_GRAD_OP"):
         for prefetch in ("none", "pre", "post"):
             for limit in ("true", "false"):
-                assert sum(f"{strategy} n8 (64 ranks) backward_prefetch={prefetch} limit_all_gathers={limit}" in r
-                           for r in runs) == 1
+                assert (
+                    sum(
+                        f"{strategy} n8 (64 ranks) backward_prefetch={prefetch} limit_all_gathers={limit}" in r
+                        for r in runs
+                    )
+                    == 1
+                )
 
 
 def test_local_study_without_slurm(tmp_path):
     """The README's first command, shortened: emulated nodes as groups of processes; a run that
     fails (FULL_SHARD on 2 nodes, made to run out of memory) is recorded and the study goes on."""
     python = python_failing(tmp_path, "FULL_SHARD")
-    proc = run(WEAK_SCALING, ["--strategies", "FULL_SHARD,DDP", "--nodes", "2", "--steps", "4", "--warmup-steps",
-                              "1", "--batch-size", "2", "--out", "runs"], tmp_path, timeout=600,
-               VIT_SCALE_PYTHON=python)
+    proc = run(
+        WEAK_SCALING,
+        [
+            "--strategies",
+            "FULL_SHARD,DDP",
+            "--nodes",
+            "2",
+            "--steps",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--out",
+            "runs",
+        ],
+        tmp_path,
+        timeout=600,
+        VIT_SCALE_PYTHON=python,
+    )
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr  # one run failed
     assert "2 ranks per node, launcher: processes started here, 2 per emulated node (no Slurm)" in out
@@ -143,10 +232,10 @@ def test_local_study_without_slurm(tmp_path):
     assert "[2/2] vit_micro DDP n2 (4 ranks) ... ok " in out
 
     runs = runs_by_strategy_and_nodes(tmp_path / "runs" / "local")
-    (start, end), = runs[("DDP", 2)]
+    ((start, end),) = runs[("DDP", 2)]
     assert start["hosts"] == ["local0", "local1"] and start["world"]["world_size"] == 4
     assert start["slurm"] is None and end["status"] == "ok"
-    (start, end), = runs[("FULL_SHARD", 2)]
+    ((start, end),) = runs[("FULL_SHARD", 2)]
     assert end["status"] == "oom" and end["failed_rank"] == 1
 
     report = tmp_path / "report" / "local"
@@ -155,10 +244,22 @@ def test_local_study_without_slurm(tmp_path):
     assert f"report:      {report}/report.md" in out
 
 
-
 def test_help_names_every_option():
     proc = run(WEAK_SCALING, ["--help"], ROOT)
     assert proc.returncode == 0
-    for option in ("--models", "--strategies", "--nodes", "--batch-size", "--steps", "--system", "--study",
-                   "--out", "--backward-prefetch", "--limit-all-gathers", "--launcher", "--force", "--dry-run"):
+    for option in (
+        "--models",
+        "--strategies",
+        "--nodes",
+        "--batch-size",
+        "--steps",
+        "--system",
+        "--study",
+        "--out",
+        "--backward-prefetch",
+        "--limit-all-gathers",
+        "--launcher",
+        "--force",
+        "--dry-run",
+    ):
         assert option in proc.stdout

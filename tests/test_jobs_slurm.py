@@ -1,5 +1,6 @@
 """jobs/weak_scaling.sh and jobs/submit_sweep.sh on a real Slurm cluster: two emulated nodes
 with 2 CPUs each (tests/slurm_fixture.py), the local system profile, vit_micro, a few steps."""
+
 import importlib.util
 import os
 import subprocess
@@ -13,8 +14,19 @@ from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
 FEW_STEPS = ["--steps", "4", "--warmup-steps", "1", "--batch-size", "2"]
-STUDY = ["--system", "local", "--models", "vit_micro", "--strategies", "DDP,FULL_SHARD,HYBRID_2GPU",
-         "--study", "slurm", "--out", "runs", *FEW_STEPS]
+STUDY = [
+    "--system",
+    "local",
+    "--models",
+    "vit_micro",
+    "--strategies",
+    "DDP,FULL_SHARD,HYBRID_2GPU",
+    "--study",
+    "slurm",
+    "--out",
+    "runs",
+    *FEW_STEPS,
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +67,7 @@ def test_ladder_records_every_run_and_goes_on_after_a_failure(slurm_cluster, lad
     assert "rank 1: MemoryError: injected by the test" in output
     assert "[6/6] vit_micro HYBRID_2GPU n2 (4 ranks) ... ok " in output
     assert "6 runs in" in output and "1 failed" in output
-    table = output[output.index("n1 img/s"):]
+    table = output[output.index("n1 img/s") :]
     assert "FULL_SHARD" in table.split("\n")[2] and "oom" in table.split("\n")[2]
     # one failed run: the study completes and says so with exit code 1
     info = slurm_cluster.job(job)
@@ -73,8 +85,14 @@ def test_sweep_resumes_the_study_and_analysis_runs_after_the_jobs(slurm_cluster,
     work, _, _ = ladder_job
     report_md = work / "report" / "slurm" / "report.md"
     before = report_md.stat().st_mtime
-    proc = subprocess.run([SUBMIT_SWEEP, *STUDY, "--nodes", "1,2", "--logs", "logs"], cwd=work,
-                          env=slurm_cluster.env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [SUBMIT_SWEEP, *STUDY, "--nodes", "1,2", "--logs", "logs"],
+        cwd=work,
+        env=slurm_cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     n1, n2, analysis = proc.stdout.split()
     waiting = slurm_cluster.job(analysis)
@@ -104,22 +122,48 @@ def test_mpi_launcher_through_srun_pmix(slurm_cluster, tmp_path):  # noqa: F811
     if importlib.util.find_spec("mpi4py") is None:
         message = "mpi4py is not installed (pip install 'vit-scale[mpi]')"
         pytest.fail(message) if IN_CI else pytest.skip(message)
-    job = slurm_cluster.sbatch(["-N", "2", WEAK_SCALING, "--system", "local", "--launcher", "mpi",
-                                "--strategies", "DDP", "--nodes", "2", "--study", "mpi", "--out", "runs",
-                                "--no-analysis", *FEW_STEPS], cwd=tmp_path)
+    job = slurm_cluster.sbatch(
+        [
+            "-N",
+            "2",
+            WEAK_SCALING,
+            "--system",
+            "local",
+            "--launcher",
+            "mpi",
+            "--strategies",
+            "DDP",
+            "--nodes",
+            "2",
+            "--study",
+            "mpi",
+            "--out",
+            "runs",
+            "--no-analysis",
+            *FEW_STEPS,
+        ],
+        cwd=tmp_path,
+    )
     slurm_cluster.wait([job])
     output = (tmp_path / f"vit-weak-scaling-{job}.out").read_text()
     assert "[1/1] vit_micro DDP n2 (4 ranks) ... ok " in output, output
-    (start, end), = runs_by_strategy_and_nodes(tmp_path / "runs" / "mpi")[("DDP", 2)]
+    ((start, end),) = runs_by_strategy_and_nodes(tmp_path / "runs" / "mpi")[("DDP", 2)]
     assert start["launcher"] == "mpi" and start["hosts"] == ["n1", "n2"] and end["status"] == "ok"
 
 
 def test_node_list_larger_than_the_allocation_is_refused(slurm_cluster, tmp_path):  # noqa: F811
-    proc = subprocess.run(["srun", "-N", "1", "bash", WEAK_SCALING, "--system", "local", "--nodes", "1,2",
-                           "--out", "runs"], cwd=tmp_path, env=slurm_cluster.env(), capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        ["srun", "-N", "1", "bash", WEAK_SCALING, "--system", "local", "--nodes", "1,2", "--out", "runs"],
+        cwd=tmp_path,
+        env=slurm_cluster.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     ours = [line for line in proc.stderr.splitlines() if not line.startswith("srun:")]
     assert proc.returncode == 2
-    assert ours == ["weak_scaling.sh: --nodes: 2 nodes is more than this allocation's 1; allowed: 1 to 1 "
-                    "(or submit with sbatch -N 2)"], proc.stderr
+    assert ours == [
+        "weak_scaling.sh: --nodes: 2 nodes is more than this allocation's 1; allowed: 1 to 1 "
+        "(or submit with sbatch -N 2)"
+    ], proc.stderr
     assert not (tmp_path / "runs").exists()

@@ -1,4 +1,5 @@
 """Launch detection: torchrun, srun and MPI environments, and a real mpirun launch."""
+
 import glob
 import os
 import socket
@@ -10,16 +11,31 @@ from conftest import FAST, PYTHON, ROOT, losses, require_package, require_tool, 
 from vit_scale.launch.world import detect_launcher, detect_world, slurm_master_port
 from vit_scale.record.schema import validate_record_file
 
-SLURM_STEP_ENV = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_STEP_ID": "3",
-                  "SLURM_JOB_ID": "4242", "SLURM_STEP_NUM_NODES": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
-                  "SLURMD_NODENAME": "frontier00042", "MASTER_ADDR": "10.0.0.1"}
+SLURM_STEP_ENV = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "1",
+    "SLURM_STEP_ID": "3",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_NUM_NODES": "4",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+    "SLURMD_NODENAME": "frontier00042",
+    "MASTER_ADDR": "10.0.0.1",
+}
 
 
 def _clear(monkeypatch):
     for key in list(os.environ):
         if key.startswith(("SLURM", "OMPI_", "PMI", "TORCHELASTIC")) or key in (
-                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "MASTER_ADDR",
-                "MASTER_PORT", "VIT_SCALE_NODE_NAME"):
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "VIT_SCALE_NODE_NAME",
+        ):
             monkeypatch.delenv(key, raising=False)
 
 
@@ -51,12 +67,24 @@ def test_torchrun_wins_over_slurm(monkeypatch):
     _clear(monkeypatch)
     for key, value in SLURM_STEP_ENV.items():
         monkeypatch.setenv(key, value)
-    for key, value in {"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
-                       "GROUP_WORLD_SIZE": "4", "MASTER_PORT": "29400", "TORCHELASTIC_RUN_ID": "x"}.items():
+    for key, value in {
+        "RANK": "9",
+        "WORLD_SIZE": "16",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_WORLD_SIZE": "4",
+        "MASTER_PORT": "29400",
+        "TORCHELASTIC_RUN_ID": "x",
+    }.items():
         monkeypatch.setenv(key, value)
     world = detect_world()
     assert (world.launcher, world.rank, world.world_size, world.nodes, world.master_port) == (
-        "torchrun", 9, 16, 4, 29400)
+        "torchrun",
+        9,
+        16,
+        4,
+        29400,
+    )
 
 
 def test_mpi_environment_is_detected(monkeypatch):
@@ -70,9 +98,27 @@ def test_mpirun_launch_trains_like_torchrun(tmp_path):
     require_tool("mpirun")
     args = [*FAST, "strategy=FULL_SHARD"]
     mpi = subprocess.run(
-        ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", "2", "-x", "OMPI_MCA_btl=self,tcp",
-         PYTHON, "-m", "vit_scale", "train", *args, "system.launcher=mpi", f"output.dir={tmp_path / 'mpi'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            "mpirun",
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            "2",
+            "-x",
+            "OMPI_MCA_btl=self,tcp",
+            PYTHON,
+            "-m",
+            "vit_scale",
+            "train",
+            *args,
+            "system.launcher=mpi",
+            f"output.dir={tmp_path / 'mpi'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert mpi.returncode == 0, mpi.stdout[-2000:] + mpi.stderr[-3000:]
     assert "Aborted" not in mpi.stderr
     ref = torchrun(2, ["-m", "vit_scale", "train", *args, f"output.dir={tmp_path / 'torchrun'}"])
@@ -87,13 +133,25 @@ def test_mpirun_launch_trains_like_torchrun(tmp_path):
 
 # ---------------------------------------------------------------- launch flags, device, rendezvous
 
+
 def _srun_argv(system_name: str, kind: str = "srun", nodes: int = 2, ranks_per_node: int = 4) -> list:
     from vit_scale.cluster import launchers
     from vit_scale.cluster.systems import read_system
 
-    launch = launchers.build(kind, "python", ["model=vit_micro"], system=read_system(system_name), nodes=nodes,
-                             ranks_per_node=ranks_per_node, nodelist="g[1-2]", master_addr="10.0.0.1",
-                             master_port=29400, time_limit_min=None, grace_s=60, rdzv_id="1.1")
+    launch = launchers.build(
+        kind,
+        "python",
+        ["model=vit_micro"],
+        system=read_system(system_name),
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        nodelist="g[1-2]",
+        master_addr="10.0.0.1",
+        master_port=29400,
+        time_limit_min=None,
+        grace_s=60,
+        rdzv_id="1.1",
+    )
     ((argv, _),) = launch.commands
     return argv
 
@@ -128,8 +186,11 @@ def test_device_is_the_local_rank_when_the_node_gpus_are_visible(monkeypatch):
     world = choose_device(World("srun", 7, 8, 3, 4, 2, "g2", "10.0.0.1", 29400))
     assert (world.device_type, world.device_index, world.backend) == ("cuda", 3, "nccl")
     assert device_index_for(5, 8, 1) == 0
-    with pytest.raises(UserError, match=r"system.device: 8 ranks a node but each sees 4 GPUs, so ranks would "
-                                        r"share GPUs; run at most 4 ranks a node"):
+    with pytest.raises(
+        UserError,
+        match=r"system.device: 8 ranks a node but each sees 4 GPUs, so ranks would "
+        r"share GPUs; run at most 4 ranks a node",
+    ):
         device_index_for(5, 8, 4)
     # torchrun's local rank 7 with system.ranks_per_node=4 on 4 GPUs: no GPU 7 to drive
     with pytest.raises(UserError, match=r"system.device: 8 ranks a node but each sees 4 GPUs"):

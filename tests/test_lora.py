@@ -11,6 +11,7 @@ the refusals.
 Measured on the 2-core CI machine (DDP, 8 epochs, lr 5e-3): 88.0% top-1 on the 359 validation
 images; 84.7% at lr 2e-3. The bar below leaves room for that spread.
 """
+
 import glob
 import importlib.util
 import os
@@ -26,13 +27,32 @@ require_package("peft", "pip install 'vit-scale[lora]'")
 
 MIN_ACCURACY = 0.80
 LORA_EPOCHS = 8
-COMMON = ["model=vit_micro", "train.batch_size=16", "train.weight_decay=0.05", "train.warmup_steps=2",
-          "train.print_every=1000", "data.augment=none", "data.workers=0", "finetune.label_smoothing=0.1"]
-LORA = ["finetune.lora.rank=8", "finetune.lora.alpha=16", "train.activation_checkpointing=true", "train.lr=5e-3",
-        "finetune.lr_warmup_steps=44", "checkpoint.keep=1"]
+COMMON = [
+    "model=vit_micro",
+    "train.batch_size=16",
+    "train.weight_decay=0.05",
+    "train.warmup_steps=2",
+    "train.print_every=1000",
+    "data.augment=none",
+    "data.workers=0",
+    "finetune.label_smoothing=0.1",
+]
+LORA = [
+    "finetune.lora.rank=8",
+    "finetune.lora.alpha=16",
+    "train.activation_checkpointing=true",
+    "train.lr=5e-3",
+    "finetune.lr_warmup_steps=44",
+    "checkpoint.keep=1",
+]
 # the other families, 20 steps each, against DDP's 20 steps
-FAMILIES = [["strategy=FULL_SHARD", "fsdp.use_orig_params=true"], ["strategy=FULL_SHARD", "fsdp.version=2"],
-            ["strategy=ZERO2"], ["strategy=ZERO3"], ["strategy=CAI_DDP"]]
+FAMILIES = [
+    ["strategy=FULL_SHARD", "fsdp.use_orig_params=true"],
+    ["strategy=FULL_SHARD", "fsdp.version=2"],
+    ["strategy=ZERO2"],
+    ["strategy=ZERO3"],
+    ["strategy=CAI_DDP"],
+]
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +66,23 @@ def lora_runs(tmp_path_factory):
             os.symlink(os.path.join(root, split, label), five / split / label)
 
     out = tmp_path_factory.mktemp("runs")
-    pre = torchrun(2, ["-m", "vit_scale", "finetune", *COMMON, f"data.path={five}", "strategy=DDP", "train.lr=2e-3",
-                       "finetune.epochs=10", "finetune.lr_warmup_steps=22", f"output.dir={out}",
-                       "output.study=pretrain"], timeout=300)
+    pre = torchrun(
+        2,
+        [
+            "-m",
+            "vit_scale",
+            "finetune",
+            *COMMON,
+            f"data.path={five}",
+            "strategy=DDP",
+            "train.lr=2e-3",
+            "finetune.epochs=10",
+            "finetune.lr_warmup_steps=22",
+            f"output.dir={out}",
+            "output.study=pretrain",
+        ],
+        timeout=300,
+    )
     assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr[-5000:]
     pretrained = read_run(out, "pretrain")
     saved = os.path.join(pretrained[-1]["checkpoint"], "state.pt")
@@ -58,11 +92,25 @@ def lora_runs(tmp_path_factory):
     short = [*full, "finetune.steps=20", "checkpoint.at_end=false"]
     tracking = ["tracking.backend=tensorboard"] if importlib.util.find_spec("tensorboard") else []
     checkpoints = out / "ck-short-DDP"
-    runs = [["@finetune", *full, "strategy=DDP", f"finetune.epochs={LORA_EPOCHS}", "output.study=lora", *tracking],
-            ["@finetune", *short, "strategy=DDP", "output.study=short-DDP", f"checkpoint.dir={checkpoints}",
-             "checkpoint.every_steps=10"],
-            ["@finetune", *short, "strategy=DDP", "output.study=resumed-DDP",
-             f"checkpoint.resume={checkpoints / 'step-00000010'}", f"checkpoint.dir={out / 'ck-resumed'}"]]
+    runs = [
+        ["@finetune", *full, "strategy=DDP", f"finetune.epochs={LORA_EPOCHS}", "output.study=lora", *tracking],
+        [
+            "@finetune",
+            *short,
+            "strategy=DDP",
+            "output.study=short-DDP",
+            f"checkpoint.dir={checkpoints}",
+            "checkpoint.every_steps=10",
+        ],
+        [
+            "@finetune",
+            *short,
+            "strategy=DDP",
+            "output.study=resumed-DDP",
+            f"checkpoint.resume={checkpoints / 'step-00000010'}",
+            f"checkpoint.dir={out / 'ck-resumed'}",
+        ],
+    ]
     runs += [["@finetune", *short, *family, f"output.study=short-{i}"] for i, family in enumerate(FAMILIES)]
     runs += [["@finetune", *short, "strategy=FULL_SHARD", "output.study=refused-fsdp1"]]
     proc = run_many(2, runs, tmp_path_factory.mktemp("spec"), timeout=600)
@@ -116,8 +164,7 @@ def test_only_the_adapters_and_the_head_moved(lora_runs):
 
     start = torch.load(lora_runs["pretrained"], map_location="cpu", weights_only=True)["model"]
     end_record = read_run(lora_runs["out"], "lora")[-1]
-    end = torch.load(os.path.join(end_record["checkpoint"], "state.pt"), map_location="cpu",
-                     weights_only=True)["model"]
+    end = torch.load(os.path.join(end_record["checkpoint"], "state.pt"), map_location="cpu", weights_only=True)["model"]
     frozen = {k: v for k, v in end.items() if "lora_" not in k and not k.startswith("head.")}
     assert len(frozen) == len(start) - 2  # all but head.weight and head.bias
     for key, value in frozen.items():
@@ -134,8 +181,7 @@ def test_every_family_that_trains_adapters_gives_ddps_losses(lora_runs):
     for i, family in enumerate(FAMILIES):
         records = runs[f"short-{i}"]
         assert records[-1]["status"] == "ok", (family, records[-1]["error"])
-        assert_same_losses(reference, [r["loss"] for r in records if r["event"] == "step"], " ".join(family),
-                           steps=20)
+        assert_same_losses(reference, [r["loss"] for r in records if r["event"] == "step"], " ".join(family), steps=20)
         assert records[-1]["lora"]["trainable_params"] == 25226
 
 
@@ -154,26 +200,38 @@ def test_a_resumed_lora_run_continues_the_same_losses(lora_runs):
 
 
 def test_fsdp1_without_use_orig_params_is_refused_in_one_line_before_the_run(lora_runs):
-    assert ("REFUSED FULL_SHARD fp32: finetune.lora.rank: FSDP1 flattens each Block's parameters into one tensor, "
-            "which cannot mix LoRA's frozen and trainable ones; set fsdp.use_orig_params=true (or fsdp.version=2)"
-            in lora_runs["stdout"])
+    assert (
+        "REFUSED FULL_SHARD fp32: finetune.lora.rank: FSDP1 flattens each Block's parameters into one tensor, "
+        "which cannot mix LoRA's frozen and trainable ones; set fsdp.use_orig_params=true (or fsdp.version=2)"
+        in lora_runs["stdout"]
+    )
     assert not glob.glob(os.path.join(str(lora_runs["out"]), "refused-*"))
 
 
-@pytest.mark.parametrize("overrides,words", [
-    (["strategy=HYBRID_1GPU"], None),  # FSDP2 whatever fsdp.version says (the layout's rule)
-    (["strategy=FULL_SHARD", "fsdp.version=2"], None),
-    (["strategy=HYBRID_2GPU"], "finetune.lora.rank: FSDP1 flattens each Block's parameters"),
-    (["strategy=CAI_GEMINI", "train.precision=bf16"],
-     "finetune.lora.rank: CAI_GEMINI does not train LoRA adapters (only CAI_DDP was tried with frozen parameters; "
-     "Gemini and LowLevelZero need a GPU); allowed: DDP, NO_SHARD, HYBRID_<g>GPU (g divides the world size), "
-     "SHARD_GRAD_OP, FULL_SHARD, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP"),
-    (["strategy=DDP", "train.init=meta"], "finetune.lora.rank: adapters are added to a model built on the device, "
-                                          "and train.init=meta builds vit_micro on the meta device; set train.init"),
-    (["strategy=FULL_SHARD", "fsdp.version=2", "model=vit_3b"], "train.init=auto builds vit_3b on the meta device"),
-    (["strategy=DDP", "finetune.lora.targets=qkv,head"], "finetune.lora.targets: 'qkv,head' is not allowed; "
-                                                         "allowed: a comma-separated list of qkv, proj, fc1, fc2"),
-])
+@pytest.mark.parametrize(
+    "overrides,words",
+    [
+        (["strategy=HYBRID_1GPU"], None),  # FSDP2 whatever fsdp.version says (the layout's rule)
+        (["strategy=FULL_SHARD", "fsdp.version=2"], None),
+        (["strategy=HYBRID_2GPU"], "finetune.lora.rank: FSDP1 flattens each Block's parameters"),
+        (
+            ["strategy=CAI_GEMINI", "train.precision=bf16"],
+            "finetune.lora.rank: CAI_GEMINI does not train LoRA adapters (only CAI_DDP was tried with frozen parameters; "
+            "Gemini and LowLevelZero need a GPU); allowed: DDP, NO_SHARD, HYBRID_<g>GPU (g divides the world size), "
+            "SHARD_GRAD_OP, FULL_SHARD, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP",
+        ),
+        (
+            ["strategy=DDP", "train.init=meta"],
+            "finetune.lora.rank: adapters are added to a model built on the device, "
+            "and train.init=meta builds vit_micro on the meta device; set train.init",
+        ),
+        (["strategy=FULL_SHARD", "fsdp.version=2", "model=vit_3b"], "train.init=auto builds vit_3b on the meta device"),
+        (
+            ["strategy=DDP", "finetune.lora.targets=qkv,head"],
+            "finetune.lora.targets: 'qkv,head' is not allowed; allowed: a comma-separated list of qkv, proj, fc1, fc2",
+        ),
+    ],
+)
 def test_lora_settings_that_cannot_work_are_one_line_errors(overrides, words):
     """Checked on every rank before any process group (the GPU-only ColossalAI plugins are refused
     by this check on a GPU too; here the capability table would refuse them first)."""
@@ -199,10 +257,9 @@ def test_lora_settings_that_cannot_work_are_one_line_errors(overrides, words):
 def test_a_lora_checkpoint_is_not_resumed_without_the_adapters(lora_runs):
     """The check every rank makes before resuming (recipes/checkpoint.verify), against a run that
     has the same model, strategy and data but no finetune.lora."""
+    from vit_scale.config import load_config
     from vit_scale.errors import UserError
     from vit_scale.recipes import checkpoint as ckpt
-
-    from vit_scale.config import load_config
     from vit_scale.recipes.finetune import _checkpoint_facts
 
     records = read_run(lora_runs["out"], "lora")
@@ -210,11 +267,21 @@ def test_a_lora_checkpoint_is_not_resumed_without_the_adapters(lora_runs):
     meta = ckpt.read_meta(path)
     assert meta["lora"] == "r=8 alpha=16 targets=qkv,proj,fc1,fc2"
     world = types.SimpleNamespace(world_size=2)
-    settings = [f"{k}={v}" for k, v in (("model", "vit_micro"), ("strategy", "DDP"), ("train.batch_size", 16),
-                                          ("train.num_classes", 10))]
+    settings = [
+        f"{k}={v}"
+        for k, v in (("model", "vit_micro"), ("strategy", "DDP"), ("train.batch_size", 16), ("train.num_classes", 10))
+    ]
     # the same adapters, named in another order: accepted
-    ckpt.verify(path, meta, _checkpoint_facts(load_config(None, [*settings, "finetune.lora.rank=8",
-                                                                 "finetune.lora.targets=fc2,fc1,proj,qkv"]), world))
-    with pytest.raises(UserError, match=r"holds LoRA adapters r=8 alpha=16 targets=qkv,proj,fc1,fc2; this run has "
-                                        r"none \(finetune.lora\); resume with the same adapters"):
+    ckpt.verify(
+        path,
+        meta,
+        _checkpoint_facts(
+            load_config(None, [*settings, "finetune.lora.rank=8", "finetune.lora.targets=fc2,fc1,proj,qkv"]), world
+        ),
+    )
+    with pytest.raises(
+        UserError,
+        match=r"holds LoRA adapters r=8 alpha=16 targets=qkv,proj,fc1,fc2; this run has "
+        r"none \(finetune.lora\); resume with the same adapters",
+    ):
         ckpt.verify(path, meta, _checkpoint_facts(load_config(None, settings), world))

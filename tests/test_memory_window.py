@@ -1,6 +1,7 @@
 """Peak memory is the timed window's (issue 18, item 5): what runs after the window closes (the
 replica check copies every local tensor to float64, profiled steps, checkpoints) must not reach the
 figure. Real EventTimedMeter, real CPU memory probe (peak RSS), real 1-rank gloo group."""
+
 import types
 
 import torch
@@ -8,8 +9,8 @@ import torch.distributed as dist
 
 from conftest import init_one_rank_group
 from vit_scale.run.ending import memory_summary
-from vit_scale.run.meter import EventTimedMeter
 from vit_scale.run.memory import GIB
+from vit_scale.run.meter import EventTimedMeter
 
 
 class Recorder:
@@ -37,8 +38,9 @@ def test_peak_is_read_when_the_timed_window_closes():
         assert reported == in_window, "the peak moved after the window closed"
         figures = meter.result()
         assert figures.memory == meter.probe.peak() and figures.memory_window == "timed_steps"
-        assert memory_summary("cpu", [figures.memory], figures.memory_window)["peak_rss_gib"]["max"] \
-            < in_window + 0.25, "the end-of-run allocation reached the recorded peak"
+        assert (
+            memory_summary("cpu", [figures.memory], figures.memory_window)["peak_rss_gib"]["max"] < in_window + 0.25
+        ), "the end-of-run allocation reached the recorded peak"
         assert meter.probe.window == "timed_steps"
         del after
         # a new window (the next run in the same process) measures afresh

@@ -2,6 +2,7 @@
 device and initialised where it lands, and it must still be one model: the same on every replica,
 the same in every launch with the same seed, and drawn from the distributions timm's own
 initialisation (train.init=device) uses. Real torchrun launches over gloo, vit_micro, fp32."""
+
 import pytest
 
 from conftest import FAST, REL_TOL, assert_same_losses, by_study, load_runs, losses, run_many
@@ -44,7 +45,7 @@ def test_meta_init_draws_every_parameter_from_timms_distribution():
         # the smallest drawn tensors (cls_token, the patch embedding's bias) hold 192 values, whose
         # std and quantiles land within 8% of the device-built ones here
         assert abs(got.std() / expected.std() - 1) < 0.15, (name, float(got.std()), float(expected.std()))
-        assert abs(got.mean() - expected.mean()) < 6 * expected.std() / n ** 0.5, name
+        assert abs(got.mean() - expected.mean()) < 6 * expected.std() / n**0.5, name
         # the distribution's shape: the median and 95th percentile of |value| are 0.87 and 1.65 std
         # for a uniform, 0.67 and 1.96 for a normal; a normal in place of the patch embedding's
         # uniform is 22% and 19% off
@@ -100,13 +101,28 @@ def _meta_runs(out: str, which=None) -> list:
     runs = []
     for version in (1, 2):
         for mode in FSDP_MODES:
-            runs.append([*META, out, f"strategy={mode}", f"fsdp.version={version}",
-                         f"output.study=fsdp{version}-{mode}"])
-    runs += [[*META, out, "strategy=HYBRID_1GPU", "output.study=fsdp2-HYBRID_1GPU"],  # FSDP2 whatever the version
-             [*META, out, "strategy=FULL_SHARD", "fsdp.version=2", "fsdp.cpu_offload=true",
-              "output.study=fsdp2-FULL_SHARD-offload"],
-             [*META, out, "strategy=FULL_SHARD", "fsdp.version=2", "train.activation_checkpointing=true",
-              "output.study=fsdp2-FULL_SHARD-ac"]]
+            runs.append(
+                [*META, out, f"strategy={mode}", f"fsdp.version={version}", f"output.study=fsdp{version}-{mode}"]
+            )
+    runs += [
+        [*META, out, "strategy=HYBRID_1GPU", "output.study=fsdp2-HYBRID_1GPU"],  # FSDP2 whatever the version
+        [
+            *META,
+            out,
+            "strategy=FULL_SHARD",
+            "fsdp.version=2",
+            "fsdp.cpu_offload=true",
+            "output.study=fsdp2-FULL_SHARD-offload",
+        ],
+        [
+            *META,
+            out,
+            "strategy=FULL_SHARD",
+            "fsdp.version=2",
+            "train.activation_checkpointing=true",
+            "output.study=fsdp2-FULL_SHARD-ac",
+        ],
+    ]
     if which is not None:
         runs = [run for run in runs if run[-1].split("=", 1)[1] in which]
     return runs
@@ -132,7 +148,11 @@ def meta_runs(tmp_path_factory):
 def test_every_fsdp_mode_with_meta_init_ends_ok_with_replicas_agreeing(meta_runs):
     runs, _ = meta_runs
     expected = {f"fsdp{v}-{m}" for v in (1, 2) for m in FSDP_MODES} | {
-        "fsdp2-HYBRID_1GPU", "fsdp2-FULL_SHARD-offload", "fsdp2-FULL_SHARD-ac", "device-init"}
+        "fsdp2-HYBRID_1GPU",
+        "fsdp2-FULL_SHARD-offload",
+        "fsdp2-FULL_SHARD-ac",
+        "device-init",
+    }
     assert expected <= runs.keys()
     for study, records in runs.items():
         end = records[-1]

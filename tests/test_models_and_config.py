@@ -1,4 +1,5 @@
 """The model registry (true parameter counts, Table 1 of seed 003) and the configuration."""
+
 import time
 
 import pytest
@@ -54,8 +55,8 @@ def test_yaml_then_overrides_and_the_resolved_config_round_trips(tmp_path):
 def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
     import dataclasses
 
-    from vit_scale.recipes import finetune, train
     from vit_scale.config import BENCHMARK_SECTIONS, Config
+    from vit_scale.recipes import finetune, train
 
     every_section = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(getattr(Config(), f.name))]
     for module, sections in ((train, BENCHMARK_SECTIONS), (finetune, every_section)):
@@ -67,8 +68,11 @@ def test_help_lists_every_key_with_its_default_and_allowed_values(capsys):
         for section in sections:
             for f in dataclasses.fields(getattr(cfg, section)):
                 value = getattr(getattr(cfg, section), f.name)
-                keys = ([f"{section}.{f.name}.{sub.name}" for sub in dataclasses.fields(value)]
-                        if dataclasses.is_dataclass(value) else [f"{section}.{f.name}"])  # finetune.lora.rank ...
+                keys = (
+                    [f"{section}.{f.name}.{sub.name}" for sub in dataclasses.fields(value)]
+                    if dataclasses.is_dataclass(value)
+                    else [f"{section}.{f.name}"]
+                )  # finetune.lora.rank ...
                 for key in keys:
                     assert f"  {key} = " in text, (module.__name__, key)
         assert "  train.precision = fp32    [fp32 | bf16 | fp16]" in text

@@ -1,6 +1,7 @@
 """vit-scale plan: the analytic model against the model registry, the statements of seed 003 it
 must reproduce, communication accounting, the JSON schema and bad input. In-process except for
 two CLI launches (the real exit code and the no-torch, well-under-2-s start)."""
+
 import json
 import subprocess
 import time
@@ -10,10 +11,10 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
-from vit_scale.planning import cli as plan
 from vit_scale.config import load_config
 from vit_scale.models import MODELS, count_params, get_spec
 from vit_scale.planning import Scenario, plan_row, predict_for_run
+from vit_scale.planning import cli as plan
 from vit_scale.planning.cli import _parser, build_rows
 from vit_scale.planning.shapes import Shape
 
@@ -21,14 +22,28 @@ from vit_scale.planning.shapes import Shape
 # bf16, every Block checkpointed, fused attention. optimizer="single": AdamW without the foreach
 # temporary, which the paper's measured memory implies (its torch ran AdamW per tensor on FSDP1's
 # flat parameters; its DDP figure leaves no room for a parameter-sized temporary either).
-PAPER = dict(batch_size=32, precision="bf16", activation_checkpointing=True, gpus_per_node=8,
-             device_memory_gib=64.0, optimizer="single")
+PAPER = dict(
+    batch_size=32,
+    precision="bf16",
+    activation_checkpointing=True,
+    gpus_per_node=8,
+    device_memory_gib=64.0,
+    optimizer="single",
+)
 # The paper's measured max allocated GiB (Frontier, batch 32; the study's published plotting data)
 PAPER_MAX_ALLOCATED = {
-    ("vit_base", "DDP"): 2.4721, ("vit_huge", "DDP"): 13.2812, ("vit_1b", "DDP"): 18.7437, ("vit_3b", "DDP"): 59.8159,
-    ("vit_base", "NO_SHARD"): 1.9594, ("vit_huge", "NO_SHARD"): 10.4048, ("vit_1b", "NO_SHARD"): 14.691,
-    ("vit_3b", "NO_SHARD"): 47.3326, ("vit_base", "HYBRID_2GPU"): 1.3225, ("vit_huge", "HYBRID_2GPU"): 5.6956,
-    ("vit_1b", "HYBRID_2GPU"): 7.9241, ("vit_3b", "HYBRID_2GPU"): 24.6311,
+    ("vit_base", "DDP"): 2.4721,
+    ("vit_huge", "DDP"): 13.2812,
+    ("vit_1b", "DDP"): 18.7437,
+    ("vit_3b", "DDP"): 59.8159,
+    ("vit_base", "NO_SHARD"): 1.9594,
+    ("vit_huge", "NO_SHARD"): 10.4048,
+    ("vit_1b", "NO_SHARD"): 14.691,
+    ("vit_3b", "NO_SHARD"): 47.3326,
+    ("vit_base", "HYBRID_2GPU"): 1.3225,
+    ("vit_huge", "HYBRID_2GPU"): 5.6956,
+    ("vit_1b", "HYBRID_2GPU"): 7.9241,
+    ("vit_3b", "HYBRID_2GPU"): 24.6311,
 }
 
 
@@ -37,6 +52,7 @@ def paper(model, strategy, nodes=1, **changes):
 
 
 # ---------------------------------------------------------------- the model's size
+
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_analytic_parameter_count_equals_the_built_model(name):
@@ -48,6 +64,7 @@ def test_analytic_count_follows_num_classes():
 
 
 # ---------------------------------------------------------------- seed 003's statements
+
 
 def test_vit3b_unsharded_on_one_gcd_needs_more_than_60_gib_and_still_fits():
     for strategy in ("NO_SHARD", "DDP"):
@@ -107,6 +124,7 @@ def test_the_trainers_fused_adamw_keeps_the_papers_verdicts_and_foreach_would_no
 
 # ---------------------------------------------------------------- what the knobs do
 
+
 def test_sharding_memory_falls_with_more_ranks():
     totals = [paper("vit_3b", "FULL_SHARD", nodes=n)["memory_gib"] for n in (1, 2, 4, 8)]
     assert totals == sorted(totals, reverse=True)
@@ -129,6 +147,7 @@ def test_prefetch_and_limit_all_gathers():
         for key, value in fsdp.items():
             setattr(sc.fsdp, key, value)
         return plan_row(sc)
+
     pre, none = in_flight(backward_prefetch="pre"), in_flight(backward_prefetch="none")
     assert pre["phases_gib"]["backward_end"] > none["phases_gib"]["backward_end"]
     assert in_flight()["allocator_gib"]["stream_held"] == 0
@@ -156,19 +175,39 @@ def test_qgz_quantises_gradients_only_across_nodes():
     """DeepSpeed reduce-scatters ZeRO++ gradients unquantised on one node (issue 18, item 4)."""
     P = Shape.from_spec(get_spec("vit_3b")).params
     one = paper("vit_3b", "ZEROPP", nodes=1)["communication"]["reduce_scatter"]
-    assert one["intra"] + one["inter"] == round(7 / 8 * 2 * P)     # bf16, a ring over 8 ranks
+    assert one["intra"] + one["inter"] == round(7 / 8 * 2 * P)  # bf16, a ring over 8 ranks
     two = paper("vit_3b", "ZEROPP", nodes=2)["communication"]["reduce_scatter"]
     assert two["intra"] + two["inter"] == pytest.approx(15 / 16 * 0.5 * P, rel=1e-6)  # int4
 
 
 def test_every_label_has_a_row():
     # CAI_DDP_FP16 is fp16 by name and CAI_FSDP refuses fp16: no one precision has every label
-    rows = [row for precision in ("bf16", "fp16") for row in build_rows(_parser().parse_args(
-        ["--model", "vit_1b", "--nodes", "1,2", "--device", "cuda", "--precision", precision]))[0]]
+    rows = [
+        row
+        for precision in ("bf16", "fp16")
+        for row in build_rows(
+            _parser().parse_args(["--model", "vit_1b", "--nodes", "1,2", "--device", "cuda", "--precision", precision])
+        )[0]
+    ]
     labels = {r["strategy"] for r in rows}
-    assert labels == {"DDP", "NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_1GPU", "HYBRID_2GPU", "HYBRID_8GPU",
-                      "ZERO1", "ZERO2", "ZERO3", "ZEROPP", "CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO",
-                      "CAI_GEMINI", "CAI_FSDP"}
+    assert labels == {
+        "DDP",
+        "NO_SHARD",
+        "FULL_SHARD",
+        "SHARD_GRAD_OP",
+        "HYBRID_1GPU",
+        "HYBRID_2GPU",
+        "HYBRID_8GPU",
+        "ZERO1",
+        "ZERO2",
+        "ZERO3",
+        "ZEROPP",
+        "CAI_DDP",
+        "CAI_DDP_FP16",
+        "CAI_LOW_LEVEL_ZERO",
+        "CAI_GEMINI",
+        "CAI_FSDP",
+    }
     for r in rows:
         parts = r["components_gib"]
         assert sum(parts.values()) == pytest.approx(r["memory_gib"], abs=1e-3), r["strategy"]
@@ -176,9 +215,14 @@ def test_every_label_has_a_row():
 
 # ---------------------------------------------------------------- output
 
+
 def test_json_output_follows_the_schema(capsys):
-    assert plan.main(["--model", "vit_3b,vit_5b", "--nodes", "1,8", "--activation-checkpointing", "--json",
-                      "--device", "cuda"]) == 0
+    assert (
+        plan.main(
+            ["--model", "vit_3b,vit_5b", "--nodes", "1,8", "--activation-checkpointing", "--json", "--device", "cuda"]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     jsonschema.validate(out, plan.PLAN_SCHEMA)
     assert len(out["rows"]) == 2 * 2 * 15  # every label but CAI_DDP_FP16, which is fp16 by name
@@ -192,11 +236,15 @@ def test_pairs_the_device_cannot_run_are_left_out_with_the_capability_tables_rea
     labels = {r["strategy"] for r in rows}
     assert {"CAI_GEMINI", "CAI_DDP_FP16"}.isdisjoint(labels) and {"DDP", "FULL_SHARD", "CAI_FSDP"} <= labels
     assert shared["device"] == "rocm" and shared["refused"] == {
-        "CAI_DDP_FP16": refusal("CAI_DDP_FP16", "fp32", "rocm"), "CAI_GEMINI": refusal("CAI_GEMINI", "fp32", "rocm")}
+        "CAI_DDP_FP16": refusal("CAI_DDP_FP16", "fp32", "rocm"),
+        "CAI_GEMINI": refusal("CAI_GEMINI", "fp32", "rocm"),
+    }
     assert plan.main(["--model", "vit_base", "--precision", "fp32"]) == 0
     assert "left out: CAI_GEMINI (CAI_GEMINI runs in fp16 or bf16 only" in capsys.readouterr().out
     assert plan.main(["--model", "vit_base", "--strategy", "CAI_GEMINI", "--device", "rocm"]) == 2
-    assert "CAI_GEMINI with --precision bf16 on rocm: strategy: CAI_GEMINI does not run on ROCm" in capsys.readouterr().err
+    assert (
+        "CAI_GEMINI with --precision bf16 on rocm: strategy: CAI_GEMINI does not run on ROCm" in capsys.readouterr().err
+    )
 
 
 def test_table_output(capsys):
@@ -207,8 +255,9 @@ def test_table_output(capsys):
 
 
 def test_predict_for_run_is_the_record_plan():
-    cfg = load_config(None, ["model=vit_3b", "strategy=HYBRID_2GPU", "train.precision=bf16",
-                             "train.activation_checkpointing=true"])
+    cfg = load_config(
+        None, ["model=vit_3b", "strategy=HYBRID_2GPU", "train.precision=bf16", "train.activation_checkpointing=true"]
+    )
     gpu = SimpleNamespace(world_size=16, local_world_size=8, nodes=2, device_type="cuda", device_index=0)
     cfg.plan.device_memory_gib = 64.0
     record = predict_for_run(cfg, gpu)
@@ -251,15 +300,18 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
 
 
 def test_cli_is_fast_and_never_imports_torch():
-    check = ("import sys, time; t = time.time(); from vit_scale.cli import main; "
-             "code = main(['plan', '--model', 'vit_15b', '--json']); "
-             "assert 'torch' not in sys.modules, 'torch imported'; print(time.time() - t, file=sys.stderr); "
-             "sys.exit(code)")
+    check = (
+        "import sys, time; t = time.time(); from vit_scale.cli import main; "
+        "code = main(['plan', '--model', 'vit_15b', '--json']); "
+        "assert 'torch' not in sys.modules, 'torch imported'; print(time.time() - t, file=sys.stderr); "
+        "sys.exit(code)"
+    )
     start = time.time()
     proc = subprocess.run([PYTHON, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60)
     wall = time.time() - start
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["rows"] and wall < 2.0, wall
-    bad = subprocess.run([PYTHON, "-m", "vit_scale", "plan", "--model", "nope"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
+    bad = subprocess.run(
+        [PYTHON, "-m", "vit_scale", "plan", "--model", "nope"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1

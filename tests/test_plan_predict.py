@@ -4,6 +4,7 @@ run directory (analysis/synthetic.py); every bad input as one line, exit 2 and n
 predicted figure (analysis/plan_figure.py, a subprocess of the CLI); and a study's `predict: true` in a
 dry run. Torch-free: the run records and the collective timings are synthetic, so that the arithmetic
 is known (Frontier cannot be reached from here; its profile is what is read)."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ from analysis import plan_figure
 from analysis.synthetic import write_run
 
 BASE = ["--system", "frontier", "--model", "vit_base,vit_3b", "--nodes", "1,2", "--strategy", "DDP,FULL_SHARD"]
-SIZES = [8 * 4 ** k for k in range(14)]   # 8 B to 512 MiB
+SIZES = [8 * 4**k for k in range(14)]  # 8 B to 512 MiB
 
 
 def run_json(capsys, argv) -> dict:
@@ -56,12 +57,23 @@ def synthetic_fits(alpha_us: float, bus_gbps: float, ranks=16, scopes=("intra", 
 
 def write_check(path, fits, system="frontier", model="vit_3b", precisions=("bf16",)) -> str:
     with open(path, "w") as fh:
-        json.dump({"schema": 1, "system": system, "model": model, "precisions": list(precisions), "nodes": 2,
-                   "ranks_per_node": 8, "fits": fits}, fh)
+        json.dump(
+            {
+                "schema": 1,
+                "system": system,
+                "model": model,
+                "precisions": list(precisions),
+                "nodes": 2,
+                "ranks_per_node": 8,
+                "fits": fits,
+            },
+            fh,
+        )
     return str(path)
 
 
 # ---------------------------------------------------------------- the profile's defaults
+
 
 def test_without_system_the_output_is_unchanged(capsys):
     assert plan.main(["--model", "vit_base", "--strategy", "DDP", "--json"]) == 0
@@ -83,7 +95,7 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
     for column in ("step ms", "comp", "x-intra", "x-inter", "optim", "img/s/GPU", "img/s", "eff"):
         assert column in header
     ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
-    assert len(ddp_3b) == 2   # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
+    assert len(ddp_3b) == 2  # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
     assert lines[-1].startswith("predicted not worth running") and "vit_3b DDP (does not fit on 2 node(s))" in lines[-1]
     assert not os.listdir(tmp_path)
 
@@ -100,8 +112,9 @@ def test_json_carries_the_prediction_per_row(capsys):
     net = pr.profile_calibration(pr.profile_path("frontier")).network
     for model, nodes in (("vit_base", 1), ("vit_base", 2), ("vit_3b", 2)):
         got = row(out, model, "FULL_SHARD", nodes)["prediction"]
-        sc = Scenario(model, "FULL_SHARD", nodes=nodes, gpus_per_node=8, batch_size=32, precision="bf16",
-                      device_memory_gib=64.0)
+        sc = Scenario(
+            model, "FULL_SHARD", nodes=nodes, gpus_per_node=8, batch_size=32, precision="bf16", device_memory_gib=64.0
+        )
         want = predict_step(sc, net, Compute.from_flops(sc, 191.5, 0.3))
         assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
         step = got["step"]
@@ -116,17 +129,24 @@ def test_json_carries_the_prediction_per_row(capsys):
 
 def test_not_worth_running_rule():
     def r(strategy, nodes, ips, fits=True):
-        return {"model": "m", "strategy": strategy, "nodes": nodes,
-                "prediction": {"fits": fits, "images_per_s": None if not fits else ips}}
+        return {
+            "model": "m",
+            "strategy": strategy,
+            "nodes": nodes,
+            "prediction": {"fits": fits, "images_per_s": None if not fits else ips},
+        }
+
     rows = [r("A", 1, 100), r("B", 1, 100), r("C", 1, 100), r("A", 4, 400), r("B", 4, 199), r("C", 4, 0, fits=False)]
     assert plan.not_worth_running(rows) == [
         {"model": "m", "strategy": "B", "why": "50% of A's images/s on 4 node(s)"},
-        {"model": "m", "strategy": "C", "why": "does not fit on 4 node(s)"}]
-    rows[4]["prediction"]["images_per_s"] = 200   # exactly half: still worth running
+        {"model": "m", "strategy": "C", "why": "does not fit on 4 node(s)"},
+    ]
+    rows[4]["prediction"]["images_per_s"] = 200  # exactly half: still worth running
     assert [w["strategy"] for w in plan.not_worth_running(rows)] == ["C"]
 
 
 # ---------------------------------------------------------------- a check.json
+
 
 def test_with_a_generated_check(capsys, tmp_path):
     fits = synthetic_fits(alpha_us=40.0, bus_gbps=2.0)
@@ -149,21 +169,37 @@ def test_with_a_generated_check(capsys, tmp_path):
 
 # ---------------------------------------------------------------- compute from a run directory
 
+
 def test_compute_from_a_synthetic_run(capsys, tmp_path):
-    metrics = write_run(str(tmp_path / "runs"), model="vit_base", strategy="DDP", nodes=1, ranks_per_node=8,
-                        batch=32, ips=800.0)
+    metrics = write_run(
+        str(tmp_path / "runs"), model="vit_base", strategy="DDP", nodes=1, ranks_per_node=8, batch=32, ips=800.0
+    )
     run_dir = os.path.dirname(metrics)
-    out = run_json(capsys, ["--system", "frontier", "--model", "vit_base", "--nodes", "1,2,4", "--strategy",
-                            "DDP,FULL_SHARD", "--compute-from", run_dir])
+    out = run_json(
+        capsys,
+        [
+            "--system",
+            "frontier",
+            "--model",
+            "vit_base",
+            "--nodes",
+            "1,2,4",
+            "--strategy",
+            "DDP,FULL_SHARD",
+            "--compute-from",
+            run_dir,
+        ],
+    )
     assert out["prediction"]["compute"]["kind"] == "measured" and run_dir in out["prediction"]["compute"]["text"]
     # the 1-node rung of the strategy that ran reproduces its own measurement
     assert row(out, "vit_base", "DDP", 1)["prediction"]["images_per_s"] == pytest.approx(800.0, rel=1e-6)
     assert "measured step of DDP on 1 node(s)" in row(out, "vit_base", "FULL_SHARD", 2)["prediction"]["compute_source"]
     ddp = [row(out, "vit_base", "DDP", n)["prediction"]["images_per_s_per_gpu"] for n in (1, 2, 4)]
-    assert ddp[0] >= ddp[1] >= ddp[2]    # weak scaling: per GPU no faster with more nodes
+    assert ddp[0] >= ddp[1] >= ddp[2]  # weak scaling: per GPU no faster with more nodes
 
 
 # ---------------------------------------------------------------- bad input: one line, exit 2, nothing written
+
 
 def bad_inputs(tmp_path) -> list:
     good = synthetic_fits(40.0, 2.0)
@@ -173,12 +209,22 @@ def bad_inputs(tmp_path) -> list:
     runs = str(tmp_path / "runs")
     huge = os.path.dirname(write_run(runs, study="a", model="vit_huge", batch=32, ips=100.0))
     batch16 = os.path.dirname(write_run(runs, study="b", model="vit_base", batch=16, ips=100.0))
-    fp32 = os.path.dirname(write_run(runs, study="c", model="vit_base", batch=32, ips=100.0,
-                                     options={"precision": "fp32", "activation_checkpointing": False}))
+    fp32 = os.path.dirname(
+        write_run(
+            runs,
+            study="c",
+            model="vit_base",
+            batch=32,
+            ips=100.0,
+            options={"precision": "fp32", "activation_checkpointing": False},
+        )
+    )
     cal, comp = "--calibration", "--compute-from"
     return [
-        ([cal, write_check(tmp_path / "cuda.json", good, system="cuda")],
-         ["system 'cuda'", "expected a check of 'frontier'"]),
+        (
+            [cal, write_check(tmp_path / "cuda.json", good, system="cuda")],
+            ["system 'cuda'", "expected a check of 'frontier'"],
+        ),
         ([cal, write_check(tmp_path / "fp32.json", good, precisions=("fp32",))], ["precision fp32", "expected bf16"]),
         ([cal, write_check(tmp_path / "micro.json", good, model="vit_micro")], ["a check of vit_micro", "vit_3b"]),
         ([cal, str(tmp_path / "missing.json")], ["cannot read", "missing.json", "expected a check.json"]),
@@ -196,8 +242,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
     cases = bad_inputs(tmp_path)
     figure = tmp_path / "figure"
     for extra, words in cases:
-        argv = ["--system", "frontier", "--model", "vit_base,vit_3b", "--nodes", "1,2", "--strategy", "DDP",
-                "--figure", str(figure)] + extra
+        argv = [
+            "--system",
+            "frontier",
+            "--model",
+            "vit_base,vit_3b",
+            "--nodes",
+            "1,2",
+            "--strategy",
+            "DDP",
+            "--figure",
+            str(figure),
+        ] + extra
         assert plan.main(argv) == 2, extra
         captured = capsys.readouterr()
         lines = captured.err.strip().splitlines()
@@ -214,11 +270,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
 
 # ---------------------------------------------------------------- the figure
 
+
 def test_the_predicted_figure_is_written(tmp_path):
     """The real CLI in a process: the table on stdout, the figure drawn by analysis/plan_figure.py."""
     figure = tmp_path / "fig"
-    proc = subprocess.run([PYTHON, "-m", "vit_scale", "plan", *BASE, "--figure", str(figure)], cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [PYTHON, "-m", "vit_scale", "plan", *BASE, "--figure", str(figure)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"predicted figure: {figure}/weak_scaling_plan.png, {figure}/weak_scaling_plan.pdf" in proc.stdout
     for name in ("weak_scaling_plan.png", "weak_scaling_plan.pdf", "weak_scaling_plan.json"):
@@ -244,14 +307,37 @@ def test_plan_figure_bad_input(tmp_path, capsys):
 
 # ---------------------------------------------------------------- a study that asks for it
 
+
 def study(tmp_path, *extra, predict="true"):
     conf = tmp_path / "s.yaml"
-    conf.write_text("models: [vit_base, vit_3b]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\n"
-                    + (f"predict: {predict}\n" if predict is not None else ""))
+    conf.write_text(
+        "models: [vit_base, vit_3b]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\n"
+        + (f"predict: {predict}\n" if predict is not None else "")
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return subprocess.run([PYTHON, "-m", "vit_scale", "study", "--system", "frontier", "--config", str(conf),
-                           "--nodes", "1,2", "--out", str(tmp_path / "runs"), "--dry-run", *extra], cwd=tmp_path,
-                          env={**env, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "vit_scale",
+            "study",
+            "--system",
+            "frontier",
+            "--config",
+            str(conf),
+            "--nodes",
+            "1,2",
+            "--out",
+            str(tmp_path / "runs"),
+            "--dry-run",
+            *extra,
+        ],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": ROOT},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_study_predict_key_in_a_dry_run(tmp_path):
@@ -259,11 +345,13 @@ def test_study_predict_key_in_a_dry_run(tmp_path):
     out = proc.stdout
     assert proc.returncode == 0, proc.stderr
     head, _, runs = out.partition("[1/8]")
-    assert "predicted (predict: true), as `vit-scale plan --system frontier --model vit_base,vit_3b --strategy " \
-           "DDP,FULL_SHARD --nodes 1,2 --gpus-per-node 8 --batch-size 32 --precision bf16" in head
+    assert (
+        "predicted (predict: true), as `vit-scale plan --system frontier --model vit_base,vit_3b --strategy "
+        "DDP,FULL_SHARD --nodes 1,2 --gpus-per-node 8 --batch-size 32 --precision bf16" in head
+    )
     assert "predicted for frontier: calibration: the system profile's defaults" in head
     assert "predicted not worth running (" in head and "vit_3b DDP (does not fit on 2 node(s))" in head
-    assert "predicted figure: not written in a dry run" in head and "srun" in runs   # before the first run
+    assert "predicted figure: not written in a dry run" in head and "srun" in runs  # before the first run
     assert not (tmp_path / "report").exists() and not (tmp_path / "runs").exists()
     # without the key: nothing predicted; a bad value: one line, exit 2
     assert "predicted" not in study(tmp_path, predict=None).stdout
@@ -275,7 +363,7 @@ def test_study_predict_key_in_a_dry_run(tmp_path):
 
 def test_study_falls_back_from_a_check_without_fits(tmp_path):
     (tmp_path / "runs" / "s").mkdir(parents=True)
-    write_check(tmp_path / "runs" / "s" / "check.json", [])    # a quick check: no size sweep
+    write_check(tmp_path / "runs" / "s" / "check.json", [])  # a quick check: no size sweep
     out = study(tmp_path).stdout
     assert "check.json not used: --calibration:" in out and "has no fits" in out
     assert "predicted for frontier: calibration: the system profile's defaults" in out
@@ -293,24 +381,34 @@ def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_pa
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     conf = tmp_path / "s.yaml"
-    conf.write_text("models: [vit_micro]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\nbatch_size: 4\n"
-                    "predict: true\n")
+    conf.write_text(
+        "models: [vit_micro]\nstrategies: [DDP, FULL_SHARD]\nprecision: bf16\nbatch_size: 4\npredict: true\n"
+    )
     for strategy, ips in (("DDP", 40.0), ("FULL_SHARD", 30.0)):
-        write_run(str(tmp_path / "runs"), study="s", model="vit_micro", strategy=strategy, nodes=1, ranks_per_node=2,
-                  batch=4, ips=ips, device="cpu", job_id=None)
-    opts = study_cli.parse(["--system", "local", "--config", str(conf), "--nodes", "1,2", "--out", "runs",
-                            "--dry-run"])
+        write_run(
+            str(tmp_path / "runs"),
+            study="s",
+            model="vit_micro",
+            strategy=strategy,
+            nodes=1,
+            ranks_per_node=2,
+            batch=4,
+            ips=ips,
+            device="cpu",
+            job_id=None,
+        )
+    opts = study_cli.parse(["--system", "local", "--config", str(conf), "--nodes", "1,2", "--out", "runs", "--dry-run"])
     run = study_cli.StudyRun(opts)
-    run.dry_run = False          # the forecast of a real submission; no run is started here
+    run.dry_run = False  # the forecast of a real submission; no run is started here
     forecast(run)
     out = capsys.readouterr().out
     assert "predicted for local: calibration: the system profile's defaults (local.yaml)" in out
     assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in out
     assert "--compute-from" in out and "--figure report/s" in out
     lines = [line for line in out.splitlines() if line.startswith(("DDP ", "FULL_SHARD "))]
-    assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines   # a speed and its efficiency
+    assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines  # a speed and its efficiency
     data = json.loads((tmp_path / "report" / "s" / "weak_scaling_plan.json").read_text())
     one = {r["strategy"]: r["images_per_s"] for r in data["rows"] if r["nodes"] == 1}
-    assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)   # each rung reproduces itself
+    assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)  # each rung reproduces itself
     assert (tmp_path / "report" / "s" / "weak_scaling_plan.png").stat().st_size > 1000
     assert "predicted figure: report/s/weak_scaling_plan.png, report/s/weak_scaling_plan.pdf" in out

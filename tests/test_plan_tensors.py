@@ -7,6 +7,7 @@ DDP, FSDP1 and ZeRO ranks hold the same, except that FSDP2 pads each parameter's
 ranks hold less) and a ZeRO-1/2 rank's gradient buffer keeps the parameters that straddle its
 partition boundary whole (so ranks differ by those).
 """
+
 import glob
 import json
 import os
@@ -16,8 +17,18 @@ import pytest
 from conftest import ROOT, torchrun
 from vit_scale.record.schema import validate_record_file
 
-STATE_CASES = ["DDP", "NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "FULL_SHARD:fsdp.use_orig_params=true",
-               "FULL_SHARD:fsdp.version=2", "ZERO1", "ZERO2", "ZERO3", "ZERO3:deepspeed.param_persistence_threshold=0"]
+STATE_CASES = [
+    "DDP",
+    "NO_SHARD",
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "FULL_SHARD:fsdp.use_orig_params=true",
+    "FULL_SHARD:fsdp.version=2",
+    "ZERO1",
+    "ZERO2",
+    "ZERO3",
+    "ZERO3:deepspeed.param_persistence_threshold=0",
+]
 COMPONENTS = ("params", "grads", "optimizer")
 
 
@@ -26,10 +37,14 @@ def launch(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plan_tensors")
     out = tmp / "tensors.json"
     runs = tmp / "runs"
-    common = f"model=vit_micro,train.batch_size=2,train.steps=3,train.warmup_steps=1,output.dir={runs}," \
-             "plan.skip_if_not_fits=true"
-    train_cases = [f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=0.01,output.study=skip",
-                   f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=64,output.study=fits"]
+    common = (
+        f"model=vit_micro,train.batch_size=2,train.steps=3,train.warmup_steps=1,output.dir={runs},"
+        "plan.skip_if_not_fits=true"
+    )
+    train_cases = [
+        f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=0.01,output.study=skip",
+        f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=64,output.study=fits",
+    ]
     proc = torchrun(2, [os.path.join(ROOT, "tests", "plan_tensors.py"), str(out), *STATE_CASES, *train_cases])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     results = {r["case"]: r for r in json.loads(out.read_text())}

@@ -28,6 +28,7 @@ and by intra- and inter-node bytes. Left out on purpose, and checked to be only 
 one-value all-reduce of the gradient norm each step (stage3.py get_grad_norm_direct), a latency not
 a bandwidth, which the planner's bytes do not count.
 """
+
 import importlib.util
 import json
 import os
@@ -42,12 +43,24 @@ NODES, RANKS_PER_NODE = 2, 2
 # the forward (their backward lies further along the trace) and keeps the rest; prefetching off, as
 # it would otherwise keep every parameter it has already looked ahead at (the whole model here)
 REUSE = "@stage3_max_reuse_distance=250000,@stage3_prefetch_bucket_size=0"
-CASES = ["DDP", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_2GPU", "FULL_SHARD:fsdp.version=2",
-         "HYBRID_2GPU:fsdp.version=2", "ZERO3:deepspeed.param_persistence_threshold=0", "ZERO3",
-         f"ZERO3:deepspeed.param_persistence_threshold=0,{REUSE}"]
+CASES = [
+    "DDP",
+    "FULL_SHARD",
+    "SHARD_GRAD_OP",
+    "HYBRID_2GPU",
+    "FULL_SHARD:fsdp.version=2",
+    "HYBRID_2GPU:fsdp.version=2",
+    "ZERO3:deepspeed.param_persistence_threshold=0",
+    "ZERO3",
+    f"ZERO3:deepspeed.param_persistence_threshold=0,{REUSE}",
+]
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
-FACTORS = {"all_reduce": lambda n: Fraction(2 * (n - 1), n), "all_gather": lambda n: Fraction(n - 1, n),
-           "reduce_scatter": lambda n: Fraction(n - 1, n), "broadcast": lambda n: Fraction(1)}
+FACTORS = {
+    "all_reduce": lambda n: Fraction(2 * (n - 1), n),
+    "all_gather": lambda n: Fraction(n - 1, n),
+    "reduce_scatter": lambda n: Fraction(n - 1, n),
+    "broadcast": lambda n: Fraction(1),
+}
 
 
 class Results(dict):
@@ -61,8 +74,10 @@ class Results(dict):
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("collective_bytes") / "bytes.json"
     cases = CASES if importlib.util.find_spec("deepspeed") else [c for c in CASES if not c.startswith("ZERO")]
-    proc = torchrun(NODES * RANKS_PER_NODE,
-                    [os.path.join(ROOT, "tests", "collective_bytes.py"), str(out), str(RANKS_PER_NODE), *cases])
+    proc = torchrun(
+        NODES * RANKS_PER_NODE,
+        [os.path.join(ROOT, "tests", "collective_bytes.py"), str(out), str(RANKS_PER_NODE), *cases],
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return Results({r["case"]: r for r in json.loads(out.read_text())})
 
@@ -113,8 +128,14 @@ def test_predicted_bytes_equal_the_collectives_of_a_step(launch, case):
             for scope in ("intra", "inter"):
                 want = predicted.get(kind, {"intra": 0, "inter": 0})[scope]
                 # the planner rounds each figure to whole bytes
-                assert abs(measured[kind][scope] - want) <= Fraction(1, 2), \
-                    (case, rank, kind, scope, float(measured[kind][scope]), want)
+                assert abs(measured[kind][scope] - want) <= Fraction(1, 2), (
+                    case,
+                    rank,
+                    kind,
+                    scope,
+                    float(measured[kind][scope]),
+                    want,
+                )
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c != "DDP"])
@@ -156,9 +177,10 @@ def test_zero3_keeps_what_it_reuses_soon(launch):
     """DeepSpeed's defaults keep all of vit_micro's parameters gathered from forward to backward
     (stage3_max_reuse_distance, 1e9 elements, reaches across its whole trace): no all-gather in the
     backward. With the distance at 250,000 elements it gathers again exactly what the planner says."""
+
     def backward_gathers(case):
         step = launch[case]["ranks"][0][0]
-        return sum(c["bytes"] for c in step[step.index({"kind": "backward"}):] if c["kind"] == "all_gather")
+        return sum(c["bytes"] for c in step[step.index({"kind": "backward"}) :] if c["kind"] == "all_gather")
 
     assert backward_gathers("ZERO3:deepspeed.param_persistence_threshold=0") == 0
     reuse = f"ZERO3:deepspeed.param_persistence_threshold=0,{REUSE}"

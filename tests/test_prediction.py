@@ -2,6 +2,7 @@
 runs, bad input as one line) and the analysis's side (prediction.csv, the predicted figure, the report's
 "Measured against predicted" and its explanations). Torch-free; the run records are synthetic
 (analysis/synthetic.py), the traces hand-written Chrome JSON, so that the arithmetic is known."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,16 @@ def fit(collective="all_reduce", scope="inter", sizes=8, flags=(), alpha=5.0, bu
 
 
 def write_check(path, fits, system="frontier", model="vit_base", precisions=("bf16",), job="1234") -> str:
-    data = {"schema": 1, "system": system, "model": model, "precisions": list(precisions), "nodes": 2,
-            "ranks_per_node": 8, "slurm": {"job_id": job} if job else None, "fits": fits}
+    data = {
+        "schema": 1,
+        "system": system,
+        "model": model,
+        "precisions": list(precisions),
+        "nodes": 2,
+        "ranks_per_node": 8,
+        "slurm": {"job_id": job} if job else None,
+        "fits": fits,
+    }
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f)
@@ -55,6 +64,7 @@ def one_line_error(call, *words):
 
 # ---------------------------------------------------------------- bad input
 
+
 def test_missing_and_unreadable_calibration(tmp_path):
     missing = str(tmp_path / "nope.json")
     one_line_error(lambda: pr.read_check(missing), "--calibration", missing, "cannot read", "expected a check.json")
@@ -66,8 +76,9 @@ def test_missing_and_unreadable_calibration(tmp_path):
 def test_check_of_another_system_model_or_precision(tmp_path):
     args = dict(system="frontier", models=["vit_base"], precisions=["bf16"])
     other = write_check(str(tmp_path / "a" / "check.json"), [fit()], system="cuda")
-    one_line_error(lambda: pr.check_calibration(other, **args), other, "system 'cuda'",
-                   "expected a check of 'frontier'")
+    one_line_error(
+        lambda: pr.check_calibration(other, **args), other, "system 'cuda'", "expected a check of 'frontier'"
+    )
     fp32 = write_check(str(tmp_path / "b" / "check.json"), [fit()], precisions=("fp32",))
     one_line_error(lambda: pr.check_calibration(fp32, **args), "measured precision fp32", "expected bf16")
     small = write_check(str(tmp_path / "c" / "check.json"), [fit()], model="vit_micro")
@@ -82,8 +93,7 @@ def test_check_without_fits_or_with_too_few_points(tmp_path):
     none = write_check(str(tmp_path / "a" / "check.json"), [])
     one_line_error(lambda: pr.check_calibration(none, **args), "has no fits (from the size sweep)", "full mode")
     few = write_check(str(tmp_path / "b" / "check.json"), [fit(), fit("all_gather", "intra", sizes=3)])
-    one_line_error(lambda: pr.check_calibration(few, **args), "fits[1] (all_gather, intra) has 3 size(s)",
-                   "at least 4")
+    one_line_error(lambda: pr.check_calibration(few, **args), "fits[1] (all_gather, intra) has 3 size(s)", "at least 4")
 
 
 def test_compute_from_a_run_of_another_model_batch_or_precision(tmp_path):
@@ -91,11 +101,19 @@ def test_compute_from_a_run_of_another_model_batch_or_precision(tmp_path):
     run_dir = os.path.dirname(metrics)
     source = pr.compute_from(run_dir)
     net = pr.profile_calibration(FRONTIER).network
-    for sc in (Scenario("vit_huge", "DDP", batch_size=32), Scenario("vit_base", "DDP", batch_size=16),
-               Scenario("vit_base", "DDP", batch_size=32, precision="fp32")):
-        one_line_error(lambda sc=sc: source.compute_for(sc, net), "--compute-from", run_dir,
-                       f"no run of {sc.model} at batch {sc.batch_size} in {sc.precision}",
-                       "expected a run of the same model, batch and precision", "vit_base at batch 32 in bf16")
+    for sc in (
+        Scenario("vit_huge", "DDP", batch_size=32),
+        Scenario("vit_base", "DDP", batch_size=16),
+        Scenario("vit_base", "DDP", batch_size=32, precision="fp32"),
+    ):
+        one_line_error(
+            lambda sc=sc: source.compute_for(sc, net),
+            "--compute-from",
+            run_dir,
+            f"no run of {sc.model} at batch {sc.batch_size} in {sc.precision}",
+            "expected a run of the same model, batch and precision",
+            "vit_base at batch 32 in bf16",
+        )
     one_line_error(lambda: pr.compute_from(str(tmp_path / "absent")), "--compute-from", "not a directory")
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -104,8 +122,13 @@ def test_compute_from_a_run_of_another_model_batch_or_precision(tmp_path):
 
 def test_flops_compute_needs_a_peak_and_a_stated_efficiency(tmp_path):
     assert pr.peak_tflops(FRONTIER, "bf16") == 191.5 and pr.peak_tflops(pr.profile_path("local"), "bf16") is None
-    one_line_error(lambda: pr.compute_from_flops(None, 0.4, "local.yaml"), "--compute-from", "local.yaml",
-                   "no peak TFLOP/s", "RUNDIR")
+    one_line_error(
+        lambda: pr.compute_from_flops(None, 0.4, "local.yaml"),
+        "--compute-from",
+        "local.yaml",
+        "no peak TFLOP/s",
+        "RUNDIR",
+    )
     one_line_error(lambda: pr.compute_from_flops(191.5, 1.5), "--efficiency", "(0, 1]")
     one_line_error(lambda: pr.profile_path("nowhere"), "--system", "configs/systems/nowhere.yaml")
     source = pr.compute_from_flops(191.5, 0.4)
@@ -116,6 +139,7 @@ def test_flops_compute_needs_a_peak_and_a_stated_efficiency(tmp_path):
 
 
 # ---------------------------------------------------------------- calibration precedence
+
 
 def test_calibration_precedence_check_over_profile_over_none(tmp_path):
     marked = fit("all_gather", "inter", flags=["large residual: 40% > 25%"])
@@ -138,6 +162,7 @@ def test_calibration_precedence_check_over_profile_over_none(tmp_path):
 
 
 # ---------------------------------------------------------------- compute from the 1-node rung
+
 
 def test_compute_from_the_rung_is_the_step_less_its_predicted_exposed_communication(tmp_path):
     """FULL_SHARD, vit_base, 1 node x 8 at 800 images/s: step 8 x 32 / 800 = 0.32 s. The compute c is
@@ -188,6 +213,7 @@ def test_predict_gives_scaling_efficiency_and_names_the_calibration(tmp_path):
 
 # ---------------------------------------------------------------- the analysis
 
+
 def _predicted_ips(root, strategy, nodes, ranks=8):
     """What the analysis will predict for this point: the profile's defaults, compute from the 1-node run."""
     cal = pr.profile_calibration(FRONTIER)
@@ -207,10 +233,17 @@ def _study(tmp_path, strategy="DDP"):
 def _trace(run_dir, step_ms, exposed_ms):
     """One step: compute kernels over the first part, then an NCCL kernel nothing hides (exposed_ms)."""
     step = step_ms * 1000
-    events = [{"ph": "X", "name": "vit_scale.step#1", "ts": 0, "dur": step, "cat": "user_annotation"},
-              {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 0, "dur": step - exposed_ms * 1000},
-              {"ph": "X", "name": "ncclKernel_AllReduce", "cat": "kernel", "ts": step - exposed_ms * 1000,
-               "dur": exposed_ms * 1000}]
+    events = [
+        {"ph": "X", "name": "vit_scale.step#1", "ts": 0, "dur": step, "cat": "user_annotation"},
+        {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 0, "dur": step - exposed_ms * 1000},
+        {
+            "ph": "X",
+            "name": "ncclKernel_AllReduce",
+            "cat": "kernel",
+            "ts": step - exposed_ms * 1000,
+            "dur": exposed_ms * 1000,
+        },
+    ]
     with gzip.open(os.path.join(run_dir, "trace_rank0.json.gz"), "wt") as f:
         json.dump({"traceEvents": events}, f)
 
@@ -308,8 +341,16 @@ def test_measured_is_the_point_median_and_its_rung_reproduces_itself(tmp_path):
     median of their medians), the compute comes from that median, so the 1-node rung's error is 0."""
     root = str(tmp_path / "runs")
     for k, level in enumerate((790.0, 800.0, 830.0)):
-        write_run(root, study="s", strategy="DDP", nodes=1, step_ips=_skewed(level), warmup=2, time=1.7e9 + k,
-                  run_id=f"one-{k}")
+        write_run(
+            root,
+            study="s",
+            strategy="DDP",
+            nodes=1,
+            step_ips=_skewed(level),
+            warmup=2,
+            time=1.7e9 + k,
+            run_id=f"one-{k}",
+        )
     write_run(root, study="s", strategy="DDP", nodes=2, step_ips=_skewed(1200.0), warmup=2, time=1.7e9 + 5)
     coll = reader.collect([root])
     results = table.build(coll).results
@@ -342,14 +383,23 @@ def test_predicted_figure_draws_the_median_with_its_interval(tmp_path):
     drawn = [y for i in range(0, len(verts), 6) for y in (float(verts[i][1]), float(verts[i + 1][1]))]
     assert drawn == pytest.approx([y for pair in zip(ok["ips_ci_low"], ok["ips_ci_high"], strict=True) for y in pair])
     assert plot.extra["errorbars"] == {"vit_base": 2}
-    assert "each point's median (solid; error bars: the 95% CI of the median: batch medians within one run" \
-        in plot.caption
+    assert (
+        "each point's median (solid; error bars: the 95% CI of the median: batch medians within one run" in plot.caption
+    )
     assert "bars: 95% CI of the median (batch medians, 1 run)" in " ".join(plot.figure.get_suptitle().split())
 
 
 def test_scenario_of_a_run_carries_its_options(tmp_path):
-    opts = {"version": 1, "backward_prefetch": "post", "limit_all_gathers": False, "forward_prefetch": True,
-            "use_orig_params": False, "cpu_offload": False, "precision": "fp32", "activation_checkpointing": True}
+    opts = {
+        "version": 1,
+        "backward_prefetch": "post",
+        "limit_all_gathers": False,
+        "forward_prefetch": True,
+        "use_orig_params": False,
+        "cpu_offload": False,
+        "precision": "fp32",
+        "activation_checkpointing": True,
+    }
     metrics = write_run(str(tmp_path), strategy="FULL_SHARD", nodes=2, ranks_per_node=4, batch=16, options=opts)
     sc = pr.scenario_of_run(reader.read_run(metrics).start)
     assert (sc.nodes, sc.gpus_per_node, sc.batch_size, sc.precision) == (2, 4, 16, "fp32")

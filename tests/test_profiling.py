@@ -1,5 +1,6 @@
 """profile.enabled: Chrome traces per rank after the timed window, and the analysis' torch-free
 breakdown of them (time_breakdown.csv, the figure, the report's line)."""
+
 import glob
 import gzip
 import json
@@ -12,15 +13,21 @@ import pandas as pd
 from conftest import ROOT, load_runs, run_many
 
 sys.path.insert(0, ROOT)
-from analysis import traces  # noqa: E402
+from analysis import traces
 
 STEPS = ["train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "model=vit_micro"]
 
 
 def test_ddp_and_full_shard_traces_and_their_breakdown(tmp_path):
     out = tmp_path / "runs"
-    run_many(2, [[*STEPS, f"strategy={s}", "profile.enabled=true", f"output.dir={out}", "output.study=prof"]
-                 for s in ("DDP", "FULL_SHARD")], tmp_path)
+    run_many(
+        2,
+        [
+            [*STEPS, f"strategy={s}", "profile.enabled=true", f"output.dir={out}", "output.study=prof"]
+            for s in ("DDP", "FULL_SHARD")
+        ],
+        tmp_path,
+    )
     runs = load_runs(out)
     assert len(runs) == 2
     for (_, strategy, _), records in runs.items():
@@ -37,8 +44,12 @@ def test_ddp_and_full_shard_traces_and_their_breakdown(tmp_path):
         assert any(str(n).startswith("gloo:") for n in names), "gloo's collectives are in the trace"
 
     report = tmp_path / "report"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "analysis", "weak_scaling.py"), str(out),
-                           "--out", str(report)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "analysis", "weak_scaling.py"), str(out), "--out", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     bd = pd.read_csv(report / "time_breakdown.csv")
     assert list(bd.columns) == list(traces.COLUMNS)
@@ -63,16 +74,25 @@ def test_breakdown_counts_overlap_the_way_hta_does(tmp_path):
     (20 hidden behind compute, 30 exposed), a Memset 35-38 under compute, a Memcpy 75-90 (its last 10
     µs covered by nothing else: memory, as HTA keeps it, not compute), a stream waiting 92-95 (no
     work), nothing at 90-100 (idle)."""
-    events = [{"ph": "X", "name": "vit_scale.step#1", "cat": "user_annotation", "ts": 0, "dur": 100, "tid": 1},
-              {"ph": "X", "name": "ampere_sgemm", "cat": "kernel", "ts": 0, "dur": 40, "tid": 7},
-              {"ph": "X", "name": "vectorized_elementwise", "cat": "kernel", "ts": 60, "dur": 10, "tid": 7},
-              {"ph": "X", "name": "ncclDevKernel_AllGather_RING_LL", "cat": "kernel", "ts": 30, "dur": 50, "tid": 9},
-              {"ph": "X", "name": "Memset (Device)", "cat": "gpu_memset", "ts": 35, "dur": 3, "tid": 11},
-              {"ph": "X", "name": "Memcpy DtoD (Device -> Device)", "cat": "gpu_memcpy", "ts": 75, "dur": 15,
-               "tid": 11},
-              {"ph": "X", "name": "Stream Wait Event", "cat": "cuda_sync", "ts": 92, "dur": 3, "tid": 9}]
+    events = [
+        {"ph": "X", "name": "vit_scale.step#1", "cat": "user_annotation", "ts": 0, "dur": 100, "tid": 1},
+        {"ph": "X", "name": "ampere_sgemm", "cat": "kernel", "ts": 0, "dur": 40, "tid": 7},
+        {"ph": "X", "name": "vectorized_elementwise", "cat": "kernel", "ts": 60, "dur": 10, "tid": 7},
+        {"ph": "X", "name": "ncclDevKernel_AllGather_RING_LL", "cat": "kernel", "ts": 30, "dur": 50, "tid": 9},
+        {"ph": "X", "name": "Memset (Device)", "cat": "gpu_memset", "ts": 35, "dur": 3, "tid": 11},
+        {"ph": "X", "name": "Memcpy DtoD (Device -> Device)", "cat": "gpu_memcpy", "ts": 75, "dur": 15, "tid": 11},
+        {"ph": "X", "name": "Stream Wait Event", "cat": "cuda_sync", "ts": 92, "dur": 3, "tid": 9},
+    ]
     path = tmp_path / "trace_rank0.json"
     path.write_text(json.dumps({"traceEvents": events}))
     got = traces.breakdown(str(path))
-    assert got == {"device": "gpu", "steps": 1, "step_ms": 0.1, "compute_ms": 0.05, "memory_ms": 0.01,
-                   "comm_overlapped_ms": 0.02, "comm_exposed_ms": 0.03, "idle_ms": 0.01}, got
+    assert got == {
+        "device": "gpu",
+        "steps": 1,
+        "step_ms": 0.1,
+        "compute_ms": 0.05,
+        "memory_ms": 0.01,
+        "comm_overlapped_ms": 0.02,
+        "comm_exposed_ms": 0.03,
+        "idle_ms": 0.01,
+    }, got

@@ -6,6 +6,7 @@ stated coefficient of variation. Rates over many seeds are checked against the b
 tolerance of the stated rate, so a test fails when the statistics are wrong, not by bad luck
 (each bound is at least three binomial standard deviations from the expected count).
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,7 @@ def _ar1(rng, n: int, phi: float) -> np.ndarray:
     """n steps of a stationary AR(1) process with unit variance: x_t = phi x_(t-1) + noise."""
     x = np.empty(n)
     x[0] = rng.standard_normal()
-    noise = rng.standard_normal(n) * math.sqrt(1 - phi ** 2)
+    noise = rng.standard_normal(n) * math.sqrt(1 - phi**2)
     for i in range(1, n):
         x[i] = phi * x[i - 1] + noise[i]
     return x
@@ -61,6 +62,7 @@ def _upper(rate: float, n: int = SEEDS) -> float:
 
 # ------------------------------------------------------------------------------ the pieces
 
+
 def test_t_quantiles_match_the_tables():
     for df, t in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (120, 1.980)):
         assert stats.t_quantile(0.95, df) == pytest.approx(t, abs=1e-3), df
@@ -71,7 +73,7 @@ def test_order_statistic_interval_picks_the_binomial_ranks():
     lo, hi, conf = stats.order_statistic_interval(x)
     assert (lo, hi) == (2.0, 9.0) and conf == pytest.approx(1 - 2 * 11 / 1024)
     lo, hi, conf = stats.order_statistic_interval(np.arange(100.0))
-    assert (lo, hi) == (39.0, 60.0) and conf >= 0.95   # the 40th and 61st of 100
+    assert (lo, hi) == (39.0, 60.0) and conf >= 0.95  # the 40th and 61st of 100
     lo, hi, conf = stats.order_statistic_interval([3.0, 1.0, 2.0])  # no pair reaches 95%: min to max at 75%
     assert (lo, hi, conf) == (1.0, 3.0, 0.75)
 
@@ -91,7 +93,7 @@ def test_point_estimate_says_what_it_rests_on():
 
 
 def test_ratio_interval_adds_relative_widths_in_quadrature():
-    num = (110.0, 100.0, 121.0)   # median, low, high: ±10% on the log scale
+    num = (110.0, 100.0, 121.0)  # median, low, high: ±10% on the log scale
     den = (100.0, 100.0 / 1.1, 110.0)
     lo, hi = stats.ratio_interval(0.55, num, den)
     factor = math.exp(math.sqrt(2) * math.log(1.1))
@@ -101,6 +103,7 @@ def test_ratio_interval_adds_relative_widths_in_quadrature():
 
 
 # ------------------------------------------------------------------------------ known answers
+
 
 def test_equal_strategies_with_run_to_run_noise_are_rarely_separated():
     """Equal medians, 3% run-to-run CV: separated at most at the test's 5% (expected about 1%), with
@@ -127,8 +130,10 @@ def test_single_runs_cannot_see_run_to_run_noise():
 
 def test_five_percent_apart_with_low_noise_is_separated():
     for runs in (1, 5):
-        hits = sum(_separated(_point(rng, 105.0, runs, 0.01), _point(rng, 100.0, runs, 0.01))
-                   for rng in (np.random.default_rng([7, runs, s]) for s in range(SEEDS)))
+        hits = sum(
+            _separated(_point(rng, 105.0, runs, 0.01), _point(rng, 100.0, runs, 0.01))
+            for rng in (np.random.default_rng([7, runs, s]) for s in range(SEEDS))
+        )
         assert hits >= SEEDS - _upper(0.05), (runs, hits)
 
 
@@ -138,8 +143,10 @@ def test_the_issue_case_sixty_percent_over_fifteen_steps_is_separated():
     for seed in range(SEEDS):
         rng = np.random.default_rng(seed)
         ddp, no_shard = _steps(rng, 549.9, 15, 0.05), _steps(rng, 341.9, 15, 0.05)
-        test = stats.compare(stats.point_estimate([float(np.median(ddp))], [ddp]),
-                             stats.point_estimate([float(np.median(no_shard))], [no_shard]))
+        test = stats.compare(
+            stats.point_estimate([float(np.median(ddp))], [ddp]),
+            stats.point_estimate([float(np.median(no_shard))], [no_shard]),
+        )
         assert test.separated is True and test.within_noise is False and test.single_run, seed
     exact = stats.compare(stats.Estimate(549.9, 530.0, 570.0), stats.Estimate(341.9, 330.0, 350.0))
     assert exact.margin == pytest.approx(549.9 / 341.9 - 1) and f"{exact.margin:+.1%}" == "+60.8%"
@@ -181,9 +188,10 @@ def test_batch_medians_widen_the_interval_on_correlated_steps():
 
 # ------------------------------------------------------------------------------ through the report
 
+
 def _best_table(md: str) -> list:
     start = md.index("## Best run per model and node count")
-    return [line for line in md[start:md.index("\n## ", start + 5)].splitlines() if line.startswith("| ")]
+    return [line for line in md[start : md.index("\n## ", start + 5)].splitlines() if line.startswith("| ")]
 
 
 def _report(root, tmp_path) -> str:
@@ -196,8 +204,9 @@ def test_report_single_runs_sixty_percent_apart(tmp_path):
     """The issue's local study: one run each, 15 timed steps scattering by 5%."""
     root = tmp_path / "runs"
     for label, ips in (("DDP", 549.9), ("NO_SHARD", 341.9)):
-        write_run(str(root), study="local", strategy=label, ips=ips, steps=20, warmup=5, spread=0.05,
-                  run_id=label.lower())
+        write_run(
+            str(root), study="local", strategy=label, ips=ips, steps=20, warmup=5, spread=0.05, run_id=label.lower()
+        )
     md = _report(root, tmp_path)
     row = _best_table(md)[1]
     assert "| DDP |" in row and "| 549.9 |" in row and "| NO_SHARD | +60.8% (single runs) |" in row
@@ -212,8 +221,17 @@ def test_report_single_runs_sixty_percent_apart(tmp_path):
 
 def _repeated(root, label: str, levels, spread: float = 0.01) -> None:
     for i, level in enumerate(levels):
-        write_run(str(root), study="rep", strategy=label, ips=level, steps=30, warmup=5, spread=spread,
-                  time=1.7e9 + 10 * i, run_id=f"{label.lower()}-{i}")
+        write_run(
+            str(root),
+            study="rep",
+            strategy=label,
+            ips=level,
+            steps=30,
+            warmup=5,
+            spread=spread,
+            time=1.7e9 + 10 * i,
+            run_id=f"{label.lower()}-{i}",
+        )
 
 
 def test_report_repeated_runs_equal_within_noise(tmp_path):
@@ -253,4 +271,5 @@ def test_efficiency_carries_its_interval(tmp_path):
     assert df.loc[2, "efficiency"] == pytest.approx(0.9) and lo < 0.9 < hi
     widths = [math.log(df.loc[n, "ips_ci_high"] / df.loc[n, "ips_point_median"]) for n in (1, 2)]
     assert math.log(df.loc[2, "efficiency"] / lo) == pytest.approx(
-        math.hypot(math.log(df.loc[2, "ips_point_median"] / df.loc[2, "ips_ci_low"]), widths[0]))
+        math.hypot(math.log(df.loc[2, "ips_point_median"] / df.loc[2, "ips_ci_low"]), widths[0])
+    )

@@ -3,6 +3,7 @@ the step just queued. This machine has no GPU, so torch.cuda.Event and the pinne
 by stand-ins driven by a simulated device clock (a mock, for what cannot exist here); the booking
 logic under test is the real meter's. Everything else (records, warm-up, the window's
 barrier over a real 1-rank gloo process group) is real."""
+
 import types
 
 import pytest
@@ -91,7 +92,7 @@ def test_the_host_waits_only_for_the_step_lag_behind(meter, capsys):
     m.drain()
     records = recorder.steps
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # complete, in order
-    assert booked_while_queueing == [1, 2, 3, 4]               # two steps behind the host at the end
+    assert booked_while_queueing == [1, 2, 3, 4]  # two steps behind the host at the end
     assert [r["loss"] for r in records] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     assert [r["warmup"] for r in records] == [True, True, False, False, False, False]
     assert all(r["step_time_s"] == pytest.approx(0.010) for r in records)  # between its own two events

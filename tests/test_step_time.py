@@ -1,6 +1,7 @@
 """The step time model: each overlap rule against a hand-worked timeline, and the scenarios'
 unit plans (which collective, which group, which scope, which stream) against the strategies'
 layouts. Torch-free, in-process; the numbers in each docstring are the arithmetic the test checks."""
+
 import dataclasses
 
 import pytest
@@ -28,11 +29,17 @@ SLOW_INTER = Network(Link(0.0, 100.0), Link(0.0, 1.0), source="test")
 
 
 def parts(b):
-    return (round(b.forward_s, 6), round(b.backward_s, 6), round(b.exposed_intra_s, 6),
-            round(b.exposed_inter_s, 6), round(b.step_s, 6))
+    return (
+        round(b.forward_s, 6),
+        round(b.backward_s, 6),
+        round(b.exposed_intra_s, 6),
+        round(b.exposed_inter_s, 6),
+        round(b.step_s, 6),
+    )
 
 
 # ---------------------------------------------------------------- DDP
+
 
 def test_ddp_three_buckets_last_one_exposed():
     """DDP, 3 units (forward 1 s, backward 2 s each), a bucket completing with each unit's backward
@@ -41,10 +48,14 @@ def test_ddp_three_buckets_last_one_exposed():
       The optimizer (0.5 s) waits for C: 1.5 s exposed, the last bucket's all-reduce; step 11.
     With 2.5 s all-reduces the stream falls behind: A 5-7.5, B 7.5-10, C 10-12.5, so 3.5 s exposed
     (more than the last bucket: the overlap is bounded by the backward)."""
+
     def units(ar):
-        return [Unit(1, 2, after_backward=(Coll(ar, "inter", "world", "C"),)),
-                Unit(1, 2, after_backward=(Coll(ar, "inter", "world", "B"),)),
-                Unit(1, 2, after_backward=(Coll(ar, "inter", "world", "A"),))]
+        return [
+            Unit(1, 2, after_backward=(Coll(ar, "inter", "world", "C"),)),
+            Unit(1, 2, after_backward=(Coll(ar, "inter", "world", "B"),)),
+            Unit(1, 2, after_backward=(Coll(ar, "inter", "world", "A"),)),
+        ]
+
     b = timeline(units(1.5), optimizer_s=0.5)
     assert parts(b) == (3, 6, 0, 1.5, 11)
     assert b.communication_s["inter"] == pytest.approx(4.5)
@@ -82,9 +93,18 @@ def test_ddp_scenario_across_nodes_charges_inter():
 
 # ---------------------------------------------------------------- FSDP
 
+
 def _sharded(ag=0.5, rs=0.5):
-    return [Unit(1, 2, gather_forward=Coll(ag, "intra", "shard"), gather_backward=Coll(ag, "intra", "shard"),
-                 after_backward=(Coll(rs, "intra", "shard"),)) for _ in range(3)]
+    return [
+        Unit(
+            1,
+            2,
+            gather_forward=Coll(ag, "intra", "shard"),
+            gather_backward=Coll(ag, "intra", "shard"),
+            after_backward=(Coll(rs, "intra", "shard"),),
+        )
+        for _ in range(3)
+    ]
 
 
 def test_full_shard_forward_one_unit_ahead():
@@ -124,10 +144,18 @@ def test_fsdp_options_choose_the_rules():
     allowance's cpu_ahead_units; FSDP2 one ahead and pre whatever the FSDP1 options say; SHARD_GRAD_OP
     gathers no Block again in backward; the root is gathered once. And on the same network, none is
     slower than pre."""
+
     def plan(strategy="FULL_SHARD", **fsdp):
-        sc = Scenario(model="vit_micro", strategy=strategy, nodes=1, gpus_per_node=4, device_memory_gib=None,
-                      fsdp=FSDPConfig(**fsdp))
+        sc = Scenario(
+            model="vit_micro",
+            strategy=strategy,
+            nodes=1,
+            gpus_per_node=4,
+            device_memory_gib=None,
+            fsdp=FSDPConfig(**fsdp),
+        )
         return sc, _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.0, "test"))
+
     _, p = plan()
     assert (p.forward_ahead, p.backward_prefetch) == (1, "pre")
     assert p.units[0].gather_backward is None and all(u.gather_backward for u in p.units[1:-1])
@@ -160,12 +188,21 @@ def test_hybrid_over_two_nodes():
     assert (block.gather_forward.scope, block.gather_forward.stream) == ("intra", "shard")
     rs, ar = block.after_backward
     assert (rs.scope, rs.stream, ar.scope, ar.stream, ar.chained) == ("intra", "shard", "inter", "replicate", True)
-    units = [Unit(1, 2, Coll(0.5, "intra", "shard"), Coll(0.5, "intra", "shard"),
-                  (Coll(0.5, "intra", "shard"), Coll(1.0, "inter", "replicate", chained=True))) for _ in range(2)]
+    units = [
+        Unit(
+            1,
+            2,
+            Coll(0.5, "intra", "shard"),
+            Coll(0.5, "intra", "shard"),
+            (Coll(0.5, "intra", "shard"), Coll(1.0, "inter", "replicate", chained=True)),
+        )
+        for _ in range(2)
+    ]
     assert parts(timeline(units, 1, "pre")) == (2, 4, 1.0, 1.5, 8.5)
 
 
 # ---------------------------------------------------------------- ZeRO
+
 
 def test_zero3_prefetch_and_one_gradient_bucket():
     """ZeRO-3, 3 units (forward 1, backward 2), all-gathers 0.75 s, prefetched two units ahead; the
@@ -181,8 +218,14 @@ def test_zero3_prefetch_and_one_gradient_bucket():
     assert parts(timeline(units, 2, "pre")) == (3, 6, 0, 3.0, 12)
     # the scenario: vit_micro's Blocks (33,472 parameters) are prefetched 50M elements ahead, so every
     # one; its gradients fill one bucket, at the stem. Threshold 0: no parameter stays gathered
-    sc = Scenario(model="vit_micro", strategy="ZERO3", nodes=2, gpus_per_node=2, device_memory_gib=None,
-                  deepspeed=DeepSpeedConfig(param_persistence_threshold=0))
+    sc = Scenario(
+        model="vit_micro",
+        strategy="ZERO3",
+        nodes=2,
+        gpus_per_node=2,
+        device_memory_gib=None,
+        deepspeed=DeepSpeedConfig(param_persistence_threshold=0),
+    )
     p = _unit_plan(sc, layout(sc), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
     assert p.forward_ahead > sc.shape.L and p.backward_prefetch == "pre"
     assert [bool(u.after_backward) for u in p.units] == [True] + [False] * (sc.shape.L + 1)
@@ -205,26 +248,40 @@ def test_zeropp_hpz_moves_the_backward_gather_inside_the_node():
       RS 6.75-7.75 (exposed 1.0 inter). intra 0.25, inter 1.5, step 6 + 1.75 = 7.75.
     ZeRO-3 with its backward gathers over the world instead (0.5 inter): AG1 2.5-3.0 (0.5 inter):
       intra 0, inter 2.0, step 8.0."""
+
     def units(back):
         us = [Unit(1, 2, Coll(0.5, "inter", "world"), back) for _ in range(2)]
         us[0].after_backward = (Coll(1.0, "inter", "world"),)
         return us
+
     assert parts(timeline(units(Coll(0.25, "intra", "hpz")), 1, "pre")) == (2, 4, 0.25, 1.5, 7.75)
     assert parts(timeline(units(Coll(0.5, "inter", "world")), 1, "pre")) == (2, 4, 0, 2.0, 8.0)
     # vit_3b: its first Blocks are released after the forward (vit_micro's stay gathered)
-    sc = Scenario(model="vit_3b", strategy="ZEROPP", nodes=2, gpus_per_node=2, device_memory_gib=None,
-                  precision="bf16", deepspeed=DeepSpeedConfig(param_persistence_threshold=0))
+    sc = Scenario(
+        model="vit_3b",
+        strategy="ZEROPP",
+        nodes=2,
+        gpus_per_node=2,
+        device_memory_gib=None,
+        precision="bf16",
+        deepspeed=DeepSpeedConfig(param_persistence_threshold=0),
+    )
     p = _unit_plan(sc, layout(sc), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
     block = p.units[1]
-    assert (block.gather_forward.scope, block.gather_backward.scope, block.gather_backward.stream) == \
-        ("inter", "intra", "hpz")
+    assert (block.gather_forward.scope, block.gather_backward.scope, block.gather_backward.stream) == (
+        "inter",
+        "intra",
+        "hpz",
+    )
     plain = dataclasses.replace(sc, strategy="ZERO3")
     q = _unit_plan(plain, layout(plain), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
     # qwZ halves the forward gather (1 B vs bf16's 2), qgZ quarters the gradients (0.5 B vs 2)
     assert block.gather_forward.seconds == pytest.approx(q.units[1].gather_forward.seconds / 2)
     assert p.units[0].after_backward[0].seconds == pytest.approx(q.units[0].after_backward[0].seconds / 4)
-    assert predict_step(sc, SLOW_INTER, Compute.measured(0.03, 0.0, "t")).breakdown.step_s < \
-        predict_step(plain, SLOW_INTER, Compute.measured(0.03, 0.0, "t")).breakdown.step_s
+    assert (
+        predict_step(sc, SLOW_INTER, Compute.measured(0.03, 0.0, "t")).breakdown.step_s
+        < predict_step(plain, SLOW_INTER, Compute.measured(0.03, 0.0, "t")).breakdown.step_s
+    )
 
 
 def test_zero2_gathers_parameters_after_the_step():
@@ -239,11 +296,18 @@ def test_zero2_gathers_parameters_after_the_step():
 
 # ---------------------------------------------------------------- the prediction as a whole
 
+
 def test_per_unit_sizes_add_up_to_the_plans_bytes():
     """communication.per_unit (what the timeline times) sums, through the same ledger, to the bytes
     `vit-scale plan` reports per strategy: the two cannot drift."""
-    for strategy, nodes in (("FULL_SHARD", 2), ("SHARD_GRAD_OP", 2), ("HYBRID_2GPU", 2), ("ZERO3", 2),
-                            ("ZEROPP", 2), ("CAI_GEMINI", 1)):
+    for strategy, nodes in (
+        ("FULL_SHARD", 2),
+        ("SHARD_GRAD_OP", 2),
+        ("HYBRID_2GPU", 2),
+        ("ZERO3", 2),
+        ("ZEROPP", 2),
+        ("CAI_GEMINI", 1),
+    ):
         sc = Scenario(model="vit_small", strategy=strategy, nodes=nodes, gpus_per_node=2, device_memory_gib=None)
         lay = layout(sc)
         colls = communication.per_unit(sc, lay)

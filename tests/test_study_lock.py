@@ -4,6 +4,7 @@ whose holder is gone (its process ended, its Slurm job ended, this same job befo
 taken over with one line naming it; SIGTERM releases the lock; the jobs of a sweep (other node
 counts) share the directory. Real studies and processes; Slurm is the local cluster of
 tests/slurm_fixture.py. A lock of "another machine" is written by the test: it cannot exist here."""
+
 import json
 import os
 import signal
@@ -21,8 +22,29 @@ from vit_scale.errors import UserError
 from vit_scale.study import lock
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
-STUDY = ["--system", "local", "--models", "vit_micro", "--strategies", "DDP", "--nodes", "1", "--ranks-per-node", "1",
-         "--steps", "2", "--warmup-steps", "1", "--batch-size", "2", "--study", "s", "--out", "runs", "--no-analysis"]
+STUDY = [
+    "--system",
+    "local",
+    "--models",
+    "vit_micro",
+    "--strategies",
+    "DDP",
+    "--nodes",
+    "1",
+    "--ranks-per-node",
+    "1",
+    "--steps",
+    "2",
+    "--warmup-steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--study",
+    "s",
+    "--out",
+    "runs",
+    "--no-analysis",
+]
 COMMAND = "weak_scaling.sh " + " ".join(STUDY)
 
 # VIT_SCALE_PYTHON under which a trainer run waits for the file GO before it starts: the study
@@ -43,13 +65,20 @@ def waiting_python(tmp_path) -> str:
 
 
 def start_study(cwd, **env) -> subprocess.Popen:
-    return subprocess.Popen(["bash", WEAK_SCALING, *STUDY], cwd=cwd, env=job_env(**env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["bash", WEAK_SCALING, *STUDY],
+        cwd=cwd,
+        env=job_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def study(cwd, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", WEAK_SCALING, *STUDY], cwd=cwd, env=job_env(**env), capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        ["bash", WEAK_SCALING, *STUDY], cwd=cwd, env=job_env(**env), capture_output=True, text=True, timeout=300
+    )
 
 
 def ledger(study_dir) -> list:
@@ -89,10 +118,10 @@ def test_two_studies_at_once_one_runs_the_other_is_refused_naming_it(raced):
     work, study_dir, results = raced
     codes = sorted(code for code, _, _ in results.values())
     assert codes == [0, 2], results
-    (winner, (_, out, _)), = [(pid, r) for pid, r in results.items() if r[0] == 0]
-    (_, refused_out, refused_err), = [r for r in results.values() if r[0] == 2]
+    ((winner, (_, out, _)),) = [(pid, r) for pid, r in results.items() if r[0] == 0]
+    ((_, refused_out, refused_err),) = [r for r in results.values() if r[0] == 2]
     assert refused_out == ""
-    line, = refused_err.splitlines()
+    (line,) = refused_err.splitlines()
     host = socket.gethostname()
     assert line.startswith(f"weak_scaling.sh: {study_dir} is in use by process {winner} on {host} ("), line
     assert line.endswith(f": {COMMAND}), which is running; wait for it to end (or stop it), or use another --out"), line
@@ -110,9 +139,17 @@ def test_lock_of_a_killed_study_is_taken_over(raced):
     and resumes: the run recorded ok is skipped."""
     work, study_dir, _ = raced
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom vit_scale.study.lock import StudyLock\n"
-         f"StudyLock({str(study_dir)!r}, [('vit_micro', 1)], 'weak_scaling.sh (killed)', 'x').__enter__()\n"
-         "print('held', flush=True)\ntime.sleep(300)"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom vit_scale.study.lock import StudyLock\n"
+            f"StudyLock({str(study_dir)!r}, [('vit_micro', 1)], 'weak_scaling.sh (killed)', 'x').__enter__()\n"
+            "print('held', flush=True)\ntime.sleep(300)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline() == "held\n"
     holder.send_signal(signal.SIGKILL)
     holder.wait(timeout=30)
@@ -121,7 +158,7 @@ def test_lock_of_a_killed_study_is_taken_over(raced):
 
     proc = study(work)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    line, = proc.stderr.splitlines()
+    (line,) = proc.stderr.splitlines()
     host = socket.gethostname()
     assert line.startswith(f"weak_scaling.sh: took over {study_dir} from process {holder.pid} on {host} (")
     assert line.endswith(": weak_scaling.sh (killed)), which has ended"), line
@@ -149,7 +186,7 @@ def test_lock_of_a_slurm_job_elsewhere_holds_while_the_job_runs(slurm_cluster, r
         plant_lock(study_dir, **elsewhere, slurm=dict(slurm, job_id=running))
         proc = study(work, SLURM_CONF=env["SLURM_CONF"])
         assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
-        line, = proc.stderr.splitlines()
+        (line,) = proc.stderr.splitlines()
         assert f"is in use by Slurm job {running} (n2 pid 4242, " in line, line
         assert line.endswith("which is running (job RUNNING); wait for it to end (or stop it), or use another --out")
         assert ledger(study_dir) == before and locks(study_dir) == ["vit_micro.n1.lock"]
@@ -157,7 +194,7 @@ def test_lock_of_a_slurm_job_elsewhere_holds_while_the_job_runs(slurm_cluster, r
         plant_lock(study_dir, **elsewhere, slurm=dict(slurm, job_id=finished))
         proc = study(work, SLURM_CONF=env["SLURM_CONF"])
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        line, = proc.stderr.splitlines()
+        (line,) = proc.stderr.splitlines()
         assert line.startswith(f"weak_scaling.sh: took over {study_dir} from Slurm job {finished} (n2 pid 4242, ")
         assert line.endswith("which has ended (job COMPLETED)"), line
         assert "ok earlier, skipped" in proc.stdout and locks(study_dir) == []
@@ -171,7 +208,7 @@ def test_sigterm_ends_the_study_and_releases_its_lock(tmp_path):
     deadline = time.monotonic() + 60
     while not os.path.exists(lock_file) and time.monotonic() < deadline:
         time.sleep(0.05)
-    time.sleep(0.5)   # at its run by now
+    time.sleep(0.5)  # at its run by now
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, out + err
@@ -182,8 +219,10 @@ def test_sigterm_ends_the_study_and_releases_its_lock(tmp_path):
 def test_other_node_counts_share_the_directory_overlapping_ones_do_not(tmp_path):
     """The jobs of jobs/submit_sweep.sh: one node count each, side by side on one study directory."""
     study_dir = str(tmp_path / "s")
-    with lock.StudyLock(study_dir, [("vit_micro", 1)], "sweep job n1", "x"), \
-            lock.StudyLock(study_dir, [("vit_micro", 2)], "sweep job n2", "x"):
+    with (
+        lock.StudyLock(study_dir, [("vit_micro", 1)], "sweep job n1", "x"),
+        lock.StudyLock(study_dir, [("vit_micro", 2)], "sweep job n2", "x"),
+    ):
         with pytest.raises(UserError, match=f"in use by process {os.getpid()} .*: sweep job n1\\), which is running"):
             with lock.StudyLock(study_dir, [("vit_micro", 2), ("vit_micro", 1)], "the whole study", "x"):
                 pass
@@ -205,15 +244,18 @@ def test_who_holds_a_lock(tmp_path, monkeypatch):
         lock.StudyLock(str(tmp_path), [("vit_micro", 1)], "me", "x").__enter__()
     assert str(refused.value).endswith(
         "which runs on another machine, where it cannot be checked from here; if it has ended: "
-        f"rm {lock.lock_path(str(tmp_path), 'vit_micro', 1)}; or use another --out"), refused.value
+        f"rm {lock.lock_path(str(tmp_path), 'vit_micro', 1)}; or use another --out"
+    ), refused.value
     # a requeued job keeps its id: its own earlier start is gone, a step of this start is not
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_CLUSTER_NAME", "c")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     me = lock.this_process("me")
     job = dict(job_id="77", step_id="batch", cluster="c", node="n2")
-    assert lock.holder_state(dict(elsewhere, slurm=dict(job, restart_count=0)), me) == \
-        ("gone", "was this job before it was requeued")
+    assert lock.holder_state(dict(elsewhere, slurm=dict(job, restart_count=0)), me) == (
+        "gone",
+        "was this job before it was requeued",
+    )
     assert lock.holder_state(dict(elsewhere, slurm=dict(job, restart_count=1)), me)[0] == "held"
     assert lock.holder_state(dict(elsewhere, slurm=dict(job, job_id="78", cluster="frontier")), me)[0] == "unknown"
 
@@ -243,11 +285,12 @@ def test_a_live_takeover_guard_holds_whatever_its_mtime_says(tmp_path):
     os.makedirs(tmp_path / lock.LOCK_DIR)
     path = lock.lock_path(str(tmp_path), "vit_micro", 1)
     plant_lock(tmp_path, **ended_process())
-    other = dict(lock.this_process("weak_scaling.sh (elsewhere)"), host="n2", pid=4242, boot_id="another machine",
-                 slurm=None)
+    other = dict(
+        lock.this_process("weak_scaling.sh (elsewhere)"), host="n2", pid=4242, boot_id="another machine", slurm=None
+    )
     guard = plant_guard(path, other, -120)
 
-    def other_finishes():   # its takeover ends a second later, as a slow file server can make it
+    def other_finishes():  # its takeover ends a second later, as a slow file server can make it
         time.sleep(1.0)
         with open(path + ".new", "w") as f:
             json.dump(other, f)
@@ -277,8 +320,13 @@ def test_a_guard_left_by_a_dead_takeover_is_broken_by_our_own_clock(tmp_path, mo
     path = lock.lock_path(str(tmp_path), "vit_micro", 1)
     ended = ended_process()
     plant_lock(tmp_path, **ended)
-    dead = dict(lock.this_process("weak_scaling.sh (died in its takeover)"), host="n2", pid=4242,
-                boot_id="another machine", slurm=None)
+    dead = dict(
+        lock.this_process("weak_scaling.sh (died in its takeover)"),
+        host="n2",
+        pid=4242,
+        boot_id="another machine",
+        slurm=None,
+    )
     guard = plant_guard(path, dead, 120)
     me = lock.this_process("me")
     started = time.monotonic()

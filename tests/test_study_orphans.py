@@ -4,6 +4,7 @@ running on unattended with parent 1, and the resumed study runs that run again, 
 row per run. Also: a run recorded ok that its study never saw end (no ledger row) is not taken as
 ok on resume without saying so. Real studies on emulated nodes, vit_micro; the run is made slow in
 its second step by a VIT_SCALE_PYTHON that patches the trainer (tests/jobs_support.py)."""
+
 import json
 import os
 import signal
@@ -13,14 +14,40 @@ import time
 
 from jobs_support import job_env, python_injecting
 
-STUDY = ["--system", "local", "--models", "vit_micro", "--strategies", "FULL_SHARD,DDP", "--nodes", "2",
-         "--ranks-per-node", "1", "--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--study", "k",
-         "--out", "runs", "--no-analysis"]
+STUDY = [
+    "--system",
+    "local",
+    "--models",
+    "vit_micro",
+    "--strategies",
+    "FULL_SHARD,DDP",
+    "--nodes",
+    "2",
+    "--ranks-per-node",
+    "1",
+    "--steps",
+    "4",
+    "--warmup-steps",
+    "1",
+    "--batch-size",
+    "2",
+    "--study",
+    "k",
+    "--out",
+    "runs",
+    "--no-analysis",
+]
 
 
 def start_study(cwd, args, **env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vit_scale", "study", *args], cwd=cwd, env=job_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "vit_scale", "study", *args],
+        cwd=cwd,
+        env=job_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def trainers_of(out_dir) -> list:
@@ -74,12 +101,18 @@ def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns
     while trainers_of(out) and time.monotonic() < deadline:
         time.sleep(0.5)
     left = trainers_of(out)
-    for pid in left:   # not this test's to leave behind
+    for pid in left:  # not this test's to leave behind
         os.kill(pid, signal.SIGKILL)
     assert left == [], "trainer processes outlived their killed study"
 
-    resumed = subprocess.run([sys.executable, "-m", "vit_scale", "study", *STUDY], cwd=tmp_path, env=job_env(),
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *STUDY],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "[1/2] vit_micro FULL_SHARD n2 (2 ranks) ... ok earlier, skipped" in resumed.stdout, resumed.stdout
     assert "[2/2] vit_micro DDP n2 (2 ranks) ... ok " in resumed.stdout, resumed.stdout
@@ -92,21 +125,41 @@ def test_an_ok_run_its_study_never_saw_end_is_run_again_saying_why(tmp_path):
     """The record of a run that ended after its study had died: ok, but without the ledger row the
     study writes once it has seen the run end (here: the row taken out of a real study's ledger)."""
     args = [*STUDY[:5], "DDP", *STUDY[6:]]
-    first = subprocess.run([sys.executable, "-m", "vit_scale", "study", *args], cwd=tmp_path, env=job_env(),
-                           capture_output=True, text=True, timeout=600)
+    first = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *args],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.returncode == 0, first.stdout + first.stderr
     ledger = tmp_path / "runs" / "k" / "study_runs.tsv"
     (run_dir,) = [r["run_dir"] for r in ledger_rows(tmp_path / "runs" / "k")]
     ledger.write_text(ledger.read_text().splitlines()[0] + "\n")
 
-    again = subprocess.run([sys.executable, "-m", "vit_scale", "study", *args], cwd=tmp_path, env=job_env(),
-                           capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *args],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
-    assert (f"[1/1] vit_micro DDP n2 (2 ranks): {run_dir} says ok, but it has no ledger row: its study was killed "
-            f"before the run ended, which then ran unattended; running it again") in again.stdout, again.stdout
+    assert (
+        f"[1/1] vit_micro DDP n2 (2 ranks): {run_dir} says ok, but it has no ledger row: its study was killed "
+        f"before the run ended, which then ran unattended; running it again"
+    ) in again.stdout, again.stdout
     assert "[1/1] vit_micro DDP n2 (2 ranks) ... ok " in again.stdout
-    third = subprocess.run([sys.executable, "-m", "vit_scale", "study", *args], cwd=tmp_path, env=job_env(),
-                           capture_output=True, text=True, timeout=600)
+    third = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *args],
+        cwd=tmp_path,
+        env=job_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert "ok earlier, skipped" in third.stdout, third.stdout
     rows = ledger_rows(tmp_path / "runs" / "k")
-    assert len(rows) == 1 and rows[0]["run_dir"] != run_dir, rows   # the rerun's row, once
+    assert len(rows) == 1 and rows[0]["run_dir"] != run_dir, rows  # the rerun's row, once

@@ -1,5 +1,6 @@
 """A user's mistake gets one line naming the key and what is allowed, exit code 2, nothing written,
 and no traceback; on every rank the same way, before any process group work."""
+
 import os
 import socket
 import subprocess
@@ -10,19 +11,22 @@ from conftest import PYTHON, ROOT
 from vit_scale.recipes.train import main
 
 
-@pytest.mark.parametrize("overrides, words", [
-    (["model=vit_giant"], ["model", "vit_giant", "vit_micro", "vit_15b"]),
-    (["strategy=ZERO4"], ["strategy", "ZERO4", "FULL_SHARD", "HYBRID_<g>GPU"]),
-    (["train.bach_size=8"], ["train.bach_size", "unknown key", "batch_size"]),
-    (["colour=red"], ["colour", "unknown key", "model"]),
-    (["train.batch_size=eight"], ["train.batch_size", "integer", "eight"]),
-    (["train.batch_size=0"], ["train.batch_size", "at least 1"]),
-    (["train.activation_checkpointing=maybe"], ["train.activation_checkpointing", "true or false"]),
-    (["fsdp.backward_prefetch=sideways"], ["fsdp.backward_prefetch", "none, pre, post"]),
-    (["train.precision=fp8"], ["train.precision", "fp32, bf16, fp16"]),
-    (["train.steps=5", "train.warmup_steps=5"], ["train.warmup_steps", "less than train.steps"]),
-    (["steps"], ["steps", "key=value"]),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["model=vit_giant"], ["model", "vit_giant", "vit_micro", "vit_15b"]),
+        (["strategy=ZERO4"], ["strategy", "ZERO4", "FULL_SHARD", "HYBRID_<g>GPU"]),
+        (["train.bach_size=8"], ["train.bach_size", "unknown key", "batch_size"]),
+        (["colour=red"], ["colour", "unknown key", "model"]),
+        (["train.batch_size=eight"], ["train.batch_size", "integer", "eight"]),
+        (["train.batch_size=0"], ["train.batch_size", "at least 1"]),
+        (["train.activation_checkpointing=maybe"], ["train.activation_checkpointing", "true or false"]),
+        (["fsdp.backward_prefetch=sideways"], ["fsdp.backward_prefetch", "none, pre, post"]),
+        (["train.precision=fp8"], ["train.precision", "fp32, bf16, fp16"]),
+        (["train.steps=5", "train.warmup_steps=5"], ["train.warmup_steps", "less than train.steps"]),
+        (["steps"], ["steps", "key=value"]),
+    ],
+)
 def test_bad_override(overrides, words, capsys, tmp_path):
     assert main([*overrides, f"output.dir={tmp_path / 'runs'}"]) == 2
     err = capsys.readouterr().err
@@ -60,8 +64,13 @@ def test_output_dir_that_is_a_file_is_refused_and_kept(tmp_path, capsys):
 
 
 def test_subprocess_exit_code_and_no_traceback():
-    proc = subprocess.run([PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "strategy=FULL_SHARDED"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "strategy=FULL_SHARDED"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
@@ -73,12 +82,32 @@ def test_hybrid_group_not_dividing_world_size_fails_on_every_rank(tmp_path):
         port = s.getsockname()[1]
     procs = []
     for rank in range(2):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen(
-            [PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "strategy=HYBRID_4GPU",
-             f"output.dir={tmp_path / 'runs'}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    PYTHON,
+                    "-m",
+                    "vit_scale",
+                    "train",
+                    "model=vit_micro",
+                    "strategy=HYBRID_4GPU",
+                    f"output.dir={tmp_path / 'runs'}",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = [p.communicate(timeout=120) + (p.returncode,) for p in procs]
     assert [code for _, _, code in results] == [2, 2]
     errors = "".join(err for _, err, _ in results)

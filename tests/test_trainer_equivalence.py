@@ -1,5 +1,6 @@
 """Every FSDP mode trains the same model as DDP: same per-step losses on the same ranks, replicas
 agree, status ok. Real torchrun launches over gloo, vit_micro, fp32."""
+
 import itertools
 
 import pytest
@@ -16,19 +17,61 @@ def two_rank_runs(tmp_path_factory):
         runs.append([*FAST, out, f"strategy={strategy}", f"output.study=fsdp1-{strategy}"])
     for strategy in ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP"):
         runs.append([*FAST, out, f"strategy={strategy}", "fsdp.version=2", f"output.study=fsdp2-{strategy}"])
-    runs.append([*FAST, out, "strategy=FULL_SHARD", "fsdp.use_orig_params=true", "fsdp.forward_prefetch=true",
-                 "output.study=fsdp1-orig-params"])
-    for strategy, prefetch, limit in itertools.product(("FULL_SHARD", "SHARD_GRAD_OP"), ("none", "pre", "post"),
-                                                       ("true", "false")):
-        runs.append([*FAST, out, f"strategy={strategy}", f"fsdp.backward_prefetch={prefetch}",
-                     f"fsdp.limit_all_gathers={limit}", f"output.study=grid-{strategy}-{prefetch}-{limit}"])
+    runs.append(
+        [
+            *FAST,
+            out,
+            "strategy=FULL_SHARD",
+            "fsdp.use_orig_params=true",
+            "fsdp.forward_prefetch=true",
+            "output.study=fsdp1-orig-params",
+        ]
+    )
+    for strategy, prefetch, limit in itertools.product(
+        ("FULL_SHARD", "SHARD_GRAD_OP"), ("none", "pre", "post"), ("true", "false")
+    ):
+        runs.append(
+            [
+                *FAST,
+                out,
+                f"strategy={strategy}",
+                f"fsdp.backward_prefetch={prefetch}",
+                f"fsdp.limit_all_gathers={limit}",
+                f"output.study=grid-{strategy}-{prefetch}-{limit}",
+            ]
+        )
     # not compared with fp32 DDP: checks that these options train and keep replicas equal
-    runs.append([*FAST, out, "strategy=FULL_SHARD", "train.precision=bf16", "train.activation_checkpointing=true",
-                 "output.study=bf16-ac-fsdp1"])
-    runs.append([*FAST, out, "strategy=SHARD_GRAD_OP", "fsdp.version=2", "train.precision=bf16",
-                 "train.activation_checkpointing=true", "output.study=bf16-ac-fsdp2"])
-    runs.append([*FAST, out, "strategy=DDP", "train.precision=bf16", "train.activation_checkpointing=true",
-                 "output.study=bf16-ac-ddp"])
+    runs.append(
+        [
+            *FAST,
+            out,
+            "strategy=FULL_SHARD",
+            "train.precision=bf16",
+            "train.activation_checkpointing=true",
+            "output.study=bf16-ac-fsdp1",
+        ]
+    )
+    runs.append(
+        [
+            *FAST,
+            out,
+            "strategy=SHARD_GRAD_OP",
+            "fsdp.version=2",
+            "train.precision=bf16",
+            "train.activation_checkpointing=true",
+            "output.study=bf16-ac-fsdp2",
+        ]
+    )
+    runs.append(
+        [
+            *FAST,
+            out,
+            "strategy=DDP",
+            "train.precision=bf16",
+            "train.activation_checkpointing=true",
+            "output.study=bf16-ac-ddp",
+        ]
+    )
     run_many(2, runs, tmp)
     return by_study(load_runs(tmp / "runs"))
 
@@ -44,9 +87,20 @@ def test_every_run_ok_and_replicas_agree(two_rank_runs):
         assert end["images_per_s"]["mean"] > 0 and end["memory"]["peak_rss_gib"]["max"] > 0
 
 
-@pytest.mark.parametrize("study", ["fsdp1-NO_SHARD", "fsdp1-FULL_SHARD", "fsdp1-SHARD_GRAD_OP", "fsdp1-HYBRID_1GPU",
-                                   "fsdp1-HYBRID_2GPU", "fsdp2-NO_SHARD", "fsdp2-FULL_SHARD", "fsdp2-SHARD_GRAD_OP",
-                                   "fsdp1-orig-params"])
+@pytest.mark.parametrize(
+    "study",
+    [
+        "fsdp1-NO_SHARD",
+        "fsdp1-FULL_SHARD",
+        "fsdp1-SHARD_GRAD_OP",
+        "fsdp1-HYBRID_1GPU",
+        "fsdp1-HYBRID_2GPU",
+        "fsdp2-NO_SHARD",
+        "fsdp2-FULL_SHARD",
+        "fsdp2-SHARD_GRAD_OP",
+        "fsdp1-orig-params",
+    ],
+)
 def test_fsdp_modes_equal_ddp_on_two_ranks(two_rank_runs, study):
     assert_same_losses(losses(two_rank_runs["ddp"]), losses(two_rank_runs[study]), study)
 
@@ -80,22 +134,42 @@ def test_the_run_records_what_ran(two_rank_runs):
 def four_rank_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("four")
     out = f"output.dir={tmp / 'runs'}"
-    runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"],
-            [*FAST, out, "strategy=HYBRID_1GPU", "output.study=hybrid1"],
-            [*FAST, out, "strategy=HYBRID_2GPU", "output.study=hybrid2"],
-            [*FAST, out, "strategy=HYBRID_2GPU", "fsdp.version=2", "output.study=hybrid2-fsdp2"],
-            [*FAST, out, "strategy=HYBRID_4GPU", "output.study=hybrid4"],
-            # FSDP1 as it would build HYBRID_1GPU: the replica check must catch it
-            ["@broken_hybrid1", *FAST, out, "strategy=HYBRID_1GPU", "output.study=broken-hybrid1"]]
+    runs = [
+        [*FAST, out, "strategy=DDP", "output.study=ddp"],
+        [*FAST, out, "strategy=HYBRID_1GPU", "output.study=hybrid1"],
+        [*FAST, out, "strategy=HYBRID_2GPU", "output.study=hybrid2"],
+        [*FAST, out, "strategy=HYBRID_2GPU", "fsdp.version=2", "output.study=hybrid2-fsdp2"],
+        [*FAST, out, "strategy=HYBRID_4GPU", "output.study=hybrid4"],
+        # FSDP1 as it would build HYBRID_1GPU: the replica check must catch it
+        ["@broken_hybrid1", *FAST, out, "strategy=HYBRID_1GPU", "output.study=broken-hybrid1"],
+    ]
     for prefetch, limit in itertools.product(("none", "pre", "post"), ("true", "false")):
-        runs.append([*FAST, out, "strategy=HYBRID_2GPU", f"fsdp.backward_prefetch={prefetch}",
-                     f"fsdp.limit_all_gathers={limit}", f"output.study=grid-HYBRID_2GPU-{prefetch}-{limit}"])
+        runs.append(
+            [
+                *FAST,
+                out,
+                "strategy=HYBRID_2GPU",
+                f"fsdp.backward_prefetch={prefetch}",
+                f"fsdp.limit_all_gathers={limit}",
+                f"output.study=grid-HYBRID_2GPU-{prefetch}-{limit}",
+            ]
+        )
     proc = run_many(4, runs, tmp)
     return by_study(load_runs(tmp / "runs")), proc
 
 
-@pytest.mark.parametrize("study", ["hybrid1", "hybrid2", "hybrid2-fsdp2", "hybrid4", "grid-HYBRID_2GPU-none-true",
-                                   "grid-HYBRID_2GPU-post-false", "grid-HYBRID_2GPU-pre-false"])
+@pytest.mark.parametrize(
+    "study",
+    [
+        "hybrid1",
+        "hybrid2",
+        "hybrid2-fsdp2",
+        "hybrid4",
+        "grid-HYBRID_2GPU-none-true",
+        "grid-HYBRID_2GPU-post-false",
+        "grid-HYBRID_2GPU-pre-false",
+    ],
+)
 def test_hybrid_modes_equal_ddp_on_four_ranks(four_rank_runs, study):
     runs, _ = four_rank_runs
     end = runs[study][-1]
@@ -105,8 +179,10 @@ def test_hybrid_modes_equal_ddp_on_four_ranks(four_rank_runs, study):
 
 def test_hybrid_group_layout(four_rank_runs):
     runs, _ = four_rank_runs
-    layouts = {s: (runs[s][0]["strategy"]["shard_group_size"], runs[s][0]["strategy"]["replicate_group_size"])
-               for s in ("hybrid1", "hybrid2", "hybrid4")}
+    layouts = {
+        s: (runs[s][0]["strategy"]["shard_group_size"], runs[s][0]["strategy"]["replicate_group_size"])
+        for s in ("hybrid1", "hybrid2", "hybrid4")
+    }
     assert layouts == {"hybrid1": (1, 4), "hybrid2": (2, 2), "hybrid4": (4, 1)}
 
 

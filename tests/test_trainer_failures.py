@@ -1,5 +1,6 @@
 """How runs end when things go wrong: a dead rank, Slurm's end-of-time signal. Real processes
 over gloo, started the way torchrun would start them (RANK, WORLD_SIZE, MASTER_ADDR env)."""
+
 import glob
 import json
 import os
@@ -22,13 +23,32 @@ def _start_ranks(n, out_dir, extra):
     port = _free_port()
     procs = []
     for rank in range(n):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(n), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1"}
-        cmd = [PYTHON, "-m", "vit_scale", "train", "model=vit_micro", "train.batch_size=4", "train.steps=100000",
-               "train.warmup_steps=2", "train.print_every=100000", f"output.dir={out_dir}", *extra]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(n),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(n),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        cmd = [
+            PYTHON,
+            "-m",
+            "vit_scale",
+            "train",
+            "model=vit_micro",
+            "train.batch_size=4",
+            "train.steps=100000",
+            "train.warmup_steps=2",
+            "train.print_every=100000",
+            f"output.dir={out_dir}",
+            *extra,
+        ]
+        procs.append(
+            subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        )
     return procs
 
 

@@ -1,4 +1,5 @@
 """`vit-scale COMMAND ...`: each command is a module with a main(argv)."""
+
 from __future__ import annotations
 
 import sys

@@ -7,6 +7,7 @@ Defining the two op schemas that torchvision's Python code registers fake kernel
 import succeed; only torchvision's compiled detection ops stay unusable, and ViT training
 never calls them. Must run before anything imports torchvision (timm, transformers, colossalai).
 """
+
 import sys
 
 _done = False
@@ -27,5 +28,5 @@ def ensure_torchvision_importable() -> None:
             lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
             lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
             # keep the library object alive: dropping it unregisters the schemas
-            setattr(sys.modules[__name__], "_torchvision_stub_lib", lib)
+            sys.modules[__name__]._torchvision_stub_lib = lib
     _done = True

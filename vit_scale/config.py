@@ -7,6 +7,7 @@ field declared with `vit_scale.options.option`: its default, its one-line descri
 `check()`. Each strategy family declares its own section in its file (FSDPConfig in
 distributed/fsdp.py ...), and Config takes one section per family from the registry.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,13 +15,27 @@ import os
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from vit_scale.distributed import Precision, allowed_text, family_options, parse_strategy
 from vit_scale.errors import UserError
 from vit_scale.models import BLOCK_LINEARS, MODELS, get_spec, parse_block_linears
-from vit_scale.options import (AT_LEAST_1, BELOW_1, FRACTION, NON_NEGATIVE, POSITIVE, Rule, check_keys,
-                               check_sections, choices, description, is_section, option, optional_inner, rules)
+from vit_scale.options import (
+    AT_LEAST_1,
+    BELOW_1,
+    FRACTION,
+    NON_NEGATIVE,
+    POSITIVE,
+    Rule,
+    check_keys,
+    check_sections,
+    choices,
+    description,
+    is_section,
+    option,
+    optional_inner,
+    rules,
+)
 
 
 def _is_name(text: str) -> bool:
@@ -40,33 +55,42 @@ class TrainConfig:
     weight_decay: float = option(0.05, "AdamW (decoupled) weight decay", NON_NEGATIVE)
     seed: int = option(0, "model initialisation and synthetic data", NON_NEGATIVE)
     num_classes: int = option(1000, "classifier head size", AT_LEAST_1)
-    precision: Precision = option("fp32", "autocast for DDP, MixedPrecision for FSDP (docs/strategies.md: what "
-                                          "runs where)")
+    precision: Precision = option(
+        "fp32", "autocast for DDP, MixedPrecision for FSDP (docs/strategies.md: what runs where)"
+    )
     activation_checkpointing: bool = option(False, "recompute each timm Block in the backward (non-reentrant)")
     log_every: int = option(1, "a step record every k steps", AT_LEAST_1)
     print_every: int = option(10, "a progress line on rank 0 every k steps", AT_LEAST_1)
     init: Literal["auto", "device", "meta"] = option("auto", "auto = meta above 1.5B parameters, else on the device")
     optimizer: Literal["auto", "fused", "foreach", "single"] = option(
-        "auto", "AdamW kernel; auto = fused on GPUs, torch's default on CPUs")
+        "auto", "AdamW kernel; auto = fused on GPUs, torch's default on CPUs"
+    )
     synthetic_batches: int = option(4, "distinct synthetic batches cycled through", AT_LEAST_1)
     tf32: bool = option(False, "fp32 runs on GPUs: matmuls and convolutions in TF32; MFU against the TF32 peak")
     compile: bool = option(False, "torch.compile: each transformer Block under FSDP, the whole model under DDP")
 
     def check(self) -> None:
         if self.warmup_steps >= self.steps:
-            raise UserError(f"train.warmup_steps: must be less than train.steps ({self.steps}) so that some steps "
-                            f"are timed, got {self.warmup_steps}")
+            raise UserError(
+                f"train.warmup_steps: must be less than train.steps ({self.steps}) so that some steps "
+                f"are timed, got {self.warmup_steps}"
+            )
         if self.tf32 and self.precision != "fp32":
-            raise UserError(f"train.tf32: only for train.precision=fp32 (a {self.precision} run already does its "
-                            f"matmuls in {self.precision}); set train.tf32=false or train.precision=fp32")
+            raise UserError(
+                f"train.tf32: only for train.precision=fp32 (a {self.precision} run already does its "
+                f"matmuls in {self.precision}); set train.tf32=false or train.precision=fp32"
+            )
 
 
 @dataclass
 class OutputConfig:
     dir: str = option("runs")
     study: str = option("default", "", NAME)
-    run_id: str = option("", "empty: <UTC time>[-j<job>.<step>]",
-                         Rule(f"empty, or {NAME.allowed}", lambda v: not v or _is_name(v), NAME.says))
+    run_id: str = option(
+        "",
+        "empty: <UTC time>[-j<job>.<step>]",
+        Rule(f"empty, or {NAME.allowed}", lambda v: not v or _is_name(v), NAME.says),
+    )
 
     def check(self) -> None:
         probe = self.dir
@@ -79,9 +103,10 @@ class OutputConfig:
 @dataclass
 class SystemConfig:
     launcher: Literal["auto", "torchrun", "srun", "mpi", "single"] = option(
-        "auto", "where rank and world size come from; auto detects it")
+        "auto", "where rank and world size come from; auto detects it"
+    )
     device: Literal["auto", "cuda", "cpu"] = option("auto", "auto = the GPU when there is one (cuda also means ROCm)")
-    peak_tflops: Optional[float] = option(None, "per device, overrides the built-in table for MFU", POSITIVE)
+    peak_tflops: float | None = option(None, "per device, overrides the built-in table for MFU", POSITIVE)
     collective_timeout_s: int = option(300, "a dead or stuck rank ends the job after this", AT_LEAST_1)
     ranks_per_node: int = option(0, "0 = from the launcher (LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE)", NON_NEGATIVE)
 
@@ -89,28 +114,35 @@ class SystemConfig:
 @dataclass
 class PlanConfig:
     skip_if_not_fits: bool = option(False, "record the run as skipped instead of running into OOM")
-    device_memory_gib: Optional[float] = option(None, "", POSITIVE)
+    device_memory_gib: float | None = option(None, "", POSITIVE)
 
 
 @dataclass
 class DataConfig:
     """Real images for `vit-scale finetune` (the benchmark `train` uses synthetic data and ignores this)."""
+
     path: str = option("", "dataset root; nothing is downloaded, a missing path is an error")
     format: Literal["auto", "imagefolder", "cifar10", "cifar100", "hf"] = option(
-        "auto", "auto | imagefolder | cifar10 | cifar100 | hf (datasets.save_to_disk)")
+        "auto", "auto | imagefolder | cifar10 | cifar100 | hf (datasets.save_to_disk)"
+    )
     train_split: str = option("train", "sub-folder (image folder) or split name (hf)")
     val_split: str = option("auto", "auto: val, validation or test if present, else val_fraction of train")
-    val_fraction: float = option(0.1, "held out of train (per class, seeded) when there is no validation split",
-                                 FRACTION)
+    val_fraction: float = option(
+        0.1, "held out of train (per class, seeded) when there is no validation split", FRACTION
+    )
     image_key: str = option("auto", "hf: image column (auto: image, img)")
     label_key: str = option("auto", "hf: label column (auto: label, labels, fine_label)")
     augment: Literal["standard", "crop", "none"] = option(
-        "standard", "standard (random resized crop + flip) | crop (no flip: digits, text) | none")
-    crop_scale_min: float = option(0.08, "smallest area fraction a random resized crop keeps",
-                                   Rule("{kind} from 0 to 1", lambda v: 0 < v <= 1,
-                                        "{key}: must be above 0 and at most 1, got {value}"))
+        "standard", "standard (random resized crop + flip) | crop (no flip: digits, text) | none"
+    )
+    crop_scale_min: float = option(
+        0.08,
+        "smallest area fraction a random resized crop keeps",
+        Rule("{kind} from 0 to 1", lambda v: 0 < v <= 1, "{key}: must be above 0 and at most 1, got {value}"),
+    )
     normalize: Literal["inception", "imagenet", "none"] = option(
-        "inception", "inception (mean=std=0.5, timm's ViT weights) | imagenet | none")
+        "inception", "inception (mean=std=0.5, timm's ViT weights) | imagenet | none"
+    )
     workers: int = option(4, "loader processes per rank; 0 loads in the training process", NON_NEGATIVE)
     pin_memory: bool = option(True, "page-locked host batches (GPU runs only)")
 
@@ -124,31 +156,40 @@ def _block_linears(text: str) -> bool:
 class LoraConfig:
     """Low-rank adapters (peft) in place of training every weight: the model's weights stay frozen,
     the adapters and the new head train (docs/finetune.md, "LoRA")."""
+
     rank: int = option(0, "adapter rank r; 0 = no LoRA, every weight trains", NON_NEGATIVE)
     alpha: float = option(16.0, "the adapters' update is scaled by alpha / rank", NON_NEGATIVE)
     dropout: float = option(0.0, "dropout on each adapter's input; below 1", FRACTION, BELOW_1)
-    targets: str = option("qkv,proj,fc1,fc2", "Linear layers of each Block that get adapters (attn.qkv/proj, "
-                                              "mlp.fc1/fc2)",
-                          Rule(f"a comma-separated list of {', '.join(BLOCK_LINEARS)}", _block_linears,
-                               "{key}: {value!r} is not allowed; allowed: a comma-separated list of "
-                               + ", ".join(BLOCK_LINEARS)))
+    targets: str = option(
+        "qkv,proj,fc1,fc2",
+        "Linear layers of each Block that get adapters (attn.qkv/proj, mlp.fc1/fc2)",
+        Rule(
+            f"a comma-separated list of {', '.join(BLOCK_LINEARS)}",
+            _block_linears,
+            "{key}: {value!r} is not allowed; allowed: a comma-separated list of " + ", ".join(BLOCK_LINEARS),
+        ),
+    )
 
     def check(self) -> None:
         if self.rank and self.alpha <= 0:
-            raise UserError(f"finetune.lora.alpha: must be above 0 (the adapters' update is scaled by alpha / rank), "
-                            f"got {self.alpha}")
+            raise UserError(
+                f"finetune.lora.alpha: must be above 0 (the adapters' update is scaled by alpha / rank), "
+                f"got {self.alpha}"
+            )
 
 
 @dataclass
 class FinetuneConfig:
     """Schedule and evaluation of `vit-scale finetune`; batch size, lr, weight decay, seed and precision
     are train.* as for the benchmark."""
+
     epochs: int = option(10, "", AT_LEAST_1)
     steps: int = option(0, "optimizer steps in all; 0 = epochs x steps per epoch", NON_NEGATIVE)
     lr_warmup_steps: int = option(0, "linear warm-up, then cosine decay to min_lr", NON_NEGATIVE)
     min_lr: float = option(0.0, "", NON_NEGATIVE)
-    accumulation_steps: int = option(1, "micro-batches per optimizer step (gradients synchronised on the last)",
-                                     AT_LEAST_1)
+    accumulation_steps: int = option(
+        1, "micro-batches per optimizer step (gradients synchronised on the last)", AT_LEAST_1
+    )
     clip_grad_norm: float = option(1.0, "0 = no clipping", NON_NEGATIVE)
     label_smoothing: float = option(0.1, "", FRACTION, BELOW_1)
     pretrained: str = option("", "local timm checkpoint (.pth, .pt, .bin) or .safetensors; empty = from scratch")
@@ -165,19 +206,27 @@ class CheckpointConfig:
     at_end: bool = option(True)
     on_signal: bool = option(True, "SIGUSR1/SIGTERM: save, then exit 7 (requeue)")
     resume: str = option("", "empty = fresh start | auto (latest in dir, if any) | a checkpoint path")
-    signal_grace_s: int = option(100, "after a signal, how long the save may take before the watcher ends the run",
-                                 AT_LEAST_1)
+    signal_grace_s: int = option(
+        100, "after a signal, how long the save may take before the watcher ends the run", AT_LEAST_1
+    )
 
 
 @dataclass
 class ProfileConfig:
     """torch.profiler traces of a few extra steps after the timed window, one Chrome trace per rank in
     the run directory; no figure of the run includes the profiler (docs/profiling.md)."""
+
     enabled: bool = option(False)
     steps: int = option(3, "steps recorded, run after train.steps", AT_LEAST_1)
-    ranks: str = option("all", "all, or comma-separated ranks, e.g. 0,1",
-                        Rule("{kind}", lambda v: v == "all" or re.fullmatch(r"\d+(,\d+)*", v.replace(" ", "")),
-                             "{key}: {value!r} is not allowed; allowed: all, or ranks such as 0 or 0,1"))
+    ranks: str = option(
+        "all",
+        "all, or comma-separated ranks, e.g. 0,1",
+        Rule(
+            "{kind}",
+            lambda v: v == "all" or re.fullmatch(r"\d+(,\d+)*", v.replace(" ", "")),
+            "{key}: {value!r} is not allowed; allowed: all, or ranks such as 0 or 0,1",
+        ),
+    )
 
 
 @dataclass
@@ -185,6 +234,7 @@ class TrackingConfig:
     """Where else the run's figures go, besides its record: TensorBoard event files in the run
     directory, or Weights & Biases (offline by default: compute nodes rarely reach the internet;
     `wandb sync` the run directory's wandb/ folder later)."""
+
     backend: Literal["none", "tensorboard", "wandb"] = option("none", "none | tensorboard | wandb")
     project: str = option("vit-scale", "W&B project")
     wandb_mode: Literal["offline", "online"] = option("offline", "offline | online")
@@ -210,9 +260,11 @@ def _with_family_sections(cls):
 class Config:
     """Every key of a run: the model and strategy, then one section per concern (the strategy
     families' sections, fsdp, deepspeed, colossalai, come from the registry: _with_family_sections)."""
+
     model: str = option("vit_micro", "a registered model (docs/models.md)", Rule(", ".join(MODELS), get_spec))
-    strategy: str = option("DDP", "a strategy label (docs/strategies.md: what runs where)",
-                           Rule(allowed_text(), parse_strategy))
+    strategy: str = option(
+        "DDP", "a strategy label (docs/strategies.md: what runs where)", Rule(allowed_text(), parse_strategy)
+    )
     train: TrainConfig = field(default_factory=TrainConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
@@ -233,6 +285,7 @@ class Config:
 
 
 # ---------------------------------------------------------------- loading
+
 
 def _field_types(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
@@ -295,7 +348,9 @@ def _apply(cfg: Config, key: str, raw: Any) -> None:
         if i == len(parts) - 1:
             if is_section(typ):
                 if not isinstance(raw, dict):
-                    raise UserError(f"{path}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(typ))}")
+                    raise UserError(
+                        f"{path}: expected a mapping of {', '.join(f.name for f in dataclasses.fields(typ))}"
+                    )
                 for sub, val in raw.items():
                     _apply(cfg, f"{path}.{sub}", val)
             else:
@@ -304,7 +359,7 @@ def _apply(cfg: Config, key: str, raw: Any) -> None:
         obj = getattr(obj, part)
 
 
-def load_config(path: Optional[str] = None, overrides: list[str] = ()) -> Config:
+def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file, then key=value overrides; then validate."""
     import yaml
 
@@ -347,6 +402,7 @@ def _parse_scalar(raw: str) -> Any:
 
 # ---------------------------------------------------------------- validation
 
+
 def validate(cfg: Config) -> None:
     """Every key against its own choices and rules, in declaration order (model and strategy
     first), then each section's check() of the rules between its keys, then Config's."""
@@ -364,8 +420,11 @@ def to_yaml(cfg: Config) -> str:
 
 # the sections `vit-scale train` reads; `vit-scale finetune` reads every section
 FINETUNE_SECTIONS = ("data", "finetune", "checkpoint")
-BENCHMARK_SECTIONS = tuple(f.name for f in dataclasses.fields(Config)
-                           if is_section(_field_types(Config)[f.name]) and f.name not in FINETUNE_SECTIONS)
+BENCHMARK_SECTIONS = tuple(
+    f.name
+    for f in dataclasses.fields(Config)
+    if is_section(_field_types(Config)[f.name]) and f.name not in FINETUNE_SECTIONS
+)
 
 
 def _allowed(typ: Any, key_rules: tuple) -> str:
@@ -387,8 +446,11 @@ def _keys_help(sections) -> str:
     out = ["keys (key=value here, or the same keys nested in the --config YAML); default, then what is allowed:"]
 
     def entry(key, default, typ, f):
-        shown = "(empty)" if default == "" else ("null" if default is None else str(default).lower()
-                                                 if isinstance(default, bool) else str(default))
+        shown = (
+            "(empty)"
+            if default == ""
+            else ("null" if default is None else str(default).lower() if isinstance(default, bool) else str(default))
+        )
         out.append(f"  {key} = {shown}    [{_allowed(typ, rules(f))}]")
         if description(f):
             out.extend(textwrap.wrap(description(f), width=96, initial_indent="      ", subsequent_indent="      "))
@@ -428,8 +490,12 @@ def parse_command_line(argv, prog: str, description: str, configs: str, example:
     import argparse
 
     names = sections or [f.name for f in dataclasses.fields(Config)]
-    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=_keys_help(names),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=_keys_help(names),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", help=f"YAML file of keys (see {configs}); overrides come after it")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     return parser.parse_args(argv)

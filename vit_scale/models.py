@@ -4,11 +4,12 @@ Dimensions follow Table 1 of the Frontier FSDP study (seed 003). Parameter count
 counted from the built module, never copied from the table: with timm's standard MLP the
 table's ViT-5B dimensions give about 3.81B parameters, not the 5349M the table prints.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from vit_scale.errors import UserError
 
@@ -95,14 +96,14 @@ def block_class():
     return Block
 
 
-@lru_cache(maxsize=None)
+@cache
 def count_params(name: str, num_classes: int = 1000) -> int:
     """The true parameter count, from a module built on the meta device (no memory)."""
     model = build_model(get_spec(name), num_classes, device="meta")
     return sum(p.numel() for p in model.parameters())
 
 
-@lru_cache(maxsize=None)
+@cache
 def flops_per_image(name: str, num_classes: int = 1000) -> int:
     """Forward + backward FLOPs for one image, counted by torch.utils.flop_counter on meta tensors.
 
@@ -124,15 +125,18 @@ def describe(name: str, num_classes: int = 1000) -> dict:
     spec = get_spec(name)
     info = dataclasses.asdict(spec)
     info.pop("table_params_m")
-    info.update(params=count_params(name, num_classes), flops_per_image=flops_per_image(name, num_classes),
-                num_classes=num_classes)
+    info.update(
+        params=count_params(name, num_classes),
+        flops_per_image=flops_per_image(name, num_classes),
+        num_classes=num_classes,
+    )
     return info
 
 
 # what timm 1.0.31's VisionTransformer(weight_init='') leaves in each parameter (timm/models/
 # vision_transformer.py: VisionTransformer.init_weights and init_weights_vit_timm)
-WEIGHT_STD = 0.02   # Linear weights and pos_embed: trunc_normal_(std=.02), cut at +-2 (timm's a, b)
-TOKEN_STD = 1e-6    # cls_token, reg_token: normal_(std=1e-6)
+WEIGHT_STD = 0.02  # Linear weights and pos_embed: trunc_normal_(std=.02), cut at +-2 (timm's a, b)
+TOKEN_STD = 1e-6  # cls_token, reg_token: normal_(std=1e-6)
 
 
 def init_module_(module, name: str, seed: int, device=None) -> None:
@@ -159,8 +163,10 @@ def init_module_(module, name: str, seed: int, device=None) -> None:
     import torch
 
     if any(True for _ in module.buffers(recurse=False)):
-        raise RuntimeError(f"meta-device initialisation: {type(module).__name__} {name or '(root)'} has buffers, "
-                           "which to_empty leaves uninitialised and vit_scale.models.init_module_ does not fill")
+        raise RuntimeError(
+            f"meta-device initialisation: {type(module).__name__} {name or '(root)'} has buffers, "
+            "which to_empty leaves uninitialised and vit_scale.models.init_module_ does not fill"
+        )
     with torch.no_grad():
         for param_name, param in module.named_parameters(recurse=False):
             qualified = f"{name}.{param_name}" if name else param_name
@@ -194,8 +200,10 @@ def _draw_as_timm(module, param_name: str, out, generator) -> None:
             bound = 1 / math.sqrt(math.prod(module.weight.shape[1:]))
             nn.init.uniform_(out, -bound, bound, generator=generator)
     else:
-        raise RuntimeError(f"meta-device initialisation: no rule for {type(module).__name__}.{param_name}; "
-                           "vit_scale.models.init_module_ knows timm's ViT modules only")
+        raise RuntimeError(
+            f"meta-device initialisation: no rule for {type(module).__name__}.{param_name}; "
+            "vit_scale.models.init_module_ knows timm's ViT modules only"
+        )
 
 
 def _parameter_seed(seed: int, qualified_name: str) -> int:

@@ -6,6 +6,7 @@ that family's options with it (distributed/fsdp.py ...): those files sit below c
 import it. Choices are `Literal` types; a number's range or a text's shape is a `Rule`; a rule
 between keys is the section's own `check()` method. No torch here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +23,7 @@ class Rule:
     """A condition on one key's value. `test(value)` is true when the value passes (or raises
     UserError in its own words, as a registry lookup does); `says` is the error, {key} and {value}
     filled in; `allowed` is what --help shows, {kind} (integer, number, text) filled in."""
+
     allowed: str
     test: Callable[[Any], Any]
     says: str = "{key}: {value!r} is not allowed"

@@ -8,7 +8,7 @@ def plural(count: int, noun: str) -> str:
 
 def human_bytes(n: float) -> str:
     """'25 MiB', '1.5 KiB', '8 B': a buffer's size as a table or a check line prints it."""
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             value = n / scale
             return f"{value:.3g} {unit}" if value != int(value) else f"{int(value)} {unit}"

@@ -9,6 +9,7 @@ figure draws and the words for them). No figure module imports another.
 FIGURES is the registry: the figures a report draws, in order. Adding a figure is one module
 that defines FIGURE (a _spec.FigureSpec) and one line here.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -29,20 +30,25 @@ from .prefetch_grid import config_grid, pick_grid
 from .scaling import weak_scaling
 
 FIGURES: tuple = (
-    scaling.FIGURE,            # weak_scaling_ips: images/s against nodes, with ideal lines
-    memory_scaling.FIGURE,     # memory: peak memory per device against nodes
-    heat_map.FIGURE,           # efficiency: the scaling-efficiency heat map
-    prefetch_grid.FIGURE,      # config_grid: FSDP prefetch × limit_all_gathers (Figure 1)
-    plugins.FIGURE,            # plugin_comparison: one device against batch size (seeds 000/001)
+    scaling.FIGURE,  # weak_scaling_ips: images/s against nodes, with ideal lines
+    memory_scaling.FIGURE,  # memory: peak memory per device against nodes
+    heat_map.FIGURE,  # efficiency: the scaling-efficiency heat map
+    prefetch_grid.FIGURE,  # config_grid: FSDP prefetch × limit_all_gathers (Figure 1)
+    plugins.FIGURE,  # plugin_comparison: one device against batch size (seeds 000/001)
     memory_prediction.FIGURE,  # predicted_memory: the planner against measurement
-    breakdown.FIGURE,          # time_breakdown: where the time goes, from profiler traces
-    predicted.FIGURE,          # weak_scaling_predicted: each measured curve beside its prediction
+    breakdown.FIGURE,  # time_breakdown: where the time goes, from profiler traces
+    predicted.FIGURE,  # weak_scaling_predicted: each measured curve beside its prediction
 )
 
 
-def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Optional[int] = None,
-              width: float = COLUMN_WIDTH, breakdown: Optional[pd.DataFrame] = None,
-              predictions: Optional[pd.DataFrame] = None) -> tuple:
+def all_plots(
+    df: pd.DataFrame,
+    grid_model: str | None = None,
+    grid_nodes: int | None = None,
+    width: float = COLUMN_WIDTH,
+    breakdown: pd.DataFrame | None = None,
+    predictions: pd.DataFrame | None = None,
+) -> tuple:
     """(plots, missing): every figure the tables support, and a line for each one they do not,
     saying why. breakdown: time_breakdown.csv's rows, when some run was profiled; predictions:
     prediction.csv's rows."""
@@ -60,9 +66,32 @@ def all_plots(df: pd.DataFrame, grid_model: Optional[str] = None, grid_nodes: Op
 
 
 __all__ = [
-    "COLUMN_WIDTH", "FIGURES", "PAGE_WIDTH", "FigureSpec", "Inputs", "Plot", "SeriesStyle", "all_plots", "config_grid",
-    "efficiency", "efficiency_definition", "memory", "model_order", "pick_grid", "plugin_comparison",
-    "plugin_groups", "plugin_support", "predicted_memory", "prediction_rows", "residual_summary", "run_facts",
-    "scaling_runs", "scaling_support", "series_colors", "series_markers", "single_point_lines", "time_breakdown",
+    "COLUMN_WIDTH",
+    "FIGURES",
+    "PAGE_WIDTH",
+    "FigureSpec",
+    "Inputs",
+    "Plot",
+    "SeriesStyle",
+    "all_plots",
+    "config_grid",
+    "efficiency",
+    "efficiency_definition",
+    "memory",
+    "model_order",
+    "pick_grid",
+    "plugin_comparison",
+    "plugin_groups",
+    "plugin_support",
+    "predicted_memory",
+    "prediction_rows",
+    "residual_summary",
+    "run_facts",
+    "scaling_runs",
+    "scaling_support",
+    "series_colors",
+    "series_markers",
+    "single_point_lines",
+    "time_breakdown",
     "weak_scaling",
 ]

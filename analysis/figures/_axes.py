@@ -7,6 +7,7 @@ says how it was worked out); ideal = dashed, same colour; device
 capacity = dotted grey; a run that did not finish ok = an × in its series' colour along the
 bottom of the axes at its x.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,7 @@ def _decade_ticks(lo: float, hi: float, max_ticks: int, subs_choices) -> list:
     ticks: list = []
     decades = range(math.floor(math.log10(lo)) - 1, math.ceil(math.log10(hi)) + 1)
     for subs in subs_choices:
-        ticks = [m * 10.0 ** k for k in decades for m in subs if lo <= m * 10.0 ** k <= hi]
+        ticks = [m * 10.0**k for k in decades for m in subs if lo <= m * 10.0**k <= hi]
         if len(ticks) <= max_ticks:
             break
     while len(ticks) > max_ticks:
@@ -91,7 +92,7 @@ def log2_x(ax, xs) -> None:
 
 def measured_line(ax, xs, ys, color, marker, clip: bool = True):
     """A measured series, drawn the same in every figure; clip=False draws a marker on the edge whole."""
-    h, = ax.plot(xs, ys, "-", marker=marker, color=color, clip_on=clip, **LINE)
+    (h,) = ax.plot(xs, ys, "-", marker=marker, color=color, clip_on=clip, **LINE)
     return h
 
 
@@ -117,7 +118,7 @@ def reserve_bottom_log(ax, slots: dict) -> None:
     lo, hi = (math.log10(v) for v in ax.get_ylim())
     share = 0.04 + 0.06 * depth  # the fraction of the axes the marks take, plus a gap
     new_lo = (lo - share * hi) / (1 - share)
-    ax.set_ylim(10 ** new_lo, 10 ** hi)
+    ax.set_ylim(10**new_lo, 10**hi)
 
 
 def error_bars(ax, xs, ys, lows, highs, color, log_y: bool) -> int:
@@ -133,13 +134,12 @@ def error_bars(ax, xs, ys, lows, highs, color, log_y: bool) -> int:
             continue
         if log_y and lo <= 0:
             lo = y / 10  # an interval reaching 0: show it reaching well down, not to -inf
-        xl, xr = x * 2 ** -0.07, x * 2 ** 0.07
+        xl, xr = x * 2**-0.07, x * 2**0.07
         verts += [(x, lo), (x, hi), (xl, lo), (xr, lo), (xl, hi), (xr, hi)]
         codes += [Path.MOVETO, Path.LINETO] * 3
         n += 1
     if verts:
-        ax.add_patch(PathPatch(Path(verts, codes), fill=False, edgecolor=color, lw=0.7, zorder=2.6,
-                               capstyle="butt"))
+        ax.add_patch(PathPatch(Path(verts, codes), fill=False, edgecolor=color, lw=0.7, zorder=2.6, capstyle="butt"))
     return n
 
 

@@ -5,6 +5,7 @@ object API on the Agg canvas: no pyplot, so no global figure state and no displa
 Heights are worked out in inches from the text they hold, measured from the glyph outlines, so a
 figure is as tall as its legend and title need at the width it is drawn.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,8 @@ from matplotlib.figure import Figure
 
 from ._style import LEGEND_COLUMN_GAP, LEGEND_HANDLE, LEGEND_TEXT_PAD, MIN_PANEL_WIDTH, SMALL_PT, style
 
-LEGEND_ROW = 1.45   # a legend row's height, in font sizes
-TITLE_ROW = 1.35    # a line of the facts title, in font sizes
+LEGEND_ROW = 1.45  # a legend row's height, in font sizes
+TITLE_ROW = 1.35  # a line of the facts title, in font sizes
 
 
 @dataclass
@@ -26,8 +27,9 @@ class Plot:
     """A drawn figure. drawn records what was put on the axes (lines, bars, failure marks, cell
     values) and extra what else a test or the report needs (error bars, shifted series,
     residuals), so tests can check a figure's content without reading pixels."""
-    name: str                    # file stem, e.g. weak_scaling_ips
-    title: str                   # for the report
+
+    name: str  # file stem, e.g. weak_scaling_ips
+    title: str  # for the report
     figure: Figure
     drawn: dict = field(default_factory=dict)
     caption: str = ""
@@ -136,9 +138,18 @@ def legend_below(fig, items: list, width: float) -> None:
         return
     labels = [n for n, _ in items]
     ncols, _ = legend_rows(labels, width)
-    fig.legend([h for _, h in items], labels, loc="outside lower center", ncols=ncols, fontsize=SMALL_PT,
-               frameon=False, handlelength=LEGEND_HANDLE, columnspacing=LEGEND_COLUMN_GAP,
-               handletextpad=LEGEND_TEXT_PAD, borderaxespad=0.1)
+    fig.legend(
+        [h for _, h in items],
+        labels,
+        loc="outside lower center",
+        ncols=ncols,
+        fontsize=SMALL_PT,
+        frameon=False,
+        handlelength=LEGEND_HANDLE,
+        columnspacing=LEGEND_COLUMN_GAP,
+        handletextpad=LEGEND_TEXT_PAD,
+        borderaxespad=0.1,
+    )
 
 
 def legend_in_slot(ax, items: list) -> None:
@@ -146,8 +157,16 @@ def legend_in_slot(ax, items: list) -> None:
     ax.set_axis_off()
     ax.set_visible(True)
     if items:
-        ax.legend([h for _, h in items], [n for n, _ in items], loc="center", fontsize=SMALL_PT, frameon=False,
-                  handlelength=LEGEND_HANDLE, handletextpad=LEGEND_TEXT_PAD, borderaxespad=0.0)
+        ax.legend(
+            [h for _, h in items],
+            [n for n, _ in items],
+            loc="center",
+            fontsize=SMALL_PT,
+            frameon=False,
+            handlelength=LEGEND_HANDLE,
+            handletextpad=LEGEND_TEXT_PAD,
+            borderaxespad=0.0,
+        )
 
 
 def free_slot(n_used: int, nrows: int, ncols: int, n_items: int, panel_h: float):

@@ -2,9 +2,8 @@
 scaling plot, the models' panel order and titles, the legend labels, the line of facts above a
 figure, the images/s a point is drawn at and the words for its error bar. Pandas only; nothing
 here draws."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 import pandas as pd
@@ -19,8 +18,10 @@ RSS_NOTE = "CPU: peak RSS is the whole process (interpreter, torch, buffers), no
 def model_order(df: pd.DataFrame) -> list:
     """The models of df, smallest first: the order of the panels and of the report's tables."""
     first = df.drop_duplicates("model")
-    rows = sorted(first.itertuples(index=False),
-                  key=lambda r: (0 if pd.isna(r.params) else r.params, tbl._rank(r.model, tbl.MODEL_ORDER)))
+    rows = sorted(
+        first.itertuples(index=False),
+        key=lambda r: (0 if pd.isna(r.params) else r.params, tbl._rank(r.model, tbl.MODEL_ORDER)),
+    )
     return [r.model for r in rows]
 
 
@@ -56,6 +57,7 @@ def labeller(df: pd.DataFrame):
         study, series, batch = key
         text = series + (f" bs={batch}" if many_batches else "")
         return f"{study}: {text}" if many_studies else text
+
     return label
 
 
@@ -93,7 +95,7 @@ def single_point_lines(df: pd.DataFrame) -> list:
     return out
 
 
-def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> Optional[str]:
+def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> str | None:
     """None when some line has two or more usable points of `value`; else why a scaling figure
     would have nothing to say."""
     if df.empty:
@@ -104,8 +106,10 @@ def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> Optional[str]:
     if (_usable_points(runs, value) >= 2).any():
         return None
     what = "a throughput" if value == "ips_mean" else "a memory figure"
-    return (f"every strategy has at most one run with {what} (the others did not finish ok), so each line "
-            f"would be one point; the tables hold the numbers")
+    return (
+        f"every strategy has at most one run with {what} (the others did not finish ok), so each line "
+        f"would be one point; the tables hold the numbers"
+    )
 
 
 def ips_points(ok: pd.DataFrame) -> tuple:
@@ -117,16 +121,25 @@ def ips_points(ok: pd.DataFrame) -> tuple:
     if "ips_point_median" not in ok:
         return mean, np.full(len(ok), np.nan), np.full(len(ok), np.nan)
     median = ok["ips_point_median"].to_numpy(float)
-    return (np.where(np.isnan(median), mean, median), ok["ips_ci_low"].to_numpy(float),
-            ok["ips_ci_high"].to_numpy(float))
+    return (
+        np.where(np.isnan(median), mean, median),
+        ok["ips_ci_low"].to_numpy(float),
+        ok["ips_ci_high"].to_numpy(float),
+    )
 
 
 INTERVAL = "95% CI of the median"
 # How each interval method is said: in a caption, and shorter in the facts line above a figure.
-_HOW = {stats.BATCH_MEDIANS: "batch medians within one run", stats.T_OVER_RUNS: "t interval over {} runs",
-        stats.ORDER_STATISTIC: "order statistics over {} runs"}
-_HOW_SHORT = {stats.BATCH_MEDIANS: "batch medians, 1 run", stats.T_OVER_RUNS: "t, {} runs",
-              stats.ORDER_STATISTIC: "order statistics, {} runs"}
+_HOW = {
+    stats.BATCH_MEDIANS: "batch medians within one run",
+    stats.T_OVER_RUNS: "t interval over {} runs",
+    stats.ORDER_STATISTIC: "order statistics over {} runs",
+}
+_HOW_SHORT = {
+    stats.BATCH_MEDIANS: "batch medians, 1 run",
+    stats.T_OVER_RUNS: "t, {} runs",
+    stats.ORDER_STATISTIC: "order statistics, {} runs",
+}
 
 
 def interval_how(ok: pd.DataFrame, short: bool = False) -> str:
@@ -144,8 +157,11 @@ def interval_how(ok: pd.DataFrame, short: bool = False) -> str:
     lacking = int(methods.isna().sum())
     if short:
         return "; ".join(parts + ([f"none below {stats.MIN_STEPS} timed steps"] if lacking else []))
-    return (" or ".join(parts) + (f" (none on {lacking} point{'s' if lacking > 1 else ''} with fewer than "
-                                  f"{stats.MIN_STEPS} timed steps)" if lacking else ""))
+    return " or ".join(parts) + (
+        f" (none on {lacking} point{'s' if lacking > 1 else ''} with fewer than {stats.MIN_STEPS} timed steps)"
+        if lacking
+        else ""
+    )
 
 
 def interval_text(ok: pd.DataFrame) -> str:
@@ -188,8 +204,7 @@ def _int(v) -> str:
 def _devices(df: pd.DataFrame) -> str:
     """'8 × AMD Instinct MI250X per node', or the CPU with its cores: what ran the ranks."""
     parts = []
-    for (dtype, name), sub in df.groupby([df["device_type"].fillna("?"), df["device_name"].fillna("?")],
-                                         sort=False):
+    for (dtype, name), sub in df.groupby([df["device_type"].fillna("?"), df["device_name"].fillna("?")], sort=False):
         per_node = _span(sub["ranks_per_node"], _int)
         if dtype == "cpu":
             model = _span(sub["cpu_model"]) if "cpu_model" in sub else ""

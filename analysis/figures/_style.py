@@ -5,10 +5,10 @@ Size: every figure is drawn at the width it will be printed (one paper column, 3
 caller asks for another) with fonts of 6.5 to 7.5 pt. A figure drawn large and shrunk to a column
 would print its text at a third of its size.
 """
+
 from __future__ import annotations
 
 import colorsys
-from typing import Optional
 
 import pandas as pd
 from matplotlib.colors import to_hex, to_rgb
@@ -17,11 +17,11 @@ from matplotlib.lines import Line2D
 from .. import table as tbl
 from ._runs import scaling_runs
 
-COLUMN_WIDTH = 3.5   # inches: one column of a two-column paper (IEEE, ACM and most others)
-PAGE_WIDTH = 7.16    # inches: the full text width of a two-column page
+COLUMN_WIDTH = 3.5  # inches: one column of a two-column paper (IEEE, ACM and most others)
+PAGE_WIDTH = 7.16  # inches: the full text width of a two-column page
 MIN_PANEL_WIDTH = 1.65  # narrower and the tick labels of a log axis collide
 FONT_PT = 7.0
-SMALL_PT = 6.5       # ticks, legends, cell text: the smallest size journals accept is 6 pt
+SMALL_PT = 6.5  # ticks, legends, cell text: the smallest size journals accept is 6 pt
 FAIL_MARK = dict(marker="x", s=24, linewidths=1.2, clip_on=False, zorder=5)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "p", "h", "*", "<", ">")
 # A measured series: solid line with markers, the same in every figure.
@@ -30,14 +30,32 @@ LINE = dict(ms=3.2, lw=1.1, zorder=3)
 LEGEND_HANDLE, LEGEND_TEXT_PAD, LEGEND_COLUMN_GAP = 1.8, 0.4, 1.0
 
 STYLE = {
-    "font.size": FONT_PT, "axes.titlesize": FONT_PT + 0.5, "axes.labelsize": FONT_PT,
-    "xtick.labelsize": SMALL_PT, "ytick.labelsize": SMALL_PT, "legend.fontsize": SMALL_PT,
-    "figure.titlesize": SMALL_PT, "axes.linewidth": 0.6, "xtick.major.width": 0.6, "ytick.major.width": 0.6,
-    "xtick.major.size": 2.5, "ytick.major.size": 2.5, "xtick.major.pad": 2, "ytick.major.pad": 2,
-    "axes.titlepad": 3, "axes.labelpad": 2, "lines.linewidth": 1.2, "lines.markersize": 3.5,
-    "grid.linewidth": 0.5, "legend.handlelength": LEGEND_HANDLE, "legend.columnspacing": LEGEND_COLUMN_GAP,
-    "legend.handletextpad": LEGEND_TEXT_PAD, "legend.borderaxespad": 0.2, "hatch.linewidth": 0.6,
-    "pdf.fonttype": 42, "svg.fonttype": "none",
+    "font.size": FONT_PT,
+    "axes.titlesize": FONT_PT + 0.5,
+    "axes.labelsize": FONT_PT,
+    "xtick.labelsize": SMALL_PT,
+    "ytick.labelsize": SMALL_PT,
+    "legend.fontsize": SMALL_PT,
+    "figure.titlesize": SMALL_PT,
+    "axes.linewidth": 0.6,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.major.size": 2.5,
+    "ytick.major.size": 2.5,
+    "xtick.major.pad": 2,
+    "ytick.major.pad": 2,
+    "axes.titlepad": 3,
+    "axes.labelpad": 2,
+    "lines.linewidth": 1.2,
+    "lines.markersize": 3.5,
+    "grid.linewidth": 0.5,
+    "legend.handlelength": LEGEND_HANDLE,
+    "legend.columnspacing": LEGEND_COLUMN_GAP,
+    "legend.handletextpad": LEGEND_TEXT_PAD,
+    "legend.borderaxespad": 0.2,
+    "hatch.linewidth": 0.6,
+    "pdf.fonttype": 42,
+    "svg.fonttype": "none",
 }
 
 
@@ -56,6 +74,7 @@ NOT_OK = ("not ok (see report)", lambda: Line2D([], [], color="grey", marker="x"
 
 
 # ------------------------------------------------------------------------------ colours, markers
+
 
 def _palette() -> list:
     import matplotlib
@@ -84,7 +103,7 @@ class SeriesStyle(dict):
     entry, so a figure per strategy matches the figures per series. `get` ignores its default for
     the same reason."""
 
-    def __init__(self, palette: list, aliases: Optional[dict] = None):
+    def __init__(self, palette: list, aliases: dict | None = None):
         super().__init__()
         self._palette = palette
         self._aliases = dict(aliases or {})
@@ -100,7 +119,7 @@ class SeriesStyle(dict):
         self[key] = value
         return value
 
-    def get(self, key, default=None):  # noqa: ARG002 - a default would bring back the black fallback
+    def get(self, key, default=None):
         return self[key]
 
 
@@ -111,8 +130,7 @@ def _style_map(df: pd.DataFrame, palette: list) -> SeriesStyle:
     if df.empty:
         return SeriesStyle(palette)
     series = df.drop_duplicates("series")[["series", "strategy"]]
-    ordered = sorted(series.itertuples(index=False),
-                     key=lambda r: (tbl.strategy_rank(r.strategy), r.series))
+    ordered = sorted(series.itertuples(index=False), key=lambda r: (tbl.strategy_rank(r.strategy), r.series))
     aliases = {}
     for r in ordered:
         aliases.setdefault(r.strategy, r.series)
@@ -120,7 +138,7 @@ def _style_map(df: pd.DataFrame, palette: list) -> SeriesStyle:
     scaling = set(scaling_runs(df)["series"])
     for r in ordered:
         if r.series in scaling:
-            out[r.series]  # noqa: B018 - assigns the next entry
+            out[r.series]
     return out
 
 
@@ -136,7 +154,6 @@ def series_markers(df: pd.DataFrame) -> SeriesStyle:
     return _style_map(df, list(MARKERS))
 
 
-def styles_for(df: pd.DataFrame, colors: Optional[dict], markers: Optional[dict]) -> tuple:
+def styles_for(df: pd.DataFrame, colors: dict | None, markers: dict | None) -> tuple:
     """(colours, markers): the caller's, shared across the figures of one report, else this table's."""
-    return (colors if colors is not None else series_colors(df),
-            markers if markers is not None else series_markers(df))
+    return (colors if colors is not None else series_colors(df), markers if markers is not None else series_markers(df))

@@ -10,10 +10,10 @@ the efficiency; it goes beside it where the cell is wide enough and under it (ta
 not. The base of each strategy (exactly 100% by definition) carries none. The widest interval is
 named in the caption.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -26,8 +26,8 @@ from ._style import COLUMN_WIDTH, SMALL_PT, style
 
 # A status too wide for its cell is written as its code, explained above the figure.
 ROW_H, STACKED_ROW_H = 0.16, 0.24  # inches a row of cells takes: one line of text, or an interval under it
-CI_PT = 5.5                        # the interval's type, as small as the status codes'
-CI_GAP = 0.03                      # inches between an efficiency and its interval beside it
+CI_PT = 5.5  # the interval's type, as small as the status codes'
+CI_GAP = 0.03  # inches between an efficiency and its interval beside it
 STATUS_CODES = {"timeout": "TIME", "incomplete": "INC", "diverged": "DIV", "failed": "FAIL", "skipped": "SKIP"}
 
 
@@ -39,8 +39,7 @@ def efficiency_definition(runs: pd.DataFrame) -> str:
     bases = runs[base_col].dropna()
     if not bases.empty and (bases == 1).all():
         return f"efficiency = ips(N) / (N × ips(1)), N = {xname}; 100% = ideal weak scaling"
-    return (f"efficiency = ips(N) / (N/N₀ × ips(N₀)), N = {xname}, N₀ = each strategy's smallest ok run; "
-            f"100% = ideal")
+    return f"efficiency = ips(N) / (N/N₀ × ips(N₀)), N = {xname}, N₀ = each strategy's smallest ok run; 100% = ideal"
 
 
 def _matrices(runs: pd.DataFrame, models: list) -> dict:
@@ -61,8 +60,9 @@ def _matrices(runs: pd.DataFrame, models: list) -> dict:
                 if r["status"] == "ok" and not pd.isna(r["efficiency"]):
                     values.loc[label(k), x] = r["efficiency"]
                     text.loc[label(k), x] = f"{r['efficiency'] * 100:.0f}%"
-                    spread.loc[label(k), x] = interval_points(r["efficiency"], r.get("efficiency_ci_low"),
-                                                              r.get("efficiency_ci_high"))
+                    spread.loc[label(k), x] = interval_points(
+                        r["efficiency"], r.get("efficiency_ci_low"), r.get("efficiency_ci_high")
+                    )
                 else:
                     text.loc[label(k), x] = "×\n" + str(r["status"]).upper()
         matrices[model] = (values, text, xname, spread)
@@ -89,8 +89,10 @@ def widest_interval(runs: pd.DataFrame) -> str:
     if r["efficiency_ci_high"] <= r["efficiency_ci_low"]:
         return ""
     xcol, xname = tbl.x_axis(runs[runs["model"] == r["model"]])
-    return (f"widest interval: {r['series']} at {int(r[xcol])} {xname} ({r['model']}), "
-            f"{r['efficiency_ci_low'] * 100:.0f}–{r['efficiency_ci_high'] * 100:.0f}%")
+    return (
+        f"widest interval: {r['series']} at {int(r[xcol])} {xname} ({r['model']}), "
+        f"{r['efficiency_ci_low'] * 100:.0f}–{r['efficiency_ci_high'] * 100:.0f}%"
+    )
 
 
 def _grid(matrices: dict, n_models: int, width: float, label_w: float, shared: bool, row_h: float) -> tuple:
@@ -101,8 +103,11 @@ def _grid(matrices: dict, n_models: int, width: float, label_w: float, shared: b
     panel_h = 0.3 + row_h * tallest
     # Panels side by side only as far as the figure would otherwise grow past half a page
     # column: wider cells keep whole words (TIMEOUT) and the % sign.
-    fits = [n for n in range(1, min(n_models, 4) + 1)
-            if label_w * (1 if shared else n) + n * widest * min_cell + (n - 1) * gap <= width - 0.05] or [1]
+    fits = [
+        n
+        for n in range(1, min(n_models, 4) + 1)
+        if label_w * (1 if shared else n) + n * widest * min_cell + (n - 1) * gap <= width - 0.05
+    ] or [1]
     ncols = next((n for n in fits if math.ceil(n_models / n) * panel_h + 0.8 <= 4.5), fits[-1])
     cell_w = min(0.5, (width - 0.05 - label_w * (1 if shared else ncols) - (ncols - 1) * gap) / (ncols * widest))
     return panel_h, math.ceil(n_models / ncols), ncols, cell_w
@@ -118,7 +123,7 @@ def _inline_width(matrices: dict, percent: bool) -> float:
     return need
 
 
-def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
+def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
     runs = scaling_runs(df)
     if runs.empty or scaling_support(df) is not None:
         return None
@@ -136,8 +141,7 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
     beside = has_ci and _inline_width(matrices, False) + 0.08 <= cell_w
     if has_ci and not beside:
         panel_h, nrows, ncols, cell_w = _grid(matrices, len(models), width, label_w, shared, STACKED_ROW_H)
-    with_percent = (_inline_width(matrices, True) + 0.08 <= cell_w if beside
-                    else cell_w >= text_width("100%") + 0.06)
+    with_percent = _inline_width(matrices, True) + 0.08 <= cell_w if beside else cell_w >= text_width("100%") + 0.06
     definition = efficiency_definition(runs) + ("" if with_percent else " · cells in %")
     if has_ci:
         definition += " · small: the 95% CI's wider side, ± points"
@@ -153,8 +157,9 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
         for i, model in enumerate(models):
             ax = axes[i // ncols][i % ncols]
             values, text, xname, spread = matrices[model]
-            image = ax.imshow(np.ma.masked_invalid(values.to_numpy(dtype=float)), cmap="RdYlGn", vmin=vmin,
-                              vmax=vmax, aspect="auto")
+            image = ax.imshow(
+                np.ma.masked_invalid(values.to_numpy(dtype=float)), cmap="RdYlGn", vmin=vmin, vmax=vmax, aspect="auto"
+            )
             for (r, c), t in np.ndenumerate(text.to_numpy()):
                 failed = "×" in t
                 if failed and text_width(t.split("\n")[-1], 5.5) > cell_w * 0.95:
@@ -166,8 +171,16 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
                 if not failed and not with_percent:
                     t = t.rstrip("%")
                 if failed or not has_ci:
-                    ax.text(c, r, t, ha="center", va="center", fontsize=5.5 if failed else SMALL_PT,
-                            color="firebrick" if failed else "black", linespacing=0.85)
+                    ax.text(
+                        c,
+                        r,
+                        t,
+                        ha="center",
+                        va="center",
+                        fontsize=5.5 if failed else SMALL_PT,
+                        color="firebrick" if failed else "black",
+                        linespacing=0.85,
+                    )
                 elif t:
                     _cell_with_interval(ax, r, c, t, spread.iat[r, c], beside)
             ax.set_xticks(range(len(values.columns)), [str(c) for c in values.columns])
@@ -183,23 +196,45 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Optional[Plot]:
         if image is not None:
             from matplotlib.ticker import PercentFormatter
 
-            bar = fig.colorbar(image, ax=[a for a in axes.ravel() if a.get_visible()], orientation="horizontal",
-                               location="bottom", shrink=0.6, aspect=30, pad=0.01)
+            bar = fig.colorbar(
+                image,
+                ax=[a for a in axes.ravel() if a.get_visible()],
+                orientation="horizontal",
+                location="bottom",
+                shrink=0.6,
+                aspect=30,
+                pad=0.01,
+            )
             bar.set_label("scaling efficiency", fontsize=SMALL_PT, labelpad=1)
             bar.ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
             ticks(bar.ax)
     codes = ", ".join(f"{k} = {v}" for k, v in sorted(status_codes.items()))
     widest = widest_interval(runs)
-    intervals = (" The smaller figure in a cell is the wider side of the efficiency's 95% confidence interval, "
-                 "in percentage points, propagated from the intervals of the two medians (the point's and its "
-                 f"base's; {INTERVAL}: {interval_how(tbl.usable(runs))}); none at the base, 100% by definition"
-                 + (f"; {widest}." if widest else ".")) if has_ci else ""
-    return Plot("efficiency", "Scaling efficiency", fig, {m: v for m, (v, _, _, _) in matrices.items()},
-                f"Weak-scaling {efficiency_definition(runs)}. Cells in percent; × marks a run that did not finish ok"
-                + (f" ({codes})." if codes else ".") + intervals,
-                extra={"definition": efficiency_definition(runs), "status_codes": status_codes,
-                       "intervals": {m: sp for m, (_, _, _, sp) in matrices.items()},
-                       "interval_placement": ("beside" if beside else "under") if has_ci else None})
+    intervals = (
+        (
+            " The smaller figure in a cell is the wider side of the efficiency's 95% confidence interval, "
+            "in percentage points, propagated from the intervals of the two medians (the point's and its "
+            f"base's; {INTERVAL}: {interval_how(tbl.usable(runs))}); none at the base, 100% by definition"
+            + (f"; {widest}." if widest else ".")
+        )
+        if has_ci
+        else ""
+    )
+    return Plot(
+        "efficiency",
+        "Scaling efficiency",
+        fig,
+        {m: v for m, (v, _, _, _) in matrices.items()},
+        f"Weak-scaling {efficiency_definition(runs)}. Cells in percent; × marks a run that did not finish ok"
+        + (f" ({codes})." if codes else ".")
+        + intervals,
+        extra={
+            "definition": efficiency_definition(runs),
+            "status_codes": status_codes,
+            "intervals": {m: sp for m, (_, _, _, sp) in matrices.items()},
+            "interval_placement": ("beside" if beside else "under") if has_ci else None,
+        },
+    )
 
 
 def _cell_with_interval(ax, r: int, c: int, value: str, ci: str, beside: bool) -> None:
@@ -212,8 +247,7 @@ def _cell_with_interval(ax, r: int, c: int, value: str, ci: str, beside: bool) -
         left = -(w_value + w_ci) / 2
         ax.annotate(value, xytext=(left, -2.3), ha="left", va="baseline", fontsize=SMALL_PT, **kw)
         if ci:
-            ax.annotate(ci, xytext=(left + w_value + CI_GAP * 72, -2.3), ha="left", va="baseline", fontsize=CI_PT,
-                        **kw)
+            ax.annotate(ci, xytext=(left + w_value + CI_GAP * 72, -2.3), ha="left", va="baseline", fontsize=CI_PT, **kw)
         return
     ax.annotate(value, xytext=(0, 0.6 if ci else -2.3), ha="center", va="baseline", fontsize=SMALL_PT, **kw)
     if ci:

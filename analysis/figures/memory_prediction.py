@@ -1,10 +1,10 @@
 """The planner's predicted peak allocated memory (recorded in each run's start) against the
 measured peak, each point named by its model, with the residual of every point in a panel below."""
+
 from __future__ import annotations
 
 import math
 import re
-from typing import Optional
 
 import numpy as np
 import pandas as pd
@@ -19,8 +19,12 @@ from ._runs import model_order, run_facts
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, SMALL_PT, style, styles_for
 
-FAMILY_NAMES = {"ddp": "DDP and FSDP", "fsdp": "DDP and FSDP", "deepspeed": "DeepSpeed ZeRO",
-                "colossalai": "ColossalAI"}
+FAMILY_NAMES = {
+    "ddp": "DDP and FSDP",
+    "fsdp": "DDP and FSDP",
+    "deepspeed": "DeepSpeed ZeRO",
+    "colossalai": "ColossalAI",
+}
 FAMILY_SHORT = {"DDP and FSDP": "DDP/FSDP", "DeepSpeed ZeRO": "ZeRO"}  # for the figure's own text
 NO_PREDICTION = "no GPU run carries a plan prediction (CPU runs measure RSS, which the planner does not model)"
 
@@ -31,8 +35,13 @@ def prediction_rows(df: pd.DataFrame) -> pd.DataFrame:
     process, not the tensors the planner counts."""
     if df.empty or "plan_peak_allocated_gib" not in df:
         return df.iloc[0:0]
-    runs = df[(df["status"] == "ok") & (df["memory_measure"] == "allocated")
-              & df["plan_peak_allocated_gib"].notna() & df["memory_gib"].notna() & (df["memory_gib"] > 0)].copy()
+    runs = df[
+        (df["status"] == "ok")
+        & (df["memory_measure"] == "allocated")
+        & df["plan_peak_allocated_gib"].notna()
+        & df["memory_gib"].notna()
+        & (df["memory_gib"] > 0)
+    ].copy()
     runs["residual"] = runs["plan_peak_allocated_gib"] / runs["memory_gib"] - 1.0
     runs["family_group"] = [FAMILY_NAMES.get(str(f), str(f)) for f in runs["family"]]
     return runs
@@ -51,8 +60,9 @@ def _short_model(model: str) -> str:
     return re.sub(r"^vit_", "", str(model))
 
 
-def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-                     markers: Optional[dict] = None) -> Optional[Plot]:
+def predicted_memory(
+    df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH, markers: dict | None = None
+) -> Plot | None:
     runs = prediction_rows(df)
     if runs.empty:
         return None
@@ -63,9 +73,15 @@ def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: flo
     legend_labels = list(strategies) + ["equal", "±15%"]
     # A scatter needs no more height on a page-wide figure than in a column.
     side = min(width, COLUMN_WIDTH + 0.1)
-    fig, axes = new_figure(2, 1, width, 0.5 * side,
-                           legend_height(legend_labels, width) + title_height(facts, width) + 0.1,
-                           sharex=True, gridspec_kw={"height_ratios": [2.2, 1]})
+    fig, axes = new_figure(
+        2,
+        1,
+        width,
+        0.5 * side,
+        legend_height(legend_labels, width) + title_height(facts, width) + 0.1,
+        sharex=True,
+        gridspec_kw={"height_ratios": [2.2, 1]},
+    )
     ax, res_ax = axes[0][0], axes[1][0]
     drawn = {}
     lo = float(min(runs["plan_peak_allocated_gib"].min(), runs["memory_gib"].min()))
@@ -76,10 +92,26 @@ def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: flo
         for strategy in strategies:
             sub = runs[runs["strategy"] == strategy]
             color, marker = colors[strategy], markers[strategy]
-            sc = ax.scatter(sub["plan_peak_allocated_gib"], sub["memory_gib"], s=16, color=color, marker=marker,
-                            zorder=3, lw=0.4, edgecolor="white")
-            res_ax.scatter(sub["plan_peak_allocated_gib"], sub["residual"] * 100, s=14, color=color, marker=marker,
-                           zorder=3, lw=0.4, edgecolor="white")
+            sc = ax.scatter(
+                sub["plan_peak_allocated_gib"],
+                sub["memory_gib"],
+                s=16,
+                color=color,
+                marker=marker,
+                zorder=3,
+                lw=0.4,
+                edgecolor="white",
+            )
+            res_ax.scatter(
+                sub["plan_peak_allocated_gib"],
+                sub["residual"] * 100,
+                s=14,
+                color=color,
+                marker=marker,
+                zorder=3,
+                lw=0.4,
+                edgecolor="white",
+            )
             drawn[strategy] = len(sub)
             items.append((strategy, sc))
         if log:
@@ -107,22 +139,49 @@ def predicted_memory(df: pd.DataFrame, colors: Optional[dict] = None, width: flo
         res_ax.set_xlabel("predicted peak allocated per GPU (GiB), vit-scale plan")
         res_ax.grid(True, alpha=0.3)
         ticks(res_ax)
-        stated = "max |residual|: " + ", ".join(f"{FAMILY_SHORT.get(g, g)} {m * 100:.1f}% ({n})"
-                                                 for g, n, m, _ in summary)
-        res_ax.text(0.01, 0.97, stated, transform=res_ax.transAxes, ha="left", va="top", fontsize=SMALL_PT - 0.5,
-                    color="0.2", bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5))
+        stated = "max |residual|: " + ", ".join(
+            f"{FAMILY_SHORT.get(g, g)} {m * 100:.1f}% ({n})" for g, n, m, _ in summary
+        )
+        res_ax.text(
+            0.01,
+            0.97,
+            stated,
+            transform=res_ax.transAxes,
+            ha="left",
+            va="top",
+            fontsize=SMALL_PT - 0.5,
+            color="0.2",
+            bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5),
+        )
         facts_title(fig, facts, width)
-        items += [("equal", Line2D([], [], color="grey", lw=0.8)),
-                  ("±15%", PathPatch(Path([(0, 0), (1, 0), (1, 1)]), facecolor="grey", alpha=0.2, lw=0))]
+        items += [
+            ("equal", Line2D([], [], color="grey", lw=0.8)),
+            ("±15%", PathPatch(Path([(0, 0), (1, 0), (1, 1)]), facecolor="grey", alpha=0.2, lw=0)),
+        ]
         legend_below(fig, items, width)
-    caption = ("Each point is one ok GPU run, labelled with its model; the line is equality and the band ±15%. "
-               "Below: the residual (predicted − measured) / measured of each point. Largest |residual|: "
-               + "; ".join(f"{g} {m * 100:.1f}% over {n} run{'s' if n > 1 else ''} "
-                           f"({', '.join(_short_model(x) for x in models)})" for g, n, m, models in summary) + ".")
-    return Plot("predicted_memory", "Predicted against measured memory", fig, drawn, caption,
-                extra={"residuals": {(r.model, r.series, int(r.nodes), int(r.world_size)): float(r.residual)
-                                     for r in runs.itertuples()},
-                       "max_residual": {g: m for g, _, m, _ in summary}, "log": log})
+    caption = (
+        "Each point is one ok GPU run, labelled with its model; the line is equality and the band ±15%. "
+        "Below: the residual (predicted − measured) / measured of each point. Largest |residual|: "
+        + "; ".join(
+            f"{g} {m * 100:.1f}% over {n} run{'s' if n > 1 else ''} ({', '.join(_short_model(x) for x in models)})"
+            for g, n, m, models in summary
+        )
+        + "."
+    )
+    return Plot(
+        "predicted_memory",
+        "Predicted against measured memory",
+        fig,
+        drawn,
+        caption,
+        extra={
+            "residuals": {
+                (r.model, r.series, int(r.nodes), int(r.world_size)): float(r.residual) for r in runs.itertuples()
+            },
+            "max_residual": {g: m for g, _, m, _ in summary},
+            "log": log,
+        },
+    )
 
 
 def _label_points(ax, runs: pd.DataFrame, log: bool, axes_size: tuple) -> None:
@@ -135,10 +194,16 @@ def _label_points(ax, runs: pd.DataFrame, log: bool, axes_size: tuple) -> None:
     """
     x0, x1 = ax.get_xlim()
     y0, y1 = ax.get_ylim()
-    tx = (lambda v: (math.log10(v) - math.log10(x0)) / (math.log10(x1) - math.log10(x0))) if log else \
-        (lambda v: (v - x0) / (x1 - x0))
-    ty = (lambda v: (math.log10(v) - math.log10(y0)) / (math.log10(y1) - math.log10(y0))) if log else \
-        (lambda v: (v - y0) / (y1 - y0))
+    tx = (
+        (lambda v: (math.log10(v) - math.log10(x0)) / (math.log10(x1) - math.log10(x0)))
+        if log
+        else (lambda v: (v - x0) / (x1 - x0))
+    )
+    ty = (
+        (lambda v: (math.log10(v) - math.log10(y0)) / (math.log10(y1) - math.log10(y0)))
+        if log
+        else (lambda v: (v - y0) / (y1 - y0))
+    )
     w_in, h_in = axes_size
     ordered = runs.sort_values("plan_peak_allocated_gib")
     data = [(r.model, float(r.plan_peak_allocated_gib), float(r.memory_gib)) for r in ordered.itertuples()]
@@ -148,8 +213,9 @@ def _label_points(ax, runs: pd.DataFrame, log: bool, axes_size: tuple) -> None:
     taken = [(x - mark_w, y - mark_h, x + mark_w, y + mark_h) for _, x, y in pts]
     clusters: list = []  # [model, [(x, y)]]
     for model, x, y in pts:
-        near = next((c for c in clusters if c[0] == model and abs(c[1][-1][0] - x) < 0.08
-                     and abs(c[1][-1][1] - y) < 0.08), None)
+        near = next(
+            (c for c in clusters if c[0] == model and abs(c[1][-1][0] - x) < 0.08 and abs(c[1][-1][1] - y) < 0.08), None
+        )
         if near:
             near[1].append((x, y))
         else:
@@ -167,17 +233,35 @@ def _label_points(ax, runs: pd.DataFrame, log: bool, axes_size: tuple) -> None:
             cands.append((min(xs) - reach * gap_x - tw, max(ys) + reach * gap_y))
             cands.append((max(xs) + reach * gap_x, min(ys) - reach * gap_y - th))
         boxes = [(cx, cy, cx + tw, cy + th) for cx, cy in cands]
-        free = [b for b in boxes if 0 <= b[0] and b[2] <= 1 and 0 <= b[1] and b[3] <= 1
-                and not any(b[0] < o[2] and o[0] < b[2] and b[1] < o[3] and o[1] < b[3] for o in taken)]
+        free = [
+            b
+            for b in boxes
+            if 0 <= b[0]
+            and b[2] <= 1
+            and 0 <= b[1]
+            and b[3] <= 1
+            and not any(b[0] < o[2] and o[0] < b[2] and b[1] < o[3] and o[1] < b[3] for o in taken)
+        ]
         box = free[0] if free else boxes[0]
         taken.append(box)
         # A hairline to the nearest point of its group: two models' groups can sit side by side.
         cx, cy = (box[0] + box[2]) / 2, (box[1] + box[3]) / 2
         mx, my = min(members, key=lambda m: (m[0] - cx) ** 2 + (m[1] - cy) ** 2)
-        ax.annotate(text, to_data[(model, mx, my)], xytext=(box[0], box[1]), textcoords="axes fraction",
-                    ha="left", va="bottom", fontsize=pt, color="0.25",
-                    arrowprops=dict(arrowstyle="-", lw=0.4, color="0.55", shrinkA=0.5, shrinkB=2.5))
+        ax.annotate(
+            text,
+            to_data[(model, mx, my)],
+            xytext=(box[0], box[1]),
+            textcoords="axes fraction",
+            ha="left",
+            va="bottom",
+            fontsize=pt,
+            color="0.25",
+            arrowprops=dict(arrowstyle="-", lw=0.4, color="0.55", shrinkA=0.5, shrinkB=2.5),
+        )
 
 
-FIGURE = FigureSpec("predicted against measured memory",
-                lambda i: predicted_memory(i.results, i.colors, i.width, i.markers), lambda i: NO_PREDICTION)
+FIGURE = FigureSpec(
+    "predicted against measured memory",
+    lambda i: predicted_memory(i.results, i.colors, i.width, i.markers),
+    lambda i: NO_PREDICTION,
+)

@@ -1,17 +1,28 @@
 """Peak memory per device against nodes, one panel per model; FULL_SHARD in panels of its own when
 other strategies ran too (its memory falls with every node added while theirs stays flat)."""
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import pandas as pd
 
 from .. import table as tbl
 from ._axes import capacity_line, log2_x, mark_entries, mark_failures, measured_line
 from ._layout import Plot, facts_title, hide_unused, legend_below, legend_height, new_figure, panel_grid, title_height
-from ._runs import (RSS_NOTE, labeller, line_order, lines, memory_label, model_order, model_title, run_facts,
-                    scaling_runs, scaling_support, series_items)
+from ._runs import (
+    RSS_NOTE,
+    labeller,
+    line_order,
+    lines,
+    memory_label,
+    model_order,
+    model_title,
+    run_facts,
+    scaling_runs,
+    scaling_support,
+    series_items,
+)
 from ._spec import FigureSpec
 from ._style import CAPACITY, COLUMN_WIDTH, MIN_PANEL_WIDTH, NOT_OK, style, styles_for
 
@@ -38,8 +49,9 @@ def _coinciding(points: list, tolerance: float) -> list:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-           markers: Optional[dict] = None) -> Optional[Plot]:
+def memory(
+    df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH, markers: dict | None = None
+) -> Plot | None:
     runs = scaling_runs(df)
     if runs.empty or scaling_support(df, "memory_gib") is not None:
         return None
@@ -68,9 +80,14 @@ def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUM
         for i, model in enumerate(models):
             sub_all = runs[runs["model"] == model]
             xcol, xname = tbl.x_axis(sub_all)
-            panels = [("FULL_SHARD", sub_all[sub_all["strategy"] == "FULL_SHARD"]),
-                      ("other strategies", sub_all[sub_all["strategy"] != "FULL_SHARD"])] if split else \
-                     [("all strategies", sub_all)]
+            panels = (
+                [
+                    ("FULL_SHARD", sub_all[sub_all["strategy"] == "FULL_SHARD"]),
+                    ("other strategies", sub_all[sub_all["strategy"] != "FULL_SHARD"]),
+                ]
+                if split
+                else [("all strategies", sub_all)]
+            )
             capacity = sub_all["device_memory_gib"].dropna()
             xs_all = sorted({int(x) for x in sub_all[xcol]})
             for j, (panel_name, sub) in enumerate(panels):
@@ -87,8 +104,10 @@ def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUM
                 # Series with the same memory hide one another (DDP and NO_SHARD under
                 # SHARD_GRAD_OP): shift each such group sideways by about a marker's width. Only
                 # equal values (0.5% of the axis): merely close ones would chain into one wide group.
-                groups = _coinciding([(key, dict(zip(ok[xcol].astype(int), ok["memory_gib"])))
-                                      for key, _, ok in series if not ok.empty], 0.005 * top)
+                groups = _coinciding(
+                    [(key, dict(zip(ok[xcol].astype(int), ok["memory_gib"]))) for key, _, ok in series if not ok.empty],
+                    0.005 * top,
+                )
                 doublings = max(1.0, math.log2(max(xs_all) / min(xs_all))) if xs_all else 1.0
                 step = (4.5 / 72) * doublings / max(0.6, panel_w)
                 offset = {}
@@ -133,14 +152,24 @@ def memory(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUM
         caption += " Dotted: the device's memory."
     names = list(dict.fromkeys(" = ".join(g) for _, g in shifted))
     if names:
-        caption += (" Series with equal memory are shifted sideways slightly so each shows: "
-                    + "; ".join(names) + ".")
+        caption += " Series with equal memory are shifted sideways slightly so each shows: " + "; ".join(names) + "."
     if cpu:
-        caption += (" These are CPU runs: the peak RSS of each process holds the interpreter, torch and the "
-                    "data buffers as well as the model state, so it says nothing about what sharding saves.")
-    return Plot("memory", "Peak memory per device", fig, drawn, caption,
-                extra={"shifted": shifted, "ylim_top": tops, "facts": facts})
+        caption += (
+            " These are CPU runs: the peak RSS of each process holds the interpreter, torch and the "
+            "data buffers as well as the model state, so it says nothing about what sharding saves."
+        )
+    return Plot(
+        "memory",
+        "Peak memory per device",
+        fig,
+        drawn,
+        caption,
+        extra={"shifted": shifted, "ylim_top": tops, "facts": facts},
+    )
 
 
-FIGURE = FigureSpec("memory", lambda i: memory(i.results, i.colors, i.width, i.markers),
-                lambda i: scaling_support(i.results, "memory_gib"))
+FIGURE = FigureSpec(
+    "memory",
+    lambda i: memory(i.results, i.colors, i.width, i.markers),
+    lambda i: scaling_support(i.results, "memory_gib"),
+)

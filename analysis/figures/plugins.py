@@ -1,9 +1,8 @@
 """Seeds 000/001: strategies (ColossalAI plugins and others) on one device, throughput and peak
 memory against batch size, found in any study by its data (single-device runs at two or more
 batch sizes)."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import numpy as np
 import pandas as pd
@@ -23,7 +22,7 @@ def plugin_groups(df: pd.DataFrame) -> list:
     return [k for k, v in n.items() if v >= 2]
 
 
-def plugin_support(df: pd.DataFrame) -> Optional[str]:
+def plugin_support(df: pd.DataFrame) -> str | None:
     """None when the figure has a line to draw; else why not."""
     if df.empty:
         return "no runs"
@@ -34,12 +33,15 @@ def plugin_support(df: pd.DataFrame) -> Optional[str]:
         sub = tbl.usable(df[(df["world_size"] == 1) & (df["study"] == study) & (df["model"] == model)])
         if (sub.groupby("series")["batch_per_device"].nunique() >= 2).any():
             return None
-    return ("every strategy has at most one batch size that finished ok, so each line would be one point; "
-            "the table holds the numbers")
+    return (
+        "every strategy has at most one batch size that finished ok, so each line would be one point; "
+        "the table holds the numbers"
+    )
 
 
-def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-                      markers: Optional[dict] = None) -> Optional[Plot]:
+def plugin_comparison(
+    df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH, markers: dict | None = None
+) -> Plot | None:
     groups = plugin_groups(df)
     if not groups or plugin_support(df) is not None:
         return None
@@ -48,8 +50,9 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
     facts = run_facts(one) + f" · bars: {interval_facts(tbl.usable(one))}"
     legend_labels = sorted(set(one["series"])) + [CAPACITY[0], NOT_OK[0]]
     panel_h = min(2.0, max(1.45, 0.42 * width))
-    fig, axes = new_figure(len(groups), 2, width, panel_h,
-                           legend_height(legend_labels, width) + title_height(facts, width) + 0.1)
+    fig, axes = new_figure(
+        len(groups), 2, width, panel_h, legend_height(legend_labels, width) + title_height(facts, width) + 0.1
+    )
     handles, drawn, bars = {}, {}, {}
     with style():
         for i, (study, model) in enumerate(groups):
@@ -67,7 +70,8 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
                     ips, low, high = ips_points(ok)
                     h = measured_line(ips_ax, ok["batch_per_device"], ips, color, marker, clip=False)
                     bars[(study, model)] = bars.get((study, model), 0) + error_bars(
-                        ips_ax, ok["batch_per_device"].to_numpy(float), ips, low, high, color, log_y=False)
+                        ips_ax, ok["batch_per_device"].to_numpy(float), ips, low, high, color, log_y=False
+                    )
                     handles.setdefault(("", series, 0), h)
                     counts["ips_lines"] += 1
                 mem = line[(line["status"] == "ok") & line["memory_gib"].notna()]
@@ -85,8 +89,9 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
                 log2_x(ax, sub["batch_per_device"])
                 ax.set_xlabel("batch size")
                 ax.grid(True, alpha=0.3)
-            ips_top = max((v for v in np.concatenate(ips_points(tbl.usable(sub))) if not np.isnan(v)),
-                          default=np.nan)  # the highest marker or bar
+            ips_top = max(
+                (v for v in np.concatenate(ips_points(tbl.usable(sub))) if not np.isnan(v)), default=np.nan
+            )  # the highest marker or bar
             ips_ax.set_ylabel("images/s")
             ips_ax.set_ylim(0, (ips_top if not pd.isna(ips_top) else 1.0) * 1.12)
             mem_top = max([sub["memory_gib"].max()] + list(capacity))
@@ -98,11 +103,19 @@ def plugin_comparison(df: pd.DataFrame, colors: Optional[dict] = None, width: fl
         extra = mark_entries(drawn.values(), capacity=CAPACITY, failed=NOT_OK)
         facts_title(fig, facts, width)
         legend_below(fig, series_items(handles, lambda k: k[1]) + extra, width)
-    return Plot("plugin_comparison", "Single-device strategy comparison", fig, drawn,
-                f"Throughput (each point's median; error bars: the {interval_text(tbl.usable(one))}) and peak memory "
-                "on one device against batch size, one line per strategy (seeds 000/001).",
-                extra={"facts": facts, "errorbars": bars})
+    return Plot(
+        "plugin_comparison",
+        "Single-device strategy comparison",
+        fig,
+        drawn,
+        f"Throughput (each point's median; error bars: the {interval_text(tbl.usable(one))}) and peak memory "
+        "on one device against batch size, one line per strategy (seeds 000/001).",
+        extra={"facts": facts, "errorbars": bars},
+    )
 
 
-FIGURE = FigureSpec("plugin comparison", lambda i: plugin_comparison(i.results, i.colors, i.width, i.markers),
-                lambda i: plugin_support(i.results))
+FIGURE = FigureSpec(
+    "plugin comparison",
+    lambda i: plugin_comparison(i.results, i.colors, i.width, i.markers),
+    lambda i: plugin_support(i.results),
+)

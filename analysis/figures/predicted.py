@@ -2,6 +2,7 @@
 measured line (solid, each point's median with its 95% confidence interval as error bars, as on the
 scaling figure) with the curve vit_scale.planning.predict gives for the same points (dashed, same
 colour). The predictions come from analysis/prediction.py (prediction.csv), held against the same medians."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -60,8 +61,13 @@ def support(df: pd.DataFrame, predictions: pd.DataFrame | None) -> str | None:
     return None if (counts >= 2).any() else "no scaling line has two predicted points"
 
 
-def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, colors: dict | None = None,
-                           width: float = COLUMN_WIDTH, markers: dict | None = None) -> Plot | None:
+def weak_scaling_predicted(
+    df: pd.DataFrame,
+    predictions: pd.DataFrame | None,
+    colors: dict | None = None,
+    width: float = COLUMN_WIDTH,
+    markers: dict | None = None,
+) -> Plot | None:
     if support(df, predictions) is not None:
         return None
     runs = _with_predictions(scaling_runs(df), predictions)
@@ -71,8 +77,11 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, c
     label = labeller(runs)
     legend_labels = sorted({label(k) for k, _ in lines(runs)}) + [PREDICTED[0], NOT_OK[0]]
     cals = predictions["calibration"].dropna().unique() if "calibration" in predictions else []
-    facts = (run_facts(runs) + f" · bars: {interval_facts(tbl.usable(runs))}"
-             + f" · dashed: predicted, calibration {', '.join(map(str, cals)) or 'none'}")
+    facts = (
+        run_facts(runs)
+        + f" · bars: {interval_facts(tbl.usable(runs))}"
+        + f" · dashed: predicted, calibration {', '.join(map(str, cals)) or 'none'}"
+    )
     panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
     slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)
     extra_h = (0 if slot else legend_height(legend_labels, width)) + title_height(facts, width) + 0.1
@@ -119,13 +128,18 @@ def weak_scaling_predicted(df: pd.DataFrame, predictions: pd.DataFrame | None, c
             legend_in_slot(axes[slot[0]][slot[1]], series_items(handles, label) + extra)
         else:
             legend_below(fig, series_items(handles, label) + extra, width)
-    return Plot("weak_scaling_predicted", "Weak scaling: measured against predicted", fig, drawn,
-                "Images/s of the whole job, log scale, against nodes (log2): measured, each point's median (solid; "
-                f"error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker), and the images/s "
-                "vit_scale.planning.predict gives for the same points (dashed, same colour), its compute from the "
-                "median of the study's 1-node rung and its collectives from the calibration named above "
-                "(prediction.csv); × marks a run that did not finish ok.",
-                extra={"predicted": curves, "errorbars": bars, "facts": facts})
+    return Plot(
+        "weak_scaling_predicted",
+        "Weak scaling: measured against predicted",
+        fig,
+        drawn,
+        "Images/s of the whole job, log scale, against nodes (log2): measured, each point's median (solid; "
+        f"error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker), and the images/s "
+        "vit_scale.planning.predict gives for the same points (dashed, same colour), its compute from the "
+        "median of the study's 1-node rung and its collectives from the calibration named above "
+        "(prediction.csv); × marks a run that did not finish ok.",
+        extra={"predicted": curves, "errorbars": bars, "facts": facts},
+    )
 
 
 def _why_not(i) -> str | None:
@@ -135,6 +149,8 @@ def _why_not(i) -> str | None:
     return support(i.results, i.predictions)
 
 
-FIGURE = FigureSpec("weak scaling against prediction",
-                    lambda i: weak_scaling_predicted(i.results, i.predictions, i.colors, i.width, i.markers),
-                    _why_not)
+FIGURE = FigureSpec(
+    "weak scaling against prediction",
+    lambda i: weak_scaling_predicted(i.results, i.predictions, i.colors, i.width, i.markers),
+    _why_not,
+)

@@ -1,9 +1,8 @@
 """Figure 1 of seed 003: images/s of one model at one node count for each FSDP sharding strategy,
 backward prefetch and limit_all_gathers setting, as grouped bars: each configuration's median images/s with
 its 95% confidence interval."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import pandas as pd
 from matplotlib.lines import Line2D
@@ -29,7 +28,7 @@ def _grid_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[has & (df["family"] == "fsdp")]
 
 
-def pick_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int] = None):
+def pick_grid(df: pd.DataFrame, model: str | None = None, nodes: int | None = None):
     """(study, model, nodes, batch) with the most FSDP prefetch × limit_all_gathers configurations.
 
     Raises ValueError naming what exists when --grid-model/--grid-nodes match nothing.
@@ -38,21 +37,25 @@ def pick_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int
     if model is not None:
         if model not in set(rows["model"]):
             have = ", ".join(sorted(set(rows["model"]))) or "none"
-            raise ValueError(f"--grid-model: no FSDP runs with prefetch options for {model!r}; "
-                             f"models with them: {have}")
+            raise ValueError(
+                f"--grid-model: no FSDP runs with prefetch options for {model!r}; models with them: {have}"
+            )
         rows = rows[rows["model"] == model]
     if nodes is not None:
         if nodes not in set(rows["nodes"]):
             have = ", ".join(str(n) for n in sorted(set(rows["nodes"]))) or "none"
-            raise ValueError(f"--grid-nodes: no FSDP runs with prefetch options at {nodes} nodes"
-                             f"{' for ' + model if model else ''}; node counts with them: {have}")
+            raise ValueError(
+                f"--grid-nodes: no FSDP runs with prefetch options at {nodes} nodes"
+                f"{' for ' + model if model else ''}; node counts with them: {have}"
+            )
         rows = rows[rows["nodes"] == nodes]
     if rows.empty:
         return None
     # A grid needs some strategy at two or more settings; several strategies at one setting each
     # is just a bar chart of the weak-scaling runs at that node count.
-    distinct = rows.drop_duplicates(["study", "model", "nodes", "batch_per_device", "strategy",
-                                     "opt_backward_prefetch", "opt_limit_all_gathers"])
+    distinct = rows.drop_duplicates(
+        ["study", "model", "nodes", "batch_per_device", "strategy", "opt_backward_prefetch", "opt_limit_all_gathers"]
+    )
     point = ["study", "model", "nodes", "batch_per_device"]
     per_strategy = distinct.groupby(point + ["strategy"]).size().groupby(level=point).max()
     configs = distinct.groupby(point).size()
@@ -64,23 +67,34 @@ def pick_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int
     return max(top, key=lambda k: (k[2], k[1]))  # ties: the larger node count
 
 
-def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[int] = None,
-                width: float = COLUMN_WIDTH) -> Optional[Plot]:
+def config_grid(
+    df: pd.DataFrame, model: str | None = None, nodes: int | None = None, width: float = COLUMN_WIDTH
+) -> Plot | None:
     pick = pick_grid(df, model, nodes)
     if pick is None:
         return None
     study, model, nodes, batch = pick
     rows = _grid_rows(df)
-    rows = rows[(rows["study"] == study) & (rows["model"] == model) & (rows["nodes"] == nodes)
-                & (rows["batch_per_device"] == batch)]
+    rows = rows[
+        (rows["study"] == study)
+        & (rows["model"] == model)
+        & (rows["nodes"] == nodes)
+        & (rows["batch_per_device"] == batch)
+    ]
     labels = [s for s in GRID_STRATEGIES if s in set(rows["strategy"])] + sorted(
-        s for s in set(rows["strategy"]) if s not in GRID_STRATEGIES)
-    combos = [(p, lag) for p in PREFETCH_ORDER for lag in (False, True)
-              if ((rows["opt_backward_prefetch"] == p) & (rows["opt_limit_all_gathers"] == lag)).any()]
+        s for s in set(rows["strategy"]) if s not in GRID_STRATEGIES
+    )
+    combos = [
+        (p, lag)
+        for p in PREFETCH_ORDER
+        for lag in (False, True)
+        if ((rows["opt_backward_prefetch"] == p) & (rows["opt_limit_all_gathers"] == lag)).any()
+    ]
     facts = run_facts(rows) + f" · error bars: {interval_facts(tbl.usable(rows))}"
     legend_labels = [f"backward prefetch {p}" for p in PREFETCH_ORDER] + ["limit_all_gathers off", "on", "not ok"]
-    fig, axes = new_figure(1, 1, width, min(2.6, 0.62 * width),
-                           legend_height(legend_labels, width) + title_height(facts, width) + 0.1)
+    fig, axes = new_figure(
+        1, 1, width, min(2.6, 0.62 * width), legend_height(legend_labels, width) + title_height(facts, width) + 0.1
+    )
     ax = axes[0][0]
     import matplotlib
 
@@ -93,19 +107,31 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
         for gi, label in enumerate(labels):
             for ci, (p, lag) in enumerate(combos):
                 x = bar_x(gi, ci, bar_w)
-                cell = rows[(rows["strategy"] == label) & (rows["opt_backward_prefetch"] == p)
-                            & (rows["opt_limit_all_gathers"] == lag)]
+                cell = rows[
+                    (rows["strategy"] == label)
+                    & (rows["opt_backward_prefetch"] == p)
+                    & (rows["opt_limit_all_gathers"] == lag)
+                ]
                 ok = tbl.usable(cell)
                 if not ok.empty:
                     ips_all, low_all, high_all = ips_points(ok)
                     i = int(ips_all.argmax())  # several series in one cell (another option varies): the fastest
                     ips, low, high = float(ips_all[i]), low_all[i], high_all[i]
-                    ax.bar(x, ips, bar_w * 0.92, color=pcolor[p], edgecolor="black", lw=0.5,
-                           hatch=None if lag else "///")
+                    ax.bar(
+                        x, ips, bar_w * 0.92, color=pcolor[p], edgecolor="black", lw=0.5, hatch=None if lag else "///"
+                    )
                     top = ips
                     if not (pd.isna(low) or pd.isna(high)) and high > low:
-                        ax.errorbar([x], [ips], yerr=[[ips - low], [high - ips]], fmt="none", ecolor="black",
-                                    elinewidth=0.6, capsize=1.2, capthick=0.6)
+                        ax.errorbar(
+                            [x],
+                            [ips],
+                            yerr=[[ips - low], [high - ips]],
+                            fmt="none",
+                            ecolor="black",
+                            elinewidth=0.6,
+                            capsize=1.2,
+                            capthick=0.6,
+                        )
                         error_bars[(label, p, bool(lag))] = (float(low), float(high))
                         top = max(ips, float(high))
                     ax.text(x, top, f" {ips:.0f}", ha="center", va="bottom", fontsize=SMALL_PT - 0.5, rotation=90)
@@ -120,22 +146,39 @@ def config_grid(df: pd.DataFrame, model: Optional[str] = None, nodes: Optional[i
         ax.set_ylim(0, max(tops) * 1.25 if tops else 1)  # room for the numbers above the error bars
         ax.set_title(f"{model_title(df, model)}, {nodes} nodes")
         ax.grid(True, axis="y", alpha=0.3)
-        items = [(f"backward prefetch {p}", Patch(facecolor=pcolor[p], edgecolor="black", lw=0.5))
-                 for p in PREFETCH_ORDER if any(c[0] == p for c in combos)]
-        items += [("limit_all_gathers off", Patch(facecolor="white", edgecolor="black", hatch="///", lw=0.5)),
-                  ("limit_all_gathers on", Patch(facecolor="white", edgecolor="black", lw=0.5))]
+        items = [
+            (f"backward prefetch {p}", Patch(facecolor=pcolor[p], edgecolor="black", lw=0.5))
+            for p in PREFETCH_ORDER
+            if any(c[0] == p for c in combos)
+        ]
+        items += [
+            ("limit_all_gathers off", Patch(facecolor="white", edgecolor="black", hatch="///", lw=0.5)),
+            ("limit_all_gathers on", Patch(facecolor="white", edgecolor="black", lw=0.5)),
+        ]
         if failed:
             items.append(("not ok (see report)", Line2D([], [], color="firebrick", marker="x", ls="none")))
         facts_title(fig, facts, width)
         legend_below(fig, items, width)
-    return Plot("config_grid", "FSDP configurations (Figure 1)", fig,
-                {"study": study, "model": model, "nodes": nodes, "batch": batch, "bars": bars, "failed": failed,
-                 "values": values},
-                f"Images/s of {model} on {nodes} nodes for each sharding strategy, backward prefetch and "
-                f"limit_all_gathers setting (hatched: off): each configuration's median; error bars: the "
-                f"{interval_text(tbl.usable(rows))}.",
-                extra={"facts": facts, "errorbars": error_bars})
+    return Plot(
+        "config_grid",
+        "FSDP configurations (Figure 1)",
+        fig,
+        {
+            "study": study,
+            "model": model,
+            "nodes": nodes,
+            "batch": batch,
+            "bars": bars,
+            "failed": failed,
+            "values": values,
+        },
+        f"Images/s of {model} on {nodes} nodes for each sharding strategy, backward prefetch and "
+        f"limit_all_gathers setting (hatched: off): each configuration's median; error bars: the "
+        f"{interval_text(tbl.usable(rows))}.",
+        extra={"facts": facts, "errorbars": error_bars},
+    )
 
 
-FIGURE = FigureSpec("configuration grid", lambda i: config_grid(i.results, i.grid_model, i.grid_nodes, i.width),
-                lambda i: NO_GRID)
+FIGURE = FigureSpec(
+    "configuration grid", lambda i: config_grid(i.results, i.grid_model, i.grid_nodes, i.width), lambda i: NO_GRID
+)

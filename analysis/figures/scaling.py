@@ -1,23 +1,45 @@
 """Figures 2 and 3 of seed 003: images/s of the whole job against nodes, one panel per model,
 each point's median with its 95% confidence interval and each strategy's ideal linear scaling."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import pandas as pd
 
 from .. import table as tbl
 from ._axes import error_bars, log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
-from ._layout import (Plot, facts_title, free_slot, hide_unused, legend_below, legend_height, legend_in_slot,
-                      new_figure, panel_grid, title_height)
-from ._runs import (interval_facts, interval_text, ips_points, labeller, lines, model_order, model_title,
-                    not_ok, run_facts, scaling_runs, scaling_support, series_items)
+from ._layout import (
+    Plot,
+    facts_title,
+    free_slot,
+    hide_unused,
+    legend_below,
+    legend_height,
+    legend_in_slot,
+    new_figure,
+    panel_grid,
+    title_height,
+)
+from ._runs import (
+    interval_facts,
+    interval_text,
+    ips_points,
+    labeller,
+    lines,
+    model_order,
+    model_title,
+    not_ok,
+    run_facts,
+    scaling_runs,
+    scaling_support,
+    series_items,
+)
 from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, IDEAL, NOT_OK, style, styles_for
 
 
-def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float = COLUMN_WIDTH,
-                 markers: Optional[dict] = None) -> Optional[Plot]:
+def weak_scaling(
+    df: pd.DataFrame, colors: dict | None = None, width: float = COLUMN_WIDTH, markers: dict | None = None
+) -> Plot | None:
     runs = scaling_runs(df)
     if runs.empty or scaling_support(df) is not None:
         return None
@@ -72,13 +94,21 @@ def weak_scaling(df: pd.DataFrame, colors: Optional[dict] = None, width: float =
             legend_in_slot(axes[slot[0]][slot[1]], series_items(handles, label) + extra)
         else:
             legend_below(fig, series_items(handles, label) + extra, width)
-    return Plot("weak_scaling_ips", "Weak scaling: images/s", fig, drawn,
-                "Images/s of the whole job (all ranks together), log scale, against nodes (log2): each point's "
-                f"median (solid; error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker) "
-                "and ideal linear scaling from each strategy's smallest run (dashed); "
-                "× marks a run that did not finish ok.",
-                extra={"errorbars": bars, "facts": facts})
+    return Plot(
+        "weak_scaling_ips",
+        "Weak scaling: images/s",
+        fig,
+        drawn,
+        "Images/s of the whole job (all ranks together), log scale, against nodes (log2): each point's "
+        f"median (solid; error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker) "
+        "and ideal linear scaling from each strategy's smallest run (dashed); "
+        "× marks a run that did not finish ok.",
+        extra={"errorbars": bars, "facts": facts},
+    )
 
 
-FIGURE = FigureSpec("weak scaling", lambda i: weak_scaling(i.results, i.colors, i.width, i.markers),
-                lambda i: scaling_support(i.results))
+FIGURE = FigureSpec(
+    "weak scaling",
+    lambda i: weak_scaling(i.results, i.colors, i.width, i.markers),
+    lambda i: scaling_support(i.results),
+)

@@ -12,6 +12,7 @@ and turns it all into lines, a table and check.json.
 Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped (by a signal:
 check.json is written all the same, from what the ranks had reported, the rest as timeout lines).
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,14 +31,25 @@ from vit_scale.cluster.values import as_list, minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
 
-PROG = "vit-scale check"     # the name messages and check.json's "tool" give, unless --prog names another
+PROG = "vit-scale check"  # the name messages and check.json's "tool" give, unless --prog names another
 PROGRAM = ("-m", "vit_scale.check.worker")
 SCHEMA_VERSION = 1
 FLAGS = ("--quick", "--which-env")
-OPTIONS = ("--system", "--nodes", "--ranks-per-node", "--strategies", "--precision", "--model", "--expect-transport",
-           "--launcher", "--out", "--json", "--time-limit")
-GRACE_S = 30                # after one rank ends badly, how long the others get
-DEFAULT_LIMIT_MIN = 30.0    # --time-limit without an allocation, and at most this within one
+OPTIONS = (
+    "--system",
+    "--nodes",
+    "--ranks-per-node",
+    "--strategies",
+    "--precision",
+    "--model",
+    "--expect-transport",
+    "--launcher",
+    "--out",
+    "--json",
+    "--time-limit",
+)
+GRACE_S = 30  # after one rank ends badly, how long the others get
+DEFAULT_LIMIT_MIN = 30.0  # --time-limit without an allocation, and at most this within one
 PARTS = ("meter", "environment", "interconnect", "strategies")
 
 USAGE = """usage: vit-scale check [options]
@@ -119,17 +131,19 @@ class Check:
         self.expected = self._expected(v.get("--expect-transport") or os.environ.get("VIT_SCALE_EXPECT_TRANSPORT"))
         self.launcher = v.get("--launcher") or self.system.launcher or "srun"
         if self.launcher not in self.system.launchers:
-            raise UserError(f"--launcher: '{self.launcher}' is not allowed on {name}; allowed: "
-                            f"{', '.join(self.system.launchers)}")
+            raise UserError(
+                f"--launcher: '{self.launcher}' is not allowed on {name}; allowed: {', '.join(self.system.launchers)}"
+            )
         self.out = os.path.abspath(v.get("--out", os.path.join("runs", "check")))
         self.json_path = os.path.abspath(v.get("--json") or os.path.join(self.out, "check.json"))
         self.time_limit_min, self.time_limit_why = self._time_limit(v.get("--time-limit"), "--which-env" in opts.flags)
         # the interpreter running the check (the env script's, in a job), unless told otherwise as the study is
         self.python = os.environ.get("VIT_SCALE_PYTHON") or sys.executable
         self.use_slurm = self.in_slurm
-        self.progress: dict = {}   # the launches so far, for check.json when a signal stops the check
-        self.kind = launchers.launch_kind(self.launcher, self.use_slurm, self.one_machine,
-                                          self.nodes * self.ranks_per_node)
+        self.progress: dict = {}  # the launches so far, for check.json when a signal stops the check
+        self.kind = launchers.launch_kind(
+            self.launcher, self.use_slurm, self.one_machine, self.nodes * self.ranks_per_node
+        )
 
     # ------------------------------------------------------------ what is asked
 
@@ -138,11 +152,14 @@ class Check:
             return self.alloc_nodes or 1
         nodes = whole("--nodes", given)
         if self.in_slurm and nodes > self.alloc_nodes:
-            raise UserError(f"--nodes: {nodes} is more than this allocation's {self.alloc_nodes}; allowed: 1 to "
-                            f"{self.alloc_nodes} (or submit with sbatch -N {nodes})")
+            raise UserError(
+                f"--nodes: {nodes} is more than this allocation's {self.alloc_nodes}; allowed: 1 to "
+                f"{self.alloc_nodes} (or submit with sbatch -N {nodes})"
+            )
         if self.one_machine and nodes != 1:
-            raise UserError(f"--nodes: {nodes} is not allowed without Slurm on {self.system.name}; allowed: 1 "
-                            f"(this machine)")
+            raise UserError(
+                f"--nodes: {nodes} is not allowed without Slurm on {self.system.name}; allowed: 1 (this machine)"
+            )
         return nodes
 
     def _ranks_per_node(self, given, only_env: bool) -> int:
@@ -153,8 +170,10 @@ class Check:
         gpus = (systems.slurm_gpus_per_node() if self.in_slurm else 0) or systems.gpus_here()
         if not gpus and not only_env:
             where = "this allocation" if self.in_slurm else "this machine"
-            raise UserError(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; submit with "
-                            f"--gpus-per-node=N, or give --ranks-per-node")
+            raise UserError(
+                f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; submit with "
+                f"--gpus-per-node=N, or give --ranks-per-node"
+            )
         return gpus or 1
 
     def _time_limit(self, given, only_env: bool) -> tuple[float, str]:
@@ -168,8 +187,10 @@ class Check:
         limit, margin = limit_within(left)
         if limit >= DEFAULT_LIMIT_MIN:
             return DEFAULT_LIMIT_MIN, "the default"
-        return limit, (f"job {os.environ.get('SLURM_JOB_ID')} has {left:.1f} min left, less a {margin:.1f} min "
-                       f"margin to stop the ranks and write check.json")
+        return limit, (
+            f"job {os.environ.get('SLURM_JOB_ID')} has {left:.1f} min left, less a {margin:.1f} min "
+            f"margin to stop the ranks and write check.json"
+        )
 
     def _study_defaults(self) -> dict:
         try:
@@ -181,7 +202,7 @@ class Check:
         from vit_scale.distributed import PRECISIONS
 
         value = given if given is not None else study.get("precision", "fp32")
-        if isinstance(value, dict):   # a study file's per-strategy table: its values
+        if isinstance(value, dict):  # a study file's per-strategy table: its values
             value = list(dict.fromkeys(str(v) for v in value.values()))
         precisions = list(dict.fromkeys(as_list(value))) or ["fp32"]
         for p in precisions:
@@ -213,15 +234,21 @@ class Check:
                 parse_strategy(label)
             except UserError as exc:
                 raise UserError(f"--strategies: {str(exc).split(': ', 1)[1]}") from None
-        return [{"label": label, "precision": p, "needed": named} for label in dict.fromkeys(labels)
-                for p in self.precisions]
+        return [
+            {"label": label, "precision": p, "needed": named}
+            for label in dict.fromkeys(labels)
+            for p in self.precisions
+        ]
 
     def _expected(self, given) -> list:
         from vit_scale.check.environment import TRANSPORTS, expected_transport
 
         where = "--expect-transport"
         if not given:
-            given, where = self.system.inter_node_transport, f"configs/systems/{self.system.name}.yaml: inter_node_transport"
+            given, where = (
+                self.system.inter_node_transport,
+                f"configs/systems/{self.system.name}.yaml: inter_node_transport",
+            )
         expected = as_list(given)
         for t in expected:
             if t not in TRANSPORTS:
@@ -233,12 +260,16 @@ class Check:
     def header(self) -> None:
         ranks = self.nodes * self.ranks_per_node
         labels = list(dict.fromkeys(a["label"] for a in self.labels))
-        print(f"{self.prog} on {self.system.name}: {self.nodes} node{'s' if self.nodes > 1 else ''} x "
-              f"{self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''} ({ranks} in all, "
-              f"{self.system.backend}), {'/'.join(self.precisions)}{', quick' if self.quick else ''}")
+        print(
+            f"{self.prog} on {self.system.name}: {self.nodes} node{'s' if self.nodes > 1 else ''} x "
+            f"{self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''} ({ranks} in all, "
+            f"{self.system.backend}), {'/'.join(self.precisions)}{', quick' if self.quick else ''}"
+        )
         print(f"  strategies: {', '.join(labels)}; collective sizes from {self.model}")
-        print(f"  launcher: {launchers.describe(self.kind, self.system, self.ranks_per_node)}; "
-              f"logs: {os.path.join(self.out, 'logs')}")
+        print(
+            f"  launcher: {launchers.describe(self.kind, self.system, self.ranks_per_node)}; "
+            f"logs: {os.path.join(self.out, 'logs')}"
+        )
         print(f"  time limit: {self.time_limit_min:.3g} min ({self.time_limit_why})", flush=True)
 
     def run(self, supervisor=None) -> int:
@@ -294,13 +325,28 @@ class Check:
             merge(facts, found)
             culprit = found.get("in_progress") or {}
             if culprit.get("label"):
-                facts["strategies"].append({"label": culprit["label"], "precision": culprit["precision"],
-                                            "status": "timeout", "run_dir": None, "log": current["log"],
-                                            "error": f"{why} during this label"})
-            attempts.append({"attempt": current["attempt"], "parts": current["parts"],
-                             "labels": [list(x) for x in current["labels"]], "code": 143,
-                             "seconds": round(time.time() - current["started"], 1), "log": current["log"],
-                             "timed_out": False, "last_line": last_line(current["log"])})
+                facts["strategies"].append(
+                    {
+                        "label": culprit["label"],
+                        "precision": culprit["precision"],
+                        "status": "timeout",
+                        "run_dir": None,
+                        "log": current["log"],
+                        "error": f"{why} during this label",
+                    }
+                )
+            attempts.append(
+                {
+                    "attempt": current["attempt"],
+                    "parts": current["parts"],
+                    "labels": [list(x) for x in current["labels"]],
+                    "code": 143,
+                    "seconds": round(time.time() - current["started"], 1),
+                    "log": current["log"],
+                    "timed_out": False,
+                    "last_line": last_line(current["log"]),
+                }
+            )
         unfinished(facts, [(a["label"], a["precision"]) for a in self.labels], f"not finished: {why}")
         check = self.assemble(facts, attempts, p["stamp"])
         found_lines = verdict.lines(check)
@@ -311,8 +357,12 @@ class Check:
             return
         timeouts = sum(1 for line in found_lines if line.text.startswith("timeout"))
         if not p["written"]:
-            print(f"{self.prog}: stopped by a signal; check.json written from what the ranks had reported, "
-                  f"{timeouts} part(s) unfinished as timeout lines -> {self.json_path}", file=sys.stderr, flush=True)
+            print(
+                f"{self.prog}: stopped by a signal; check.json written from what the ranks had reported, "
+                f"{timeouts} part(s) unfinished as timeout lines -> {self.json_path}",
+                file=sys.stderr,
+                flush=True,
+            )
         p["written"] = True
 
     def launch_until_done(self, supervisor, stamp: str) -> tuple[dict, list]:
@@ -323,19 +373,29 @@ class Check:
         self.progress = {"stamp": stamp, "facts": facts, "attempts": attempts, "current": None, "written": False}
         remaining = [(a["label"], a["precision"]) for a in self.labels]
         parts = list(PARTS)
-        deadline = time.monotonic() + self.time_limit_min * 60   # one limit for every launch together
+        deadline = time.monotonic() + self.time_limit_min * 60  # one limit for every launch together
         while not supervisor.interrupted:
             left_s = deadline - time.monotonic()
             if left_s < 1:
-                facts["strategies"] += [out_of_time(label, precision, self.time_limit_min)
-                                        for label, precision in remaining]
+                facts["strategies"] += [
+                    out_of_time(label, precision, self.time_limit_min) for label, precision in remaining
+                ]
                 break
             attempt = len(attempts) + 1
             started = time.time()
             found, outcome, log = self.launch(supervisor, parts, remaining, attempt, stamp, left_s)
-            attempts.append({"attempt": attempt, "parts": parts, "labels": [list(x) for x in remaining],
-                             "code": outcome.code, "seconds": round(outcome.seconds, 1), "log": log,
-                             "timed_out": outcome.timed_out, "last_line": last_line(log)})
+            attempts.append(
+                {
+                    "attempt": attempt,
+                    "parts": parts,
+                    "labels": [list(x) for x in remaining],
+                    "code": outcome.code,
+                    "seconds": round(outcome.seconds, 1),
+                    "log": log,
+                    "timed_out": outcome.timed_out,
+                    "last_line": last_line(log),
+                }
+            )
             merge(facts, found)
             culprit = found.get("in_progress")
             if culprit and culprit.get("part") == "meter":
@@ -345,8 +405,9 @@ class Check:
             done = {(r["label"], r["precision"]) for r in facts["strategies"]}
             remaining = [x for x in remaining if x not in done]
             if outcome.timed_out:
-                facts["strategies"] += [out_of_time(label, precision, self.time_limit_min)
-                                        for label, precision in remaining]
+                facts["strategies"] += [
+                    out_of_time(label, precision, self.time_limit_min) for label, precision in remaining
+                ]
                 unfinished(facts, [], f"not finished: stopped at --time-limit {self.time_limit_min:g} min")
                 break
             if not culprit or found.get("world") is None:
@@ -365,12 +426,17 @@ class Check:
 
         from vit_scale.check.strategies import from_record
 
-        runs = [d for d in glob.glob(os.path.join(self.out, "records", "meter", "*", "DDP", "*", "*"))
-                if os.path.getmtime(d) >= since - 1]
+        runs = [
+            d
+            for d in glob.glob(os.path.join(self.out, "records", "meter", "*", "DDP", "*", "*"))
+            if os.path.getmtime(d) >= since - 1
+        ]
         error = from_record(max(runs, key=os.path.getmtime)).get("error") if runs else None
-        return {"error": f"failed: the trainer's run ended the ranks (exit {outcome.code}): "
-                         f"{' '.join(str(error or last_line(log)).split())[:300]}",
-                "settings": culprit.get("settings") or {}}
+        return {
+            "error": f"failed: the trainer's run ended the ranks (exit {outcome.code}): "
+            f"{' '.join(str(error or last_line(log)).split())[:300]}",
+            "settings": culprit.get("settings") or {},
+        }
 
     def blame(self, culprit: dict, stamp: str, attempt: int, outcome, log: str) -> dict:
         """The row of the label that was running when the ranks ended: its run record's status and
@@ -378,14 +444,23 @@ class Check:
         from vit_scale.check.strategies import from_record
 
         run_dir = self.run_dir_of(stamp, culprit["label"], culprit["precision"], attempt)
-        row = {"label": culprit["label"], "precision": culprit["precision"], "run_dir": run_dir, "log": log,
-               **(from_record(run_dir) if run_dir else {"status": "failed", "error": None})}
+        row = {
+            "label": culprit["label"],
+            "precision": culprit["precision"],
+            "run_dir": run_dir,
+            "log": log,
+            **(from_record(run_dir) if run_dir else {"status": "failed", "error": None}),
+        }
         if outcome.timed_out:
-            row.update(status="timeout", error=f"stopped at --time-limit {self.time_limit_min:g} min during this "
-                                               f"label: {last_line(log)}")
+            row.update(
+                status="timeout",
+                error=f"stopped at --time-limit {self.time_limit_min:g} min during this label: {last_line(log)}",
+            )
         elif row["status"] == "ok" or not row.get("error"):
-            row.update(status="failed" if row["status"] == "ok" else row["status"],
-                       error=f"the ranks ended (exit {outcome.code}) during this label: {last_line(log)}")
+            row.update(
+                status="failed" if row["status"] == "ok" else row["status"],
+                error=f"the ranks ended (exit {outcome.code}) during this label: {last_line(log)}",
+            )
         return row
 
     def launch(self, supervisor, parts: list, labels: list, attempt: int, stamp: str, left_s: float):
@@ -393,29 +468,59 @@ class Check:
 
         spec_path = os.path.join(self.out, "logs", f"spec.{stamp}.{attempt}.json")
         result = os.path.join(self.out, "logs", f"facts.{stamp}.{attempt}.json")
-        spec = {"parts": parts, "labels": [list(x) for x in labels], "model": self.model, "precisions": self.precisions,
-                "quick": self.quick, "records": os.path.join(self.out, "records"), "result": result,
-                "run_prefix": stamp, "attempt": attempt,
-                # the few ranks that prove the transport log NCCL's lines here (check.environment.logs_transport)
-                "nccl_log": os.path.join(self.out, "logs", nccl_log_name(stamp, attempt))
-                if self.system.backend == "nccl" else None}
+        spec = {
+            "parts": parts,
+            "labels": [list(x) for x in labels],
+            "model": self.model,
+            "precisions": self.precisions,
+            "quick": self.quick,
+            "records": os.path.join(self.out, "records"),
+            "result": result,
+            "run_prefix": stamp,
+            "attempt": attempt,
+            # the few ranks that prove the transport log NCCL's lines here (check.environment.logs_transport)
+            "nccl_log": os.path.join(self.out, "logs", nccl_log_name(stamp, attempt))
+            if self.system.backend == "nccl"
+            else None,
+        }
         write_atomically(spec_path, spec)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
         addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
         launch = launchers.build(
-            self.kind, self.python, [f"spec={spec_path}"], system=self.system, nodes=self.nodes,
-            ranks_per_node=self.ranks_per_node, nodelist=",".join(nodes_here[:self.nodes]), master_addr=addr,
-            master_port=free_port(), time_limit_min=math.ceil(left_s / 60) if self.use_slurm else None,
-            grace_s=GRACE_S, rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.check{attempt}",
-            as_root=os.geteuid() == 0, program=PROGRAM)
+            self.kind,
+            self.python,
+            [f"spec={spec_path}"],
+            system=self.system,
+            nodes=self.nodes,
+            ranks_per_node=self.ranks_per_node,
+            nodelist=",".join(nodes_here[: self.nodes]),
+            master_addr=addr,
+            master_port=free_port(),
+            time_limit_min=math.ceil(left_s / 60) if self.use_slurm else None,
+            grace_s=GRACE_S,
+            rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.check{attempt}",
+            as_root=os.geteuid() == 0,
+            program=PROGRAM,
+        )
         log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
         with open(log, "w") as f:
             f.write(launch.log_header())
-        what = ("every part" if len(parts) == len(PARTS) else f"the {len(labels)} label(s) left"
-                if parts == ["strategies"] else f"{', '.join(parts)} (without the meter)")
+        what = (
+            "every part"
+            if len(parts) == len(PARTS)
+            else f"the {len(labels)} label(s) left"
+            if parts == ["strategies"]
+            else f"{', '.join(parts)} (without the meter)"
+        )
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)
-        self.progress["current"] = {"result": result, "log": log, "attempt": attempt, "parts": parts,
-                                    "labels": labels, "started": time.time()}
+        self.progress["current"] = {
+            "result": result,
+            "log": log,
+            "attempt": attempt,
+            "parts": parts,
+            "labels": labels,
+            "started": time.time(),
+        }
         outcome = supervisor.run(launch, log, left_s, on_signal=self.write_stopped)
         self.progress["current"] = None
         print(f"exit {outcome.code} ({outcome.seconds:.0f} s)", flush=True)
@@ -431,8 +536,9 @@ class Check:
 
         from vit_scale.check.strategies import MODEL, run_id
 
-        pattern = os.path.join(self.out, "records", "check", MODEL, label, f"n{self.nodes}",
-                               run_id(stamp, label, precision, attempt) + "*")
+        pattern = os.path.join(
+            self.out, "records", "check", MODEL, label, f"n{self.nodes}", run_id(stamp, label, precision, attempt) + "*"
+        )
         found = sorted(glob.glob(pattern), key=os.path.getmtime)
         return found[-1] if found else None
 
@@ -444,16 +550,30 @@ class Check:
         world = facts.get("world") or {}
         backend = world.get("backend") or self.system.backend
         return {
-            "schema": SCHEMA_VERSION, "tool": self.prog, "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "system": self.system.name, "backend": self.system.backend, "nodes": self.nodes,
-            "ranks_per_node": self.ranks_per_node, "precisions": self.precisions, "model": self.model,
-            "quick": self.quick, "parts": list(PARTS), "labels": self.labels, "expected_transport": self.expected,
+            "schema": SCHEMA_VERSION,
+            "tool": self.prog,
+            "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "system": self.system.name,
+            "backend": self.system.backend,
+            "nodes": self.nodes,
+            "ranks_per_node": self.ranks_per_node,
+            "precisions": self.precisions,
+            "model": self.model,
+            "quick": self.quick,
+            "parts": list(PARTS),
+            "labels": self.labels,
+            "expected_transport": self.expected,
             "slurm": {"job_id": os.environ.get("SLURM_JOB_ID"), "nodelist": os.environ.get("SLURM_JOB_NODELIST")}
-            if self.in_slurm else None,
-            "launch": {"kind": self.kind, "description": launchers.describe(self.kind, self.system, self.ranks_per_node),
-                       "attempts": attempts},
+            if self.in_slurm
+            else None,
+            "launch": {
+                "kind": self.kind,
+                "description": launchers.describe(self.kind, self.system, self.ranks_per_node),
+                "attempts": attempts,
+            },
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
-            "facts": facts, "out": self.out,
+            "facts": facts,
+            "out": self.out,
             # the alpha-beta line of each collective and scope, from the size sweep (docs/check.md)
             "fits": fits_of((facts.get("interconnect") or {}).get("measurements") or []),
         }
@@ -473,7 +593,9 @@ def unfinished(facts: dict, labels: list, why: str) -> None:
     done = {(r["label"], r["precision"]) for r in facts.get("strategies", [])}
     facts.setdefault("strategies", []).extend(
         {"label": label, "precision": precision, "status": "timeout", "run_dir": None, "error": why}
-        for label, precision in labels if (label, precision) not in done)
+        for label, precision in labels
+        if (label, precision) not in done
+    )
     if facts.get("world") is not None:
         for part in ("interconnect", "meter"):
             if facts.get(part) is None:
@@ -481,8 +603,13 @@ def unfinished(facts: dict, labels: list, why: str) -> None:
 
 
 def out_of_time(label: str, precision: str, limit_min: float) -> dict:
-    return {"label": label, "precision": precision, "status": "timeout", "run_dir": None,
-            "error": f"not started: the launches before it used all of --time-limit {limit_min:g} min"}
+    return {
+        "label": label,
+        "precision": precision,
+        "status": "timeout",
+        "run_dir": None,
+        "error": f"not started: the launches before it used all of --time-limit {limit_min:g} min",
+    }
 
 
 def merge(facts: dict, found: dict) -> None:
@@ -499,8 +626,9 @@ def merge(facts: dict, found: dict) -> None:
 def last_line(path: str) -> str:
     try:
         with open(path, errors="replace") as f:
-            lines = [line.strip() for line in f if line.strip() and not line.startswith("#")
-                     and "NCCL INFO" not in line]
+            lines = [
+                line.strip() for line in f if line.strip() and not line.startswith("#") and "NCCL INFO" not in line
+            ]
     except OSError:
         return "(no log)"
     return lines[-1][:300] if lines else "(empty)"

@@ -36,6 +36,7 @@ wrong result on any rank makes the measurement wrong on every rank.
 
 The size arithmetic here is torch-free; torch is imported inside the functions that measure.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,30 +47,32 @@ from dataclasses import dataclass
 from vit_scale.text import human_bytes, human_seconds
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n,
-              "all_gather": lambda n: (n - 1) / n,
-              "reduce_scatter": lambda n: (n - 1) / n}
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-DDP_BUCKET_BYTES = 25 * 2 ** 20       # torch DistributedDataParallel's bucket_cap_mb default
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's bucket_cap_mb default
 LATENCY_SIZES = (8, 64, 512, 4096)
 QUICK_LATENCY_SIZES = (8, 4096)
 # after the world's rendezvous, how long any collective of the check may wait for its peers
 COLLECTIVE_TIMEOUT_S = 300
-EXACT_FP32 = 2 ** 24                  # every integer up to this is exact in fp32
+EXACT_FP32 = 2**24  # every integer up to this is exact in fp32
 
 
 SIZE_NAMES = ("latency", "sweep", "block", "bucket", "zero_bucket")
-NAMED_SIZES = ("block", "bucket", "zero_bucket")   # the strategies' own messages: measured whatever the budget
-SWEEP_STEP = 8                        # the sweep's sizes: 8 B, 64 B, ... (x8) up to the largest message
-MEMORY_SHARE = 0.25                   # of a rank's free memory, the most one measurement's buffers may take
+NAMED_SIZES = ("block", "bucket", "zero_bucket")  # the strategies' own messages: measured whatever the budget
+SWEEP_STEP = 8  # the sweep's sizes: 8 B, 64 B, ... (x8) up to the largest message
+MEMORY_SHARE = 0.25  # of a rank's free memory, the most one measurement's buffers may take
 
 
 @dataclass(frozen=True)
 class Size:
-    name: str          # one of SIZE_NAMES
-    nbytes: int        # asked for; the measured size is rounded up to whole elements per rank
-    precision: str     # element type: fp32, bf16, fp16
-    what: str          # for the table: "vit_base Block", "DDP bucket", "8 B"
+    name: str  # one of SIZE_NAMES
+    nbytes: int  # asked for; the measured size is rounded up to whole elements per rank
+    precision: str  # element type: fp32, bf16, fp16
+    what: str  # for the table: "vit_base Block", "DDP bucket", "8 B"
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,9 @@ class Settings:
     warmup: int
     min_iterations: int
     max_iterations: int
-    budget_s: float    # about how long the timed iterations of one measurement may take
-    repeats: int = 2   # timed windows per measurement: their range is the point's noise
-    sweep_budget_s: float = 120.0   # about how long every collective's sweep may take, both scopes together
+    budget_s: float  # about how long the timed iterations of one measurement may take
+    repeats: int = 2  # timed windows per measurement: their range is the point's noise
+    sweep_budget_s: float = 120.0  # about how long every collective's sweep may take, both scopes together
 
 
 FULL = Settings(warmup=5, min_iterations=3, max_iterations=100, budget_s=1.0, repeats=3, sweep_budget_s=120.0)
@@ -114,8 +117,10 @@ def zero_bucket_bytes(model: str, precision: str) -> int:
 def sizes_for(model: str, precision: str, quick: bool) -> list[Size]:
     """Smallest first. Quick: 8 B, 4 KiB, a Block, DDP's bucket. Full: the sweep from 8 B in steps
     of SWEEP_STEP up to the largest named size, and the named sizes (a Block, DDP's bucket, ZeRO's)."""
-    named = [Size("block", block_bytes(model, precision), precision, f"{model} Block"),
-             Size("bucket", DDP_BUCKET_BYTES, "fp32", "DDP bucket")]
+    named = [
+        Size("block", block_bytes(model, precision), precision, f"{model} Block"),
+        Size("bucket", DDP_BUCKET_BYTES, "fp32", "DDP bucket"),
+    ]
     if quick:
         latency = [Size("latency", n, "fp32", human_bytes(n)) for n in QUICK_LATENCY_SIZES]
         return sorted(latency + named, key=lambda size: (size.nbytes, size.name))
@@ -175,19 +180,21 @@ def fits_of(measurements: list) -> list[dict]:
         if not m.get("correct") or not m.get("time_s"):
             continue
         groups.setdefault((m["collective"], m["scope"]), {"ranks": m["ranks"], "points": []})["points"].append(
-            (m["bytes"], m["time_s"], m.get("spread_s")))
+            (m["bytes"], m["time_s"], m.get("spread_s"))
+        )
     out = []
     for (collective, scope), g in groups.items():
         found = fit(collective, FIT_SCOPE[scope], g["ranks"], g["points"]).as_dict()
         if not (math.isfinite(found["alpha_us"]) and math.isfinite(found["max_rel_residual"])):
-            continue   # no point with a time: nothing to fit (check.json stays strict JSON: no NaN)
+            continue  # no point with a time: nothing to fit (check.json stays strict JSON: no NaN)
         if not math.isfinite(found["bus_gbps"]):
-            found["bus_gbps"] = 0.0   # time not growing with size: flagged "no bandwidth", never used
+            found["bus_gbps"] = 0.0  # time not growing with size: flagged "no bandwidth", never used
         out.append(found)
     return out
 
 
 # ---------------------------------------------------------------- measuring (torch from here on)
+
 
 def scopes_for(names: list) -> list[tuple[str, int]]:
     """(scope, ranks in it) for the node names of every rank in rank order: the same list on every
@@ -198,8 +205,10 @@ def scopes_for(names: list) -> list[tuple[str, int]]:
     counts = dict(Counter(names))
     if len(set(counts.values())) > 1:
         placed = ", ".join(f"{node} {n}" for node, n in counts.items())
-        raise UserError(f"ranks per node: uneven placement ({placed}); allowed: the same number of ranks on every "
-                        f"node, as the study runs them (check the launcher's --ntasks-per-node)")
+        raise UserError(
+            f"ranks per node: uneven placement ({placed}); allowed: the same number of ranks on every "
+            f"node, as the study runs them (check the launcher's --ntasks-per-node)"
+        )
     per_node, nodes = counts[names[0]], len(counts)
     scopes = [("node", per_node)] if per_node > 1 else []
     return scopes + ([("world", len(names))] if nodes > 1 else [])
@@ -215,8 +224,9 @@ def node_groups(world, names: list):
 
     mine = None
     for node in dict.fromkeys(names):
-        group = dist.new_group([r for r, name in enumerate(names) if name == node],
-                               timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        group = dist.new_group(
+            [r for r, name in enumerate(names) if name == node], timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        )
         if world.node_name == node:
             mine = group
     return mine
@@ -244,12 +254,20 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict
                 left_s = share_s - (time.perf_counter() - started)
                 why = left_out(collective, size, ranks, room, settings, done, left_s)
                 if why:
-                    skipped.append({"scope": scope, "collective": collective, "size": size.name, "ranks": ranks,
-                                    "bytes": size.nbytes, "why": why})
+                    skipped.append(
+                        {
+                            "scope": scope,
+                            "collective": collective,
+                            "size": size.name,
+                            "ranks": ranks,
+                            "bytes": size.nbytes,
+                            "why": why,
+                        }
+                    )
                     continue
                 one = measure(world, collective, size, scope_group, ranks, settings)
                 if scope == "node" and nodes > 1:
-                    one = slowest_node(world, one)   # every node measured at once; the slowest is reported
+                    one = slowest_node(world, one)  # every node measured at once; the slowest is reported
                 done.append(one)
                 results.append({"scope": scope, "nodes": 1 if scope == "node" else nodes, **one})
     dist.barrier()
@@ -262,8 +280,9 @@ def buffer_bytes(collective: str, size: Size, ranks: int) -> int:
     return 4 * (numel + (0 if collective == "all_reduce" else numel // ranks))
 
 
-def left_out(collective: str, size: Size, ranks: int, room: float, settings: Settings, done: list,
-             left_s: float) -> str:
+def left_out(
+    collective: str, size: Size, ranks: int, room: float, settings: Settings, done: list, left_s: float
+) -> str:
     """Why this size is not measured ("" when it is): its buffers would not fit in MEMORY_SHARE of
     the rank's free memory, or (a sweep size) its expected time would run past the collective's
     share of the sweep's time budget. Decided from agreed figures, so every rank decides the same."""
@@ -275,8 +294,10 @@ def left_out(collective: str, size: Size, ranks: int, room: float, settings: Set
     calls = settings.warmup + 2 + settings.min_iterations * settings.repeats
     expected = expected_seconds(done, size.nbytes) * calls
     if expected > left_s:
-        return (f"time budget: about {human_seconds(expected)} expected, {human_seconds(max(0.0, left_s))} left of "
-                f"this collective's share of {human_seconds(settings.sweep_budget_s)}")
+        return (
+            f"time budget: about {human_seconds(expected)} expected, {human_seconds(max(0.0, left_s))} left of "
+            f"this collective's share of {human_seconds(settings.sweep_budget_s)}"
+        )
     return ""
 
 
@@ -309,13 +330,13 @@ def slowest_node(world, one: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    facts = torch.tensor([one["time_s"], one["spread_s"], 0.0 if one["correct"] else 1.0], dtype=torch.float64,
-                         device=world.device)
+    facts = torch.tensor(
+        [one["time_s"], one["spread_s"], 0.0 if one["correct"] else 1.0], dtype=torch.float64, device=world.device
+    )
     dist.all_reduce(facts, op=dist.ReduceOp.MAX)
     seconds, spread, wrong = facts.tolist()
     algbw, busbw = bandwidths(one["collective"], one["bytes"], seconds, one["ranks"])
-    return {**one, "time_s": seconds, "spread_s": spread, "algbw_gbs": algbw, "busbw_gbs": busbw,
-            "correct": not wrong}
+    return {**one, "time_s": seconds, "spread_s": spread, "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": not wrong}
 
 
 def buffers(collective: str, numel: int, piece: int, dtype, device, fill: float):
@@ -334,7 +355,9 @@ def call(collective: str, send, recv, group):
     if collective == "all_reduce":
         return lambda: dist.all_reduce(send, group=group)
     if collective == "all_gather":
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # the newer name, where torch has it
+        gather = (
+            getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        )  # the newer name, where torch has it
         return lambda: gather(recv, send, group=group)
     scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     return lambda: scatter(recv, send, group=group)
@@ -367,14 +390,26 @@ def measure(world, collective: str, size: Size, group, ranks: int, settings: Set
     one_call = agreed_max(time.perf_counter() - started, group, device)
     window_s = settings.budget_s / settings.repeats
     iterations = int(min(settings.max_iterations, max(settings.min_iterations, window_s // max(one_call, 1e-9))))
-    windows = sorted(agreed_max(timed(op, iterations, group, world), group, device) / iterations
-                     for _ in range(settings.repeats))
+    windows = sorted(
+        agreed_max(timed(op, iterations, group, world), group, device) / iterations for _ in range(settings.repeats)
+    )
     seconds = windows[len(windows) // 2]
     algbw, busbw = bandwidths(collective, numel * ELEMENT_BYTES[size.precision], seconds, ranks)
-    return {"collective": collective, "size": size.name, "what": size.what, "ranks": ranks,
-            "bytes": numel * ELEMENT_BYTES[size.precision], "precision": size.precision, "iterations": iterations,
-            "repeats": len(windows), "time_s": seconds, "spread_s": (windows[-1] - windows[0]) / 2,
-            "algbw_gbs": algbw, "busbw_gbs": busbw, "correct": correct}
+    return {
+        "collective": collective,
+        "size": size.name,
+        "what": size.what,
+        "ranks": ranks,
+        "bytes": numel * ELEMENT_BYTES[size.precision],
+        "precision": size.precision,
+        "iterations": iterations,
+        "repeats": len(windows),
+        "time_s": seconds,
+        "spread_s": (windows[-1] - windows[0]) / 2,
+        "algbw_gbs": algbw,
+        "busbw_gbs": busbw,
+        "correct": correct,
+    }
 
 
 def timed(op, iterations: int, group, world) -> float:

@@ -13,6 +13,7 @@ SHM). gloo has one transport on Linux, TCP. The parsing here is torch-free; the 
 runs it on the launch's log files, read as a stream and only until a connection between nodes
 is seen.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ TRANSPORTS = ("ib", "ofi", "socket", "tcp")
 USING_NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 VIA_NET = re.compile(r"via NET/([^/\n]+)/")
 NCCL_LOGGING = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
-LOGGING_NODES = 2     # the ranks of this many nodes log: enough to see connections between nodes
+LOGGING_NODES = 2  # the ranks of this many nodes log: enough to see connections between nodes
 
 
 def transport_class(network: str) -> str:
@@ -36,7 +37,7 @@ def transport_class(network: str) -> str:
     if "libfabric" in name or "ofi" in name:
         return "ofi"
     if name.startswith("ib"):
-        return "ib"   # NCCL's verbs transport, and IBext (SHARP's collnet) alike
+        return "ib"  # NCCL's verbs transport, and IBext (SHARP's collnet) alike
     return name
 
 
@@ -95,7 +96,7 @@ def collective_logs(out: str, stamp: str, rank_logs: list) -> Iterator[Iterable[
     not open the file."""
     folder, prefix = os.path.join(out, "logs"), f"nccl.{stamp}."
     try:
-        with os.scandir(folder) as entries:   # in the directory's order: no list of every name
+        with os.scandir(folder) as entries:  # in the directory's order: no list of every name
             for entry in entries:
                 if entry.name.startswith(prefix) and entry.name.endswith(".log"):
                     yield lines_of(entry.path)
@@ -117,15 +118,27 @@ def transport_facts(backend: str, logs, expected: tuple, gloo_transport: str = "
     """The transport between nodes as observed, beside what is expected (`logs`: as nccl_transport)."""
     if backend == "gloo":
         observed = [gloo_transport.lower()]
-        return {"backend": "gloo", "observed": observed, "networks": [], "between_nodes": observed,
-                "expected": list(expected), "source": "gloo (TCP is its one transport on Linux)", "evidence": []}
+        return {
+            "backend": "gloo",
+            "observed": observed,
+            "networks": [],
+            "between_nodes": observed,
+            "expected": list(expected),
+            "source": "gloo (TCP is its one transport on Linux)",
+            "evidence": [],
+        }
     seen = nccl_transport(logs)
     used = seen["between_nodes"] or seen["networks"]
-    return {"backend": backend, "observed": list(dict.fromkeys(transport_class(n) for n in used)),
-            "networks": seen["networks"], "between_nodes": seen["between_nodes"], "expected": list(expected),
-            "source": "NCCL_DEBUG=INFO lines" + ("" if seen["between_nodes"] else " ('Using network', no connection "
-                                                                                  "between nodes seen)"),
-            "evidence": seen["evidence"]}
+    return {
+        "backend": backend,
+        "observed": list(dict.fromkeys(transport_class(n) for n in used)),
+        "networks": seen["networks"],
+        "between_nodes": seen["between_nodes"],
+        "expected": list(expected),
+        "source": "NCCL_DEBUG=INFO lines"
+        + ("" if seen["between_nodes"] else " ('Using network', no connection between nodes seen)"),
+        "evidence": seen["evidence"],
+    }
 
 
 # ---------------------------------------------------------------- on the ranks (torch from here on)
@@ -148,10 +161,17 @@ def cpu_list(cpus) -> str:
 
 def rank_facts(world) -> dict:
     """This rank: where it runs, which device it drives, what it may see, which cores it is bound to."""
-    facts = {"rank": world.rank, "node": world.node_name, "local_rank": world.local_rank,
-             "device_type": world.device_type, "device_index": world.device_index, "device_name": None,
-             "device_id": None, "visible_devices": {k: os.environ[k] for k in VISIBLE_DEVICE_VARIABLES if k in os.environ},
-             "cpus": cpu_list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
+    facts = {
+        "rank": world.rank,
+        "node": world.node_name,
+        "local_rank": world.local_rank,
+        "device_type": world.device_type,
+        "device_index": world.device_index,
+        "device_name": None,
+        "device_id": None,
+        "visible_devices": {k: os.environ[k] for k in VISIBLE_DEVICE_VARIABLES if k in os.environ},
+        "cpus": cpu_list(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
     if world.device_type != "cpu":
         import torch
 

@@ -1,4 +1,5 @@
 """One line of the check's verdict, and the table they make. No torch."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -10,11 +11,11 @@ STATUSES = ("ok", "info", "warn", "refused", "fail", "skipped")
 
 @dataclass
 class Line:
-    check: str                  # what was checked: "transport", "all_reduce", "strategy DDP fp32"
+    check: str  # what was checked: "transport", "all_reduce", "strategy DDP fp32"
     status: str
-    text: str                   # what was found
-    fix: str = ""               # what to do, for a line that is broken or worth a look
-    needed: bool = True         # a needed line that fails or is refused fails the check
+    text: str  # what was found
+    fix: str = ""  # what to do, for a line that is broken or worth a look
+    needed: bool = True  # a needed line that fails or is refused fails the check
 
     def __post_init__(self):
         if self.status not in STATUSES:

@@ -16,6 +16,7 @@
 `settings` is anything with model, batch_size, steps, warmup, precision, seed and device
 attributes (the benchmark's argparse namespace, or MeterSettings).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
-TIMING_TOLERANCE = 0.05      # event-timed and host-timed mean step times may differ by this share
-GPU_OVERHEAD_FLOOR = 0.90    # on a GPU, trainer/bare below this is a meter that costs throughput
+TIMING_TOLERANCE = 0.05  # event-timed and host-timed mean step times may differ by this share
+GPU_OVERHEAD_FLOOR = 0.90  # on a GPU, trainer/bare below this is a meter that costs throughput
 
 
 @dataclass
@@ -49,6 +50,7 @@ def settings_for(device_type: str, quick: bool) -> MeterSettings:
 
 
 # ---------------------------------------------------------------- the two loops
+
 
 def bare_loop(label, settings, world):
     """images/s of the plain loop for one strategy label: forward, loss, backward, optimizer step,
@@ -77,9 +79,13 @@ def bare_loop(label, settings, world):
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         mp = MixedPrecision(torch.bfloat16, torch.bfloat16, torch.bfloat16) if bf16 else None
-        model = FullyShardedDataParallel(model, sharding_strategy=getattr(ShardingStrategy, label),
-                                         auto_wrap_policy=ModuleWrapPolicy({block_class()}), mixed_precision=mp,
-                                         device_id=world.device)
+        model = FullyShardedDataParallel(
+            model,
+            sharding_strategy=getattr(ShardingStrategy, label),
+            auto_wrap_policy=ModuleWrapPolicy({block_class()}),
+            mixed_precision=mp,
+            device_id=world.device,
+        )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05, **({"fused": True} if gpu else {}))
     autocast = label == "DDP" and bf16
     data = SyntheticBatches(settings.batch_size, spec.img_size, 1000, world.device, settings.seed, world.rank)
@@ -104,19 +110,30 @@ def bare_loop(label, settings, world):
 def trainer_config(label, settings, out_dir, study):
     from vit_scale.config import load_config
 
-    return load_config(None, [f"model={settings.model}", f"strategy={label}", f"train.batch_size={settings.batch_size}",
-                              f"train.steps={settings.steps}", f"train.warmup_steps={settings.warmup}",
-                              f"train.precision={settings.precision}", f"train.seed={settings.seed}",
-                              f"system.device={settings.device}", f"output.dir={out_dir}", f"output.study={study}",
-                              "train.print_every=1000000"])
+    return load_config(
+        None,
+        [
+            f"model={settings.model}",
+            f"strategy={label}",
+            f"train.batch_size={settings.batch_size}",
+            f"train.steps={settings.steps}",
+            f"train.warmup_steps={settings.warmup}",
+            f"train.precision={settings.precision}",
+            f"train.seed={settings.seed}",
+            f"system.device={settings.device}",
+            f"output.dir={out_dir}",
+            f"output.study={study}",
+            "train.print_every=1000000",
+        ],
+    )
 
 
 def trainer(label, settings, world, out_dir, run_class=None, study=None):
     """The trainer's run of the label (`vit-scale train`, keep_process_group=True), its record under
     OUT_DIR/STUDY (default: the label): (images/s from its end record, the run) on rank 0, (None, the
     run) elsewhere."""
-    from vit_scale.record.reader import read_run_dir
     from vit_scale.recipes.train import Run
+    from vit_scale.record.reader import read_run_dir
 
     run = (run_class or Run)(trainer_config(label, settings, out_dir, study or label), world)
     # the meter's group is this rank alone: a failed run cannot leave it broken, so the run returns
@@ -170,6 +187,7 @@ def host_timed_run_class():
 
 # ---------------------------------------------------------------- the check's comparisons
 
+
 def one_device_world(world):
     """This rank alone, as a world of one: the meter's runs measure one device, not the network."""
     return dataclasses.replace(world, rank=0, world_size=1, local_world_size=1, nodes=1)
@@ -182,25 +200,34 @@ def measure(world, settings: MeterSettings, out_dir: str) -> dict:
     figures, never the run."""
     bare, ours = [], []
     event = run_dir = None
-    for _ in range(settings.rounds):   # alternating, so that drift of the machine hits both alike
+    for _ in range(settings.rounds):  # alternating, so that drift of the machine hits both alike
         release(world)
         bare.append(bare_loop("DDP", settings, world))
         release(world)
         ips, run = trainer("DDP", settings, world, out_dir, study="meter")
         ours.append(ips)
-        event, run_dir = list(run.step_times), run.run_dir   # the normal run's timed steps, as the trainer booked them
+        event, run_dir = list(run.step_times), run.run_dir  # the normal run's timed steps, as the trainer booked them
         del run
     ratio = statistics.median(o / b for o, b in zip(ours, bare))
     release(world)
     _, timed = trainer("DDP", settings, world, out_dir, host_timed_run_class(), study="meter")
-    host = timed.host_step_s[len(timed.host_step_s) - len(timed.step_times):]   # the same steps of the synchronised run
+    host = timed.host_step_s[len(timed.host_step_s) - len(timed.step_times) :]  # the same steps of the synchronised run
     del timed
     release(world)
     event_mean, host_mean = statistics.fmean(event), statistics.fmean(host)
-    return {"settings": dataclasses.asdict(settings), "strategy": "DDP", "device_type": world.device_type,
-            "bare_images_per_s": statistics.median(bare), "trainer_images_per_s": statistics.median(ours),
-            "ratio": ratio, "event_step_s": event_mean, "host_step_s": host_mean, "steps_compared": len(event),
-            "timing_difference": (event_mean - host_mean) / host_mean, **memory_error(run_dir, world)}
+    return {
+        "settings": dataclasses.asdict(settings),
+        "strategy": "DDP",
+        "device_type": world.device_type,
+        "bare_images_per_s": statistics.median(bare),
+        "trainer_images_per_s": statistics.median(ours),
+        "ratio": ratio,
+        "event_step_s": event_mean,
+        "host_step_s": host_mean,
+        "steps_compared": len(event),
+        "timing_difference": (event_mean - host_mean) / host_mean,
+        **memory_error(run_dir, world),
+    }
 
 
 def release(world) -> None:
@@ -222,7 +249,7 @@ def release(world) -> None:
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
-        pass   # not glibc (macOS, musl): its free memory stays counted
+        pass  # not glibc (macOS, musl): its free memory stays counted
 
 
 def memory_error(run_dir: str, world) -> dict:

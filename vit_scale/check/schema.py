@@ -1,5 +1,6 @@
 """JSON Schema of check.json (version 1). docs/check.md carries it between its markers, and a test
 fails when they differ; `python -m vit_scale.check.schema` prints it."""
+
 from __future__ import annotations
 
 import json
@@ -13,76 +14,162 @@ STR_OR_NULL = {"type": ["string", "null"]}
 PRECISION = {"enum": ["fp32", "bf16", "fp16"]}
 
 LINE = {
-    "type": "object", "required": ["check", "status", "text", "fix", "needed"],
-    "properties": {"check": {"type": "string"}, "status": {"enum": list(STATUSES)}, "text": {"type": "string"},
-                   "fix": {"type": "string"}, "needed": {"type": "boolean"}},
+    "type": "object",
+    "required": ["check", "status", "text", "fix", "needed"],
+    "properties": {
+        "check": {"type": "string"},
+        "status": {"enum": list(STATUSES)},
+        "text": {"type": "string"},
+        "fix": {"type": "string"},
+        "needed": {"type": "boolean"},
+    },
 }
 
 MEASUREMENT = {
     "type": "object",
-    "required": ["scope", "nodes", "collective", "size", "what", "ranks", "bytes", "precision", "iterations", "time_s",
-                 "algbw_gbs", "busbw_gbs", "correct"],
-    "properties": {"scope": {"enum": ["node", "world"]}, "nodes": {"type": "integer", "minimum": 1},
-                   "collective": {"enum": list(COLLECTIVES)}, "size": {"enum": list(SIZE_NAMES)},
-                   "ranks": {"type": "integer", "minimum": 2}, "bytes": {"type": "integer", "minimum": 1},
-                   "precision": PRECISION, "iterations": {"type": "integer", "minimum": 1},
-                   # repeats: timed windows; time_s their median, spread_s half their range
-                   "repeats": {"type": "integer", "minimum": 1},
-                   "time_s": {"type": "number", "exclusiveMinimum": 0}, "spread_s": {"type": "number", "minimum": 0},
-                   "algbw_gbs": NUM, "busbw_gbs": NUM, "correct": {"type": "boolean"}},
+    "required": [
+        "scope",
+        "nodes",
+        "collective",
+        "size",
+        "what",
+        "ranks",
+        "bytes",
+        "precision",
+        "iterations",
+        "time_s",
+        "algbw_gbs",
+        "busbw_gbs",
+        "correct",
+    ],
+    "properties": {
+        "scope": {"enum": ["node", "world"]},
+        "nodes": {"type": "integer", "minimum": 1},
+        "collective": {"enum": list(COLLECTIVES)},
+        "size": {"enum": list(SIZE_NAMES)},
+        "ranks": {"type": "integer", "minimum": 2},
+        "bytes": {"type": "integer", "minimum": 1},
+        "precision": PRECISION,
+        "iterations": {"type": "integer", "minimum": 1},
+        # repeats: timed windows; time_s their median, spread_s half their range
+        "repeats": {"type": "integer", "minimum": 1},
+        "time_s": {"type": "number", "exclusiveMinimum": 0},
+        "spread_s": {"type": "number", "minimum": 0},
+        "algbw_gbs": NUM,
+        "busbw_gbs": NUM,
+        "correct": {"type": "boolean"},
+    },
 }
 
 # a size the sweep left out: its buffers would not fit the memory bound, or it would run past the time budget
 SKIPPED = {
-    "type": "object", "required": ["scope", "collective", "size", "ranks", "bytes", "why"],
-    "properties": {"scope": {"enum": ["node", "world"]}, "collective": {"enum": list(COLLECTIVES)},
-                   "size": {"enum": list(SIZE_NAMES)}, "bytes": {"type": "integer", "minimum": 1},
-                   "why": {"type": "string"}},
+    "type": "object",
+    "required": ["scope", "collective", "size", "ranks", "bytes", "why"],
+    "properties": {
+        "scope": {"enum": ["node", "world"]},
+        "collective": {"enum": list(COLLECTIVES)},
+        "size": {"enum": list(SIZE_NAMES)},
+        "bytes": {"type": "integer", "minimum": 1},
+        "why": {"type": "string"},
+    },
 }
 
 # vit_scale.planning.alpha_beta.Fit.as_dict(): t(S, n) = alpha + S f(n) / B per collective and scope
 FIT = {
     "type": "object",
-    "required": ["collective", "scope", "ranks", "alpha_us", "bus_gbps", "max_rel_residual", "sizes", "usable",
-                 "flags"],
-    "properties": {"collective": {"enum": list(COLLECTIVES)}, "scope": {"enum": ["intra", "inter"]},
-                   "ranks": {"type": "integer", "minimum": 1}, "alpha_us": {"type": "number", "minimum": 0},
-                   "bus_gbps": {"type": "number", "minimum": 0}, "max_rel_residual": {"type": "number", "minimum": 0},
-                   "sizes": {"type": "integer", "minimum": 0},
-                   "usable": {"type": "boolean"}, "flags": {"type": "array", "items": {"type": "string"}}},
+    "required": [
+        "collective",
+        "scope",
+        "ranks",
+        "alpha_us",
+        "bus_gbps",
+        "max_rel_residual",
+        "sizes",
+        "usable",
+        "flags",
+    ],
+    "properties": {
+        "collective": {"enum": list(COLLECTIVES)},
+        "scope": {"enum": ["intra", "inter"]},
+        "ranks": {"type": "integer", "minimum": 1},
+        "alpha_us": {"type": "number", "minimum": 0},
+        "bus_gbps": {"type": "number", "minimum": 0},
+        "max_rel_residual": {"type": "number", "minimum": 0},
+        "sizes": {"type": "integer", "minimum": 0},
+        "usable": {"type": "boolean"},
+        "flags": {"type": "array", "items": {"type": "string"}},
+    },
     # a usable fit has no flags and a positive bandwidth
     "if": {"properties": {"usable": {"const": True}}},
     "then": {"properties": {"flags": {"maxItems": 0}, "bus_gbps": {"exclusiveMinimum": 0}}},
 }
 
 STRATEGY_ROW = {
-    "type": "object", "required": ["label", "precision", "status", "error"],
-    "properties": {"label": {"type": "string"}, "precision": PRECISION,
-                   "status": {"enum": ["ok", "refused", "failed", "oom", "timeout", "diverged", "skipped"]},
-                   "error": STR_OR_NULL, "replicas_agree": {"type": ["boolean", "null"]},
-                   "images_per_s": NUM_OR_NULL, "steps": {"type": ["integer", "null"]}, "run_dir": STR_OR_NULL,
-                   # the longest collective timeout among the world's group and the groups the label made
-                   "collective_timeout_s": NUM_OR_NULL},
+    "type": "object",
+    "required": ["label", "precision", "status", "error"],
+    "properties": {
+        "label": {"type": "string"},
+        "precision": PRECISION,
+        "status": {"enum": ["ok", "refused", "failed", "oom", "timeout", "diverged", "skipped"]},
+        "error": STR_OR_NULL,
+        "replicas_agree": {"type": ["boolean", "null"]},
+        "images_per_s": NUM_OR_NULL,
+        "steps": {"type": ["integer", "null"]},
+        "run_dir": STR_OR_NULL,
+        # the longest collective timeout among the world's group and the groups the label made
+        "collective_timeout_s": NUM_OR_NULL,
+    },
 }
 
 RANK = {
     "type": "object",
-    "required": ["rank", "node", "local_rank", "device_type", "device_index", "device_name", "device_id",
-                 "visible_devices", "cpus"],
-    "properties": {"rank": {"type": "integer", "minimum": 0}, "node": {"type": "string"},
-                   "device_type": {"enum": ["cpu", "cuda", "rocm"]}, "visible_devices": {"type": "object"}},
+    "required": [
+        "rank",
+        "node",
+        "local_rank",
+        "device_type",
+        "device_index",
+        "device_name",
+        "device_id",
+        "visible_devices",
+        "cpus",
+    ],
+    "properties": {
+        "rank": {"type": "integer", "minimum": 0},
+        "node": {"type": "string"},
+        "device_type": {"enum": ["cpu", "cuda", "rocm"]},
+        "visible_devices": {"type": "object"},
+    },
 }
 
 METER = {
     "type": "object",
     "oneOf": [
         {"required": ["error", "settings"]},
-        {"required": ["settings", "strategy", "device_type", "bare_images_per_s", "trainer_images_per_s", "ratio",
-                      "event_step_s", "host_step_s", "steps_compared", "timing_difference", "predicted_peak_gib",
-                      "measured_peak_gib", "memory_error"],
-         "properties": {"ratio": {"type": "number", "exclusiveMinimum": 0}, "timing_difference": NUM,
-                        "predicted_peak_gib": NUM_OR_NULL, "measured_peak_gib": NUM_OR_NULL,
-                        "memory_error": NUM_OR_NULL}},
+        {
+            "required": [
+                "settings",
+                "strategy",
+                "device_type",
+                "bare_images_per_s",
+                "trainer_images_per_s",
+                "ratio",
+                "event_step_s",
+                "host_step_s",
+                "steps_compared",
+                "timing_difference",
+                "predicted_peak_gib",
+                "measured_peak_gib",
+                "memory_error",
+            ],
+            "properties": {
+                "ratio": {"type": "number", "exclusiveMinimum": 0},
+                "timing_difference": NUM,
+                "predicted_peak_gib": NUM_OR_NULL,
+                "measured_peak_gib": NUM_OR_NULL,
+                "memory_error": NUM_OR_NULL,
+            },
+        },
     ],
 }
 
@@ -91,16 +178,25 @@ FACTS = {
     "properties": {
         "fatal": {"type": "string"},
         "parts_done": {"type": "array", "items": {"enum": ["meter", "environment", "interconnect", "strategies"]}},
-        "world": {"type": "object", "required": ["world_size", "nodes", "ranks_per_node", "backend", "device_type"],
-                  "properties": {"backend": {"enum": ["nccl", "gloo"]}, "collective_timeout_s": NUM_OR_NULL}},
+        "world": {
+            "type": "object",
+            "required": ["world_size", "nodes", "ranks_per_node", "backend", "device_type"],
+            "properties": {"backend": {"enum": ["nccl", "gloo"]}, "collective_timeout_s": NUM_OR_NULL},
+        },
         "versions": {"type": "object", "required": ["python", "torch", "cuda", "hip", "nccl", "driver"]},
         "modules": {"type": "array", "items": {"type": "string"}},
         "ranks": {"type": "array", "items": RANK},
         "kernels": {"type": "array", "items": {"type": "object", "required": ["node"]}},
-        "interconnect": {"type": "object", "required": ["model", "measurements", "error"],
-                         "properties": {"measurements": {"type": "array", "items": MEASUREMENT},
-                                        "skipped": {"type": "array", "items": SKIPPED},
-                                        "budget_s": NUM, "error": STR_OR_NULL}},
+        "interconnect": {
+            "type": "object",
+            "required": ["model", "measurements", "error"],
+            "properties": {
+                "measurements": {"type": "array", "items": MEASUREMENT},
+                "skipped": {"type": "array", "items": SKIPPED},
+                "budget_s": NUM,
+                "error": STR_OR_NULL,
+            },
+        },
         "strategies": {"type": "array", "items": STRATEGY_ROW},
         "meter": METER,
     },
@@ -110,9 +206,27 @@ CHECK_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "check.json of vit-scale check",
     "type": "object",
-    "required": ["schema", "tool", "time_iso", "system", "backend", "nodes", "ranks_per_node", "precisions", "model",
-                 "quick", "labels", "expected_transport", "slurm", "launch", "transport", "facts", "lines", "ok",
-                 "exit_code"],
+    "required": [
+        "schema",
+        "tool",
+        "time_iso",
+        "system",
+        "backend",
+        "nodes",
+        "ranks_per_node",
+        "precisions",
+        "model",
+        "quick",
+        "labels",
+        "expected_transport",
+        "slurm",
+        "launch",
+        "transport",
+        "facts",
+        "lines",
+        "ok",
+        "exit_code",
+    ],
     "properties": {
         "schema": {"const": 1},
         "tool": {"type": "string"},
@@ -127,11 +241,22 @@ CHECK_SCHEMA = {
         "labels": {"type": "array", "items": {"type": "object", "required": ["label", "precision", "needed"]}},
         "expected_transport": {"type": "array", "items": {"enum": ["ib", "ofi", "socket", "tcp"]}},
         "slurm": {"type": ["object", "null"]},
-        "launch": {"type": "object", "required": ["kind", "description", "attempts"],
-                   "properties": {"attempts": {"type": "array", "minItems": 1, "items": {
-                       "type": "object", "required": ["attempt", "parts", "labels", "code", "seconds", "log"]}}}},
-        "transport": {"type": "object", "required": ["backend", "observed", "expected", "source", "evidence"],
-                      "properties": {"observed": {"type": "array", "items": {"type": "string"}}}},
+        "launch": {
+            "type": "object",
+            "required": ["kind", "description", "attempts"],
+            "properties": {
+                "attempts": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {"type": "object", "required": ["attempt", "parts", "labels", "code", "seconds", "log"]},
+                }
+            },
+        },
+        "transport": {
+            "type": "object",
+            "required": ["backend", "observed", "expected", "source", "evidence"],
+            "properties": {"observed": {"type": "array", "items": {"type": "string"}}},
+        },
         "facts": FACTS,
         "fits": {"type": "array", "items": FIT},
         "lines": {"type": "array", "items": LINE, "minItems": 1},
@@ -140,10 +265,19 @@ CHECK_SCHEMA = {
     },
     # the verdict and the lines agree: ok exactly when no needed line failed or was refused
     "if": {"properties": {"ok": {"const": True}}},
-    "then": {"properties": {"exit_code": {"const": 0},
-                            "lines": {"items": {"not": {"properties": {"needed": {"const": True},
-                                                                       "status": {"enum": ["fail", "refused"]}},
-                                                        "required": ["needed", "status"]}}}}},
+    "then": {
+        "properties": {
+            "exit_code": {"const": 0},
+            "lines": {
+                "items": {
+                    "not": {
+                        "properties": {"needed": {"const": True}, "status": {"enum": ["fail", "refused"]}},
+                        "required": ["needed", "status"],
+                    }
+                }
+            },
+        }
+    },
     "else": {"properties": {"exit_code": {"const": 1}}},
 }
 
@@ -160,7 +294,7 @@ def compact(value, indent: int, width: int = 110) -> str:
     pad = " " * (indent + 2)
     if isinstance(value, list) and not any(isinstance(v, (dict, list)) for v in value):
         rows, row = [], []
-        for item in map(json.dumps, value):   # scalars: as many a line as fit
+        for item in map(json.dumps, value):  # scalars: as many a line as fit
             if row and len(pad) + len(", ".join(row + [item])) > width:
                 rows.append(", ".join(row))
                 row = []

@@ -8,6 +8,7 @@ read back with vit_scale.record.reader. A run that fails takes its ranks down (t
 the process rather than trust a process group after a failure); the orchestrator then names the
 label that was running and starts the remaining labels in a new launch.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,7 +16,7 @@ import time
 from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
 
 # a few steps: enough for each family's first step (where most failures are) and a timed one
-STEPS = {"quick": (3, 1), "full": (6, 2)}     # (steps, warm-up steps)
+STEPS = {"quick": (3, 1), "full": (6, 2)}  # (steps, warm-up steps)
 MODEL = "vit_micro"
 BATCH_SIZE = 4
 
@@ -33,11 +34,22 @@ def run_id(prefix: str, label: str, precision: str, attempt: int) -> str:
 
 def overrides(label: str, precision: str, world, spec: dict, run_id: str, needs: tuple) -> list[str]:
     steps, warmup = STEPS["quick" if spec["quick"] else "full"]
-    return [f"model={MODEL}", f"strategy={label}", f"train.precision={precision}", f"train.steps={steps}",
-            f"train.warmup_steps={warmup}", f"train.batch_size={BATCH_SIZE}", "train.print_every=1000000",
-            # the runs reuse the check's world group: the record names the timeout that group holds
-            f"system.launcher={world.launcher}", f"system.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
-            f"output.dir={spec['records']}", "output.study=check", f"output.run_id={run_id}", *needs]
+    return [
+        f"model={MODEL}",
+        f"strategy={label}",
+        f"train.precision={precision}",
+        f"train.steps={steps}",
+        f"train.warmup_steps={warmup}",
+        f"train.batch_size={BATCH_SIZE}",
+        "train.print_every=1000000",
+        # the runs reuse the check's world group: the record names the timeout that group holds
+        f"system.launcher={world.launcher}",
+        f"system.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",
+        f"output.dir={spec['records']}",
+        "output.study=check",
+        f"output.run_id={run_id}",
+        *needs,
+    ]
 
 
 def refused(label: str, precision: str, world, cfg_overrides: list) -> str | None:
@@ -61,11 +73,21 @@ def run_label(label: str, precision: str, world, spec: dict, attempt: int) -> di
     from vit_scale.distributed.capabilities import capability
     from vit_scale.recipes.train import Run
 
-    row = {"label": label, "precision": precision, "status": None, "error": None, "replicas_agree": None,
-           "images_per_s": None, "steps": None, "seconds": None, "run_dir": None}
-    needs = capability(label, precision, world.device_type).needs   # e.g. ZEROPP without quantisation on a CPU
-    settings = overrides(label, precision, world, spec, run_id(spec["run_prefix"], label, precision, attempt),
-                         tuple(needs))
+    row = {
+        "label": label,
+        "precision": precision,
+        "status": None,
+        "error": None,
+        "replicas_agree": None,
+        "images_per_s": None,
+        "steps": None,
+        "seconds": None,
+        "run_dir": None,
+    }
+    needs = capability(label, precision, world.device_type).needs  # e.g. ZEROPP without quantisation on a CPU
+    settings = overrides(
+        label, precision, world, spec, run_id(spec["run_prefix"], label, precision, attempt), tuple(needs)
+    )
     reason = refused(label, precision, world, settings)
     if reason:
         return {**row, "status": "refused", "error": reason}
@@ -86,5 +108,10 @@ def from_record(run_dir: str) -> dict:
     if rec is None or rec.end is None:
         return {"status": "failed", "error": "the run wrote no end record"}
     end = rec.end
-    return {"status": end.get("status"), "error": end.get("error"), "replicas_agree": end.get("replicas_agree"),
-            "images_per_s": (end.get("images_per_s") or {}).get("mean"), "steps": end.get("steps_done")}
+    return {
+        "status": end.get("status"),
+        "error": end.get("error"),
+        "replicas_agree": end.get("replicas_agree"),
+        "images_per_s": (end.get("images_per_s") or {}).get("mean"),
+        "steps": end.get("steps_done"),
+    }

@@ -7,6 +7,7 @@ collectives, the strategy labels. Rank 0 rewrites the facts file (spec's `result
 part, atomically, so that a launch that dies half-way still leaves what it found, and names the
 label it is running (`in_progress`) so the orchestrator can blame the right one.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ import os
 import sys
 import traceback
 
-WORLD_TIMEOUT_S = 1800   # the other ranks wait this long at the rendezvous while rank 0 meters
+WORLD_TIMEOUT_S = 1800  # the other ranks wait this long at the rendezvous while rank 0 meters
 
 
 class Facts:
@@ -71,9 +72,17 @@ def main(argv=None) -> int:
             Facts(spec["result"], True).set(fatal=str(exc))
         leave(1)
     facts = Facts(spec["result"], world.rank == 0)
-    facts.set(world={"world_size": world.world_size, "nodes": world.nodes, "ranks_per_node": world.local_world_size,
-                     "backend": world.backend, "device_type": world.device_type, "launcher": world.launcher,
-                     "gloo_transport": os.environ.get("GLOO_DEVICE_TRANSPORT", "tcp").lower()})
+    facts.set(
+        world={
+            "world_size": world.world_size,
+            "nodes": world.nodes,
+            "ranks_per_node": world.local_world_size,
+            "backend": world.backend,
+            "device_type": world.device_type,
+            "launcher": world.launcher,
+            "gloo_transport": os.environ.get("GLOO_DEVICE_TRANSPORT", "tcp").lower(),
+        }
+    )
     parts = spec["parts"]
     same_network_as_the_world(world)
     log_transport(world, spec.get("nccl_log"))
@@ -129,7 +138,7 @@ def join_world(world) -> None:
     from vit_scale.launch.world import init_distributed
 
     init_distributed(world, WORLD_TIMEOUT_S)
-    c10d._set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))   # gloo and NCCL: the default group's
+    c10d._set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # gloo and NCCL: the default group's
 
 
 def bound_every_new_group() -> None:
@@ -185,7 +194,7 @@ def end_groups_since(world, before: list) -> float | None:
     made = [group for group in live_groups() if group not in before]
     held = [t for t in [group_timeout_s(world)] + [group_timeout_s(world, g) for g in made] if t is not None]
     if made:
-        dist.barrier()   # no rank still in a collective of a group another rank destroys
+        dist.barrier()  # no rank still in a collective of a group another rank destroys
         for group in made:
             dist.destroy_process_group(group)
         forget_groups(made)
@@ -219,7 +228,7 @@ def meter(world, spec: dict, facts: Facts) -> None:
     facts.set(in_progress={"part": "meter", "settings": vars(settings)})
     try:
         found = measure_alone(world, settings, spec["records"])
-    except Exception as exc:  # noqa: BLE001 - a meter that breaks is a line, not the end of the check
+    except Exception as exc:
         traceback.print_exc()
         found = {"error": short_error(exc), "settings": vars(settings)}
     facts.set(meter=found, in_progress=None)
@@ -232,8 +241,11 @@ def environment(world, spec: dict, facts: Facts) -> None:
     from vit_scale.check.environment import host_facts, kernel_facts, rank_facts
     from vit_scale.distributed.capabilities import refusal
 
-    runnable = list(dict.fromkeys(label for label, precision in spec["labels"]
-                                  if refusal(label, precision, world.device_type) is None))
+    runnable = list(
+        dict.fromkeys(
+            label for label, precision in spec["labels"] if refusal(label, precision, world.device_type) is None
+        )
+    )
     ranks = [None] * world.world_size
     dist.all_gather_object(ranks, rank_facts(world))
     # kernels are looked for on each node (a node-local $TORCH_EXTENSIONS_DIR differs between nodes)
@@ -241,7 +253,7 @@ def environment(world, spec: dict, facts: Facts) -> None:
     if world.local_rank == 0:
         try:
             mine = {"node": world.node_name, "kernels": kernel_facts(runnable, world.device_type)}
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             mine = {"node": world.node_name, "error": short_error(exc)}
     by_node = [None] * world.world_size
     dist.all_gather_object(by_node, mine)
@@ -259,14 +271,19 @@ def interconnect(world, spec: dict, facts: Facts) -> None:
     try:
         settings = QUICK if spec["quick"] else FULL
         measured, skipped = measure_all(world, sizes, settings)
-        found = {"model": spec["model"], "measurements": measured, "skipped": skipped, "error": None,
-                 "budget_s": settings.sweep_budget_s}
-    except UserError as exc:   # e.g. uneven placement: the same one line on every rank
+        found = {
+            "model": spec["model"],
+            "measurements": measured,
+            "skipped": skipped,
+            "error": None,
+            "budget_s": settings.sweep_budget_s,
+        }
+    except UserError as exc:  # e.g. uneven placement: the same one line on every rank
         found = {"model": spec["model"], "measurements": [], "error": str(exc)}
-    except Exception as exc:  # noqa: BLE001 - said in the check's lines; the strategies may still run
+    except Exception as exc:
         traceback.print_exc()
         found = {"model": spec["model"], "measurements": [], "error": short_error(exc)}
-    end_groups_since(world, before)   # the node groups
+    end_groups_since(world, before)  # the node groups
     facts.set(interconnect=found)
     facts.done("interconnect")
 

@@ -1,5 +1,6 @@
 """Where the repository's configs/ are, and reading a YAML file of them: a file that cannot be
 read is one UserError line naming the option it came from."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,10 @@ def load_yaml(path: str, option: str = "--config") -> dict:
         raise UserError(f"{option}: cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        raise UserError(f"{option}: {path} is not valid YAML"
-                        f"{f' (line {mark.line + 1})' if mark else ''}: {getattr(exc, 'problem', exc)}") from None
+        raise UserError(
+            f"{option}: {path} is not valid YAML"
+            f"{f' (line {mark.line + 1})' if mark else ''}: {getattr(exc, 'problem', exc)}"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{option}: {path} must hold a mapping of keys")
     return data

@@ -1,5 +1,6 @@
 """A command line read as (option, value) pairs, and `--prog NAME`: the name a job script gives
 the command it starts, for that command's messages. Shared by study, sweep and check."""
+
 from __future__ import annotations
 
 from vit_scale.errors import UserError
@@ -34,6 +35,6 @@ def take_prog(argv: list, default: str) -> tuple[str, list]:
     if "--prog" in argv:
         i = argv.index("--prog")
         name = argv[i + 1] if i + 1 < len(argv) else default
-        del argv[i:i + 2]
+        del argv[i : i + 2]
         return name, argv
     return default, argv

@@ -9,6 +9,7 @@ A supervisor that is killed outright (SIGKILL, the OOM killer) cannot stop anyth
 it starts therefore gets SIGTERM from the kernel when it dies (Linux's PR_SET_PDEATHSIG), so that a
 run does not go on unattended, beside whatever the resumed study starts next on the same cores.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 # the trainer writes its record within ~10 s of SIGTERM; a rank stuck in a collective may not
 STOP_GRACE_S = float(os.environ.get("VIT_SCALE_STOP_GRACE_S", "20"))
 POLL_S = 0.2
-PR_SET_PDEATHSIG = 1   # linux/prctl.h
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _prctl():
@@ -46,17 +47,18 @@ def dies_with_this_process():
 
     def preexec():
         prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-        if os.getppid() != parent:   # died before the setting was made: nothing would send it
+        if os.getppid() != parent:  # died before the setting was made: nothing would send it
             os.kill(os.getpid(), signal.SIGTERM)
+
     return preexec
 
 
 @dataclass
 class Outcome:
-    code: int                # the run's exit code (rank 0's, or the first that is not 0)
-    timed_out: bool          # stopped at the study's --run-time-limit
-    interrupted: bool        # stopped because the study itself was told to stop
-    killed: bool             # something had to be SIGKILLed
+    code: int  # the run's exit code (rank 0's, or the first that is not 0)
+    timed_out: bool  # stopped at the study's --run-time-limit
+    interrupted: bool  # stopped because the study itself was told to stop
+    killed: bool  # something had to be SIGKILLed
     seconds: float
 
 
@@ -65,7 +67,7 @@ class Supervisor:
     end-of-time signal) and passes that on to the run in progress."""
 
     def __init__(self, grace_s: int = 60):
-        self.grace_s = grace_s       # after one process ends badly, how long the others get to finish
+        self.grace_s = grace_s  # after one process ends badly, how long the others get to finish
         self.interrupted = False
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             signal.signal(sig, self._on_signal)
@@ -83,9 +85,17 @@ class Supervisor:
             for argv, extra in launch.commands:
                 env = {**os.environ, **launch.env, **extra}
                 try:
-                    procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, start_new_session=True,
-                                                  preexec_fn=preexec))
+                    procs.append(
+                        subprocess.Popen(
+                            argv,
+                            env=env,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL,
+                            start_new_session=True,
+                            preexec_fn=preexec,
+                        )
+                    )
                 except OSError as exc:
                     log.write(f"# could not start {argv[0]}: {exc.strerror}\n")
                     self._stop([p for p in procs if p.poll() is None], signal.SIGKILL)
@@ -106,7 +116,7 @@ class Supervisor:
                     if self.interrupted and on_signal is not None:
                         try:
                             on_signal()
-                        except Exception as exc:   # the run must be stopped all the same
+                        except Exception as exc:  # the run must be stopped all the same
                             print(f"vit-scale: while stopping: {type(exc).__name__}: {exc}", file=sys.stderr)
                     stop_at = now
                     self._stop(alive, signal.SIGTERM)
@@ -120,7 +130,7 @@ class Supervisor:
         codes = [p.returncode for p in procs]
         code = next((c for c in codes if c != 0), 0) if codes[0] == 0 else codes[0]
         if code < 0:
-            code = 128 - code   # as a shell reports a process ended by a signal
+            code = 128 - code  # as a shell reports a process ended by a signal
         return Outcome(code, timed_out, self.interrupted, killed, time.monotonic() - started)
 
     @staticmethod

@@ -6,6 +6,7 @@ Three ways a study meets its hardware:
     GPUs, the figures' x axis then being GPUs;
   - the local CPU profile without Slurm: nodes emulated as groups of processes on this machine.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,9 +21,26 @@ from vit_scale.cluster.values import as_list
 from vit_scale.errors import UserError
 from vit_scale.launch.world import slurm_hostnames, slurm_node_address
 
-SYSTEM_KEYS = ("name", "description", "env_script", "ranks_per_node", "backend", "launcher", "launchers",
-               "srun_flags", "torchrun_srun_flags", "mpi_flags", "master_addr", "peak_tflops",
-               "device_memory_gib", "needs_slurm", "default_study", "sbatch_flags", "inter_node_transport", "network")
+SYSTEM_KEYS = (
+    "name",
+    "description",
+    "env_script",
+    "ranks_per_node",
+    "backend",
+    "launcher",
+    "launchers",
+    "srun_flags",
+    "torchrun_srun_flags",
+    "mpi_flags",
+    "master_addr",
+    "peak_tflops",
+    "device_memory_gib",
+    "needs_slurm",
+    "default_study",
+    "sbatch_flags",
+    "inter_node_transport",
+    "network",
+)
 
 
 @dataclass
@@ -30,7 +48,7 @@ class SystemProfile:
     name: str
     description: str = ""
     env_script: str = ""
-    ranks_per_node: str = "1"            # a number, or "gpus": one rank per GPU a node has
+    ranks_per_node: str = "1"  # a number, or "gpus": one rank per GPU a node has
     backend: str = "gloo"
     launcher: str = "srun"
     launchers: list = field(default_factory=lambda: ["srun", "torchrun", "mpi"])
@@ -38,13 +56,13 @@ class SystemProfile:
     torchrun_srun_flags: str = ""
     mpi_flags: str = ""
     master_addr: str = "nodeaddr"
-    peak_tflops: object = None           # a number, a {precision: number} mapping, or None
+    peak_tflops: object = None  # a number, a {precision: number} mapping, or None
     device_memory_gib: object = None
     needs_slurm: bool = False
     default_study: str = ""
     sbatch_flags: str = ""
     inter_node_transport: list = field(default_factory=list)  # what `vit-scale check` expects between nodes
-    network: object = None               # collective cost defaults: vit_scale.planning.alpha_beta.read_network
+    network: object = None  # collective cost defaults: vit_scale.planning.alpha_beta.read_network
 
     @property
     def one_rank_per_gpu(self) -> bool:
@@ -89,6 +107,7 @@ def study_file(given: str | None, system: SystemProfile) -> str:
 
 
 # ---------------------------------------------------------------- this machine, this allocation
+
 
 def in_slurm() -> bool:
     return bool(os.environ.get("SLURM_JOB_ID"))
@@ -151,8 +170,9 @@ def allocation_minutes_left() -> float | None:
     if not job:
         return None
     try:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True,
-                             timeout=30).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "-h", "-j", job, "-o", "%L"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return slurm_minutes(out)

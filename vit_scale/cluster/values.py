@@ -1,5 +1,6 @@
 """One value of an option or a study file read: whole numbers, minutes, lists, booleans. A value
 that does not read is one UserError line naming the option and what is allowed."""
+
 from __future__ import annotations
 
 import re

@@ -5,13 +5,14 @@ is the set of option sections (`fsdp.*`, `deepspeed.*` ...) the run configuratio
 The family files import no torch, DeepSpeed or ColossalAI at import (the planner reads labels
 without them); those packages are loaded only when a run of one of their labels starts.
 """
+
 from __future__ import annotations
 
 import importlib
 import re
 import typing
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import SimpleNamespace
 from typing import Literal
 
@@ -32,7 +33,7 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS = typing.get_args(Precision)
 
 
-@lru_cache(maxsize=None)
+@cache
 def family_labels() -> dict[str, tuple]:
     """{family: its labels}, as each family file declares them (those files import no torch)."""
     return {family: strategy_class(family).labels for family in FAMILIES}
@@ -46,8 +47,9 @@ def all_labels() -> list[str]:
 def labels_where(test) -> list[str]:
     """The labels, in registry order, for which test(strategy class, label) holds: what a refusal
     lists as allowed (fine-tuning, compile, LoRA)."""
-    return [label for family, labels in family_labels().items() for label in labels
-            if test(strategy_class(family), label)]
+    return [
+        label for family, labels in family_labels().items() for label in labels if test(strategy_class(family), label)
+    ]
 
 
 def label_pattern(label: str) -> str:
@@ -56,8 +58,9 @@ def label_pattern(label: str) -> str:
 
 
 def allowed_text(labels=None) -> str:
-    return ", ".join(label + (" (g divides the world size)" if GROUP_SIZE in label else "")
-                     for label in (labels or all_labels()))
+    return ", ".join(
+        label + (" (g divides the world size)" if GROUP_SIZE in label else "") for label in (labels or all_labels())
+    )
 
 
 @dataclass(frozen=True)
@@ -76,12 +79,15 @@ def parse_strategy(label: str) -> StrategyLabel:
     raise UserError(f"strategy: unknown strategy '{label}'; allowed: {allowed_text()}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def family_options() -> dict[str, type]:
     """{family: its options dataclass}, for each family whose Strategy declares one (`options_class`):
     the run configuration has a section per entry, named after the family, in registry order."""
-    return {family: strategy_class(family).options_class for family in FAMILIES
-            if strategy_class(family).options_class is not None}
+    return {
+        family: strategy_class(family).options_class
+        for family in FAMILIES
+        if strategy_class(family).options_class is not None
+    }
 
 
 def default_options() -> SimpleNamespace:

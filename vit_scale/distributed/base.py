@@ -5,13 +5,14 @@ A strategy wraps the model and builds the optimizer (`setup`), runs one training
 whom it shares them (`local_tensors`, `shard_group`), which is all the replica check needs.
 The training loop knows nothing else about any family.
 """
+
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.models import ModelSpec, block_class, build_model, init_module_
 
 DTYPES = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -76,7 +77,7 @@ class Strategy(ABC):
         self.layout = type(self).layout(cfg, label, world.world_size, world.local_world_size)
         self.implementation = self.layout.implementation
         self.notes: list[str] = list(self.layout.notes)
-        self.shard_group = None        # ranks that together hold one full copy (None: this rank alone)
+        self.shard_group = None  # ranks that together hold one full copy (None: this rank alone)
         self.shard_group_size = self.layout.shard
         self.replicate_group_size = self.layout.replicate
         precision = cfg.train.precision
@@ -104,8 +105,10 @@ class Strategy(ABC):
             from vit_scale.distributed import labels_where
 
             compiling = labels_where(lambda family, _: family.supports_compile)
-            raise UserError(f"train.compile: {label.label} does not compile (its engine owns the model); "
-                            f"compile runs with {', '.join(compiling)}; set train.compile=false")
+            raise UserError(
+                f"train.compile: {label.label} does not compile (its engine owns the model); "
+                f"compile runs with {', '.join(compiling)}; set train.compile=false"
+            )
 
     # ------------------------------------------------------------ the interface
 
@@ -118,16 +121,24 @@ class Strategy(ABC):
         """Forward, backward, optimizer step; returns the loss as a detached 0-d tensor."""
 
     def options(self) -> dict:
-        opts = {"precision": self.cfg.train.precision,
-                "activation_checkpointing": self.cfg.train.activation_checkpointing}
+        opts = {
+            "precision": self.cfg.train.precision,
+            "activation_checkpointing": self.cfg.train.activation_checkpointing,
+        }
         # only when on, so a study's series are named after them and earlier records read as before
         opts.update({key: True for key in ("compile", "tf32") if getattr(self.cfg.train, key)})
         return opts
 
     def describe(self) -> dict:
-        return {"label": self.label.label, "family": self.family, "implementation": self.implementation,
-                "shard_group_size": self.shard_group_size, "replicate_group_size": self.replicate_group_size,
-                "options": self.options(), "notes": self.notes}
+        return {
+            "label": self.label.label,
+            "family": self.family,
+            "implementation": self.implementation,
+            "shard_group_size": self.shard_group_size,
+            "replicate_group_size": self.replicate_group_size,
+            "options": self.options(),
+            "notes": self.notes,
+        }
 
     def artifacts(self) -> dict[str, str]:
         """Files this strategy wants in the run directory ({file name: text}), written by rank 0
@@ -159,6 +170,7 @@ class Strategy(ABC):
         """The JIT-built kernels (keys of distributed/kernels.py) a run of `label` may need on
         `device_kind`; `vit-scale prepare` builds them before any run's clock starts."""
         return ()
+
     # the name of the layout `save_state` writes, kept in each checkpoint's meta.json so a
     # strategy that reads another layout refuses it in one line: "full" (rank 0 writes whole
     # state dicts, the default below), "sharded" (FSDP), "engine" (DeepSpeed), "booster" (ColossalAI)
@@ -316,9 +328,14 @@ class Strategy(ABC):
         from functools import partial
 
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+            CheckpointImpl,
+            apply_activation_checkpointing,
+            checkpoint_wrapper,
+        )
 
         block = block_class()
         apply_activation_checkpointing(
-            model, checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-            check_fn=lambda m: isinstance(m, block))
+            model,
+            checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: isinstance(m, block),
+        )

@@ -34,22 +34,30 @@ under CAI_FSDP, and the plugin's `max_norm` (set from finetune.clip_grad_norm in
 configure_finetune) under LowLevelZero and Gemini, which clip inside step(). Only CAI_DDP (fp32)
 is tested, on CPU ranks; the GPU plugins' fine-tuning path has not been run.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.options import AT_LEAST_1, FRACTION, option
 
-PLUGINS = {"CAI_DDP": "TorchDDPPlugin", "CAI_DDP_FP16": "TorchDDPPlugin", "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin",
-           "CAI_GEMINI": "GeminiPlugin", "CAI_FSDP": "TorchFSDPPlugin"}
+PLUGINS = {
+    "CAI_DDP": "TorchDDPPlugin",
+    "CAI_DDP_FP16": "TorchDDPPlugin",
+    "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin",
+    "CAI_GEMINI": "GeminiPlugin",
+    "CAI_FSDP": "TorchFSDPPlugin",
+}
 
-INSTALL_HINT = ("pip install --no-deps colossalai==0.5.0 && pip install -c CONSTRAINTS transformers==4.51.3 "
-                "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
-                "see docs/strategies.md)")
+INSTALL_HINT = (
+    "pip install --no-deps colossalai==0.5.0 && pip install -c CONSTRAINTS transformers==4.51.3 "
+    "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
+    "see docs/strategies.md)"
+)
 PRESETS = {"none": {}, "seed000": {"offload_optim_frac": 1.0, "pin_memory": True}}
 
 
@@ -62,10 +70,12 @@ class ColossalAIConfig:
     offload_optim_frac: float = option(0.0, "CAI_GEMINI (static placement)", FRACTION)
     offload_param_frac: float = option(0.0, "CAI_GEMINI (static placement)", FRACTION)
     pin_memory: bool = option(False, "CAI_GEMINI")
-    preset: Literal["none", "seed000"] = option("none", "seed000: offload_optim_frac=1.0, pin_memory=True "
-                                                        "(overrides both)")
-    initial_scale: float = option(65536.0, "fp16 loss scale to start from (CAI_DDP_FP16 uses torch's GradScaler "
-                                           "default)", AT_LEAST_1)
+    preset: Literal["none", "seed000"] = option(
+        "none", "seed000: offload_optim_frac=1.0, pin_memory=True (overrides both)"
+    )
+    initial_scale: float = option(
+        65536.0, "fp16 loss scale to start from (CAI_DDP_FP16 uses torch's GradScaler default)", AT_LEAST_1
+    )
     bucket_cap_mb: int = option(25, "CAI_DDP, CAI_DDP_FP16: DDP gradient bucket size", AT_LEAST_1)
 
 
@@ -75,10 +85,12 @@ def _import_colossalai():
     ensure_torchvision_importable()  # colossalai imports transformers, which imports torchvision
     try:
         import colossalai
-        import colossalai.booster  # noqa: F401 - the part every plugin needs; fails early if broken
+        import colossalai.booster
     except ImportError as exc:
-        raise UserError(f"strategy: ColossalAI labels need the colossalai package, which is not importable "
-                        f"({' '.join(str(exc).split())}); install it keeping your torch: {INSTALL_HINT}") from None
+        raise UserError(
+            f"strategy: ColossalAI labels need the colossalai package, which is not importable "
+            f"({' '.join(str(exc).split())}); install it keeping your torch: {INSTALL_HINT}"
+        ) from None
     return colossalai
 
 
@@ -93,6 +105,7 @@ class ColossalAIStrategy(Strategy):
         if label in ("CAI_GEMINI", "CAI_LOW_LEVEL_ZERO"):
             return ("colossalai.cpu_adam", "colossalai.fused_optim")
         return ()
+
     # fine-tuning (vit_scale.recipes.finetune): see the module docstring and the methods under "fine-tuning"
     supports_finetune = True
     lora_why = "only CAI_DDP was tried with frozen parameters; Gemini and LowLevelZero need a GPU"
@@ -100,6 +113,7 @@ class ColossalAIStrategy(Strategy):
     @classmethod
     def trains_lora(cls, label: str) -> bool:
         return label == "CAI_DDP"
+
     checkpoint_format = "booster"
 
     # ------------------------------------------------------------ checks before any process group
@@ -108,8 +122,10 @@ class ColossalAIStrategy(Strategy):
     def check(cls, cfg, label, world) -> None:
         super().check(cfg, label, world)
         if cfg.train.init == "meta":
-            raise UserError("train.init: meta is not supported with ColossalAI labels (the model is built on the "
-                            "device); use train.init=device")
+            raise UserError(
+                "train.init: meta is not supported with ColossalAI labels (the model is built on the "
+                "device); use train.init=device"
+            )
         _import_colossalai()
 
     # ------------------------------------------------------------ configuration
@@ -120,11 +136,21 @@ class ColossalAIStrategy(Strategy):
         shard = W if label.label == "CAI_FSDP" else 1
         state_shard = 1 if label.label in ("CAI_DDP", "CAI_DDP_FP16") else W
         if label.label in ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI"):
-            notes = ("optimizer states are partitioned over all ranks; the replica check compares each "
-                     "rank's full copy of the parameters"
-                     + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""),)
-        return Layout(label.label, "colossalai", f"colossalai-{PLUGINS[label.label]}", label.label, shard, W // shard,
-                      state_shard, notes=notes)
+            notes = (
+                "optimizer states are partitioned over all ranks; the replica check compares each "
+                "rank's full copy of the parameters"
+                + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""),
+            )
+        return Layout(
+            label.label,
+            "colossalai",
+            f"colossalai-{PLUGINS[label.label]}",
+            label.label,
+            shard,
+            W // shard,
+            state_shard,
+            notes=notes,
+        )
 
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
@@ -136,12 +162,17 @@ class ColossalAIStrategy(Strategy):
             self.checkpoint_format = "full"
         self.plugin_name = PLUGINS[label.label]
         c = cfg.colossalai
-        self.gemini = {"placement_policy": c.placement_policy, "offload_optim_frac": c.offload_optim_frac,
-                       "offload_param_frac": c.offload_param_frac, "pin_memory": c.pin_memory}
+        self.gemini = {
+            "placement_policy": c.placement_policy,
+            "offload_optim_frac": c.offload_optim_frac,
+            "offload_param_frac": c.offload_param_frac,
+            "pin_memory": c.pin_memory,
+        }
         if label.label == "CAI_GEMINI" and c.preset != "none":
             self.gemini.update(PRESETS[c.preset])
-            self.notes.append(f"colossalai.preset={c.preset}: "
-                              + ", ".join(f"{k}={v}" for k, v in PRESETS[c.preset].items()))
+            self.notes.append(
+                f"colossalai.preset={c.preset}: " + ", ".join(f"{k}={v}" for k, v in PRESETS[c.preset].items())
+            )
 
     def configure_finetune(self, ft) -> None:
         """Fine-tuning: LowLevelZero and Gemini clip inside step() at their plugin's `max_norm`
@@ -166,9 +197,11 @@ class ColossalAIStrategy(Strategy):
         opts.update({"plugin": self.plugin_name, "optimizer": self._optimizer_name()})
         name = self.label.label
         if name in ("CAI_DDP", "CAI_DDP_FP16"):
-            opts.update(booster_mixed_precision=self._booster_mixed_precision(),
-                        autocast="bf16" if name == "CAI_DDP" and self.cfg.train.precision == "bf16" else None,
-                        bucket_cap_mb=c.bucket_cap_mb)
+            opts.update(
+                booster_mixed_precision=self._booster_mixed_precision(),
+                autocast="bf16" if name == "CAI_DDP" and self.cfg.train.precision == "bf16" else None,
+                bucket_cap_mb=c.bucket_cap_mb,
+            )
         elif name == "CAI_LOW_LEVEL_ZERO":
             opts.update(zero_stage=c.zero_stage, cpu_offload=c.cpu_offload, initial_scale=c.initial_scale)
         elif name == "CAI_GEMINI":
@@ -193,12 +226,22 @@ class ColossalAIStrategy(Strategy):
         ft = self.finetune
         max_norm = ft.clip_grad_norm if ft is not None else 0.0  # the benchmark trainer does not clip
         if name == "CAI_LOW_LEVEL_ZERO":
-            return plugins.LowLevelZeroPlugin(stage=c.zero_stage, precision=precision, cpu_offload=c.cpu_offload,
-                                              initial_scale=c.initial_scale, max_norm=max_norm)
+            return plugins.LowLevelZeroPlugin(
+                stage=c.zero_stage,
+                precision=precision,
+                cpu_offload=c.cpu_offload,
+                initial_scale=c.initial_scale,
+                max_norm=max_norm,
+            )
         if name == "CAI_GEMINI":
             accumulate = ft is not None and ft.accumulation_steps > 1
-            return plugins.GeminiPlugin(precision=precision, initial_scale=c.initial_scale, max_norm=max_norm,
-                                        enable_gradient_accumulation=accumulate, **self.gemini)
+            return plugins.GeminiPlugin(
+                precision=precision,
+                initial_scale=c.initial_scale,
+                max_norm=max_norm,
+                enable_gradient_accumulation=accumulate,
+                **self.gemini,
+            )
         from torch.distributed.fsdp import MixedPrecision
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -206,8 +249,9 @@ class ColossalAIStrategy(Strategy):
         if self.dtype_name:
             dtype = getattr(torch, self.dtype_name)
             mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
-        return plugins.TorchFSDPPlugin(auto_wrap_policy=ModuleWrapPolicy({factory.block_class()}),
-                                       mixed_precision=mixed)
+        return plugins.TorchFSDPPlugin(
+            auto_wrap_policy=ModuleWrapPolicy({factory.block_class()}), mixed_precision=mixed
+        )
 
     def setup(self, factory) -> None:
         import torch
@@ -220,8 +264,9 @@ class ColossalAIStrategy(Strategy):
         if self._optimizer_name().startswith("HybridAdam"):
             from colossalai.nn.optimizer import HybridAdam
 
-            optimizer = HybridAdam(model.parameters(), lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay,
-                                   adamw_mode=True)
+            optimizer = HybridAdam(
+                model.parameters(), lr=self.cfg.train.lr, weight_decay=self.cfg.train.weight_decay, adamw_mode=True
+            )
         elif self.label.label == "CAI_FSDP":
             # TorchFSDPPlugin re-runs `optimizer.__init__(params, **optimizer.defaults)`; torch's AdamW
             # rejects its own `decoupled_weight_decay` default there; Adam takes the same settings

@@ -1,4 +1,5 @@
 """torch DistributedDataParallel: every rank holds the whole model; gradients are all-reduced."""
+
 from __future__ import annotations
 
 from vit_scale.distributed.base import Strategy
@@ -32,8 +33,7 @@ class DDPStrategy(Strategy):
         self.model = DistributedDataParallel(model, device_ids=device_ids)
         self.compile_whole(self.model)
         self.optimizer = self.make_optimizer(self.model.parameters())
-        self.scaler = (torch.amp.GradScaler(self.world.torch_device_type)
-                       if self.cfg.train.precision == "fp16" else None)
+        self.scaler = torch.amp.GradScaler(self.world.torch_device_type) if self.cfg.train.precision == "fp16" else None
 
     def train_step(self, images, labels):
         with self.autocast():

@@ -30,15 +30,16 @@ ZeRO-3 keeps each parameter's partition in `p.ds_tensor`, partitioned over all r
 secondary partition is a per-node cache refilled from it every forward, so the primary one is
 the model), so the shard group is the world.
 """
+
 from __future__ import annotations
 
 import json
 import os
 from dataclasses import dataclass
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.options import AT_LEAST_1, NON_NEGATIVE, option
 
 
@@ -52,26 +53,31 @@ class DeepSpeedConfig:
     reduce_bucket_size: int = option(500_000_000, "", AT_LEAST_1)
     allgather_bucket_size: int = option(500_000_000, "ZeRO-1/2", AT_LEAST_1)
     prefetch_bucket_size: int = option(50_000_000, "ZeRO-3: stage3_prefetch_bucket_size", AT_LEAST_1)
-    param_persistence_threshold: int = option(100_000, "ZeRO-3: parameters smaller than this stay gathered",
-                                              NON_NEGATIVE)
-    gradient_clipping: float = option(0.0, "DeepSpeed clips at 1.0 by default; 0 keeps it equal to the others",
-                                      NON_NEGATIVE)
+    param_persistence_threshold: int = option(
+        100_000, "ZeRO-3: parameters smaller than this stay gathered", NON_NEGATIVE
+    )
+    gradient_clipping: float = option(
+        0.0, "DeepSpeed clips at 1.0 by default; 0 keeps it equal to the others", NON_NEGATIVE
+    )
     hpz_partition_size: int = option(0, "ZEROPP: 0 = ranks per node", NON_NEGATIVE)
     quantized_weights: bool = option(True, "ZEROPP qwZ (GPU only)")
     quantized_gradients: bool = option(True, "ZEROPP qgZ (GPU only)")
     skip_shm_comm: bool = option(True, "CPU only: do not build DeepSpeed's shm op (inference all-reduce only)")
 
+
 STAGES = {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}
 INSTALL_HINT = "pip install 'vit-scale[deepspeed]' (on a CPU-only machine: DS_BUILD_OPS=0 and a constraints file pinning your torch)"
-STEPS_PER_PRINT = 10 ** 9  # DeepSpeed's own progress lines would interleave with the trainer's
+STEPS_PER_PRINT = 10**9  # DeepSpeed's own progress lines would interleave with the trainer's
 
 
 def _import_deepspeed():
     try:
         import deepspeed
     except ImportError as exc:
-        raise UserError(f"strategy: DeepSpeed labels need the deepspeed package, which is not importable "
-                        f"({' '.join(str(exc).split())}); install the extra: {INSTALL_HINT}") from None
+        raise UserError(
+            f"strategy: DeepSpeed labels need the deepspeed package, which is not importable "
+            f"({' '.join(str(exc).split())}); install the extra: {INSTALL_HINT}"
+        ) from None
     return deepspeed
 
 
@@ -90,10 +96,12 @@ def qgz_refusal(quantized_gradients: bool, device_count: int, ranks_per_node: in
         return None
     if nodes == 1 and device_count > ranks_per_node:
         return None  # DeepSpeed counts no whole node, reduce-scatters unquantised: what ZeRO++ does on one node
-    return (f"deepspeed.quantized_gradients: qgZ needs each rank to see all of its node's GPUs (DeepSpeed takes the "
-            f"ranks per node from torch.cuda.device_count(), {device_count} here, but {ranks_per_node} ranks run on "
-            f"each node, so its all-to-all would group the wrong ranks); launch with every GPU of the node visible "
-            f"(srun --gpus-per-node, not --gpus-per-task=1) or set deepspeed.quantized_gradients=false")
+    return (
+        f"deepspeed.quantized_gradients: qgZ needs each rank to see all of its node's GPUs (DeepSpeed takes the "
+        f"ranks per node from torch.cuda.device_count(), {device_count} here, but {ranks_per_node} ranks run on "
+        f"each node, so its all-to-all would group the wrong ranks); launch with every GPU of the node visible "
+        f"(srun --gpus-per-node, not --gpus-per-task=1) or set deepspeed.quantized_gradients=false"
+    )
 
 
 class DeepSpeedStrategy(Strategy):
@@ -105,6 +113,7 @@ class DeepSpeedStrategy(Strategy):
     def jit_kernels(cls, label: str, device_kind: str) -> tuple:
         # DeepSpeedCPUAdam for any stage's optimizer offload; ZeRO++'s qwZ/qgZ quantize on the GPU
         return ("deepspeed.cpu_adam",) + (("deepspeed.quantizer",) if label == "ZEROPP" else ())
+
     # fine-tuning (vit_scale.recipes.finetune): the engine owns the loss scale, clipping, accumulation
     # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
     supports_finetune = True
@@ -112,6 +121,7 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def trains_lora(cls, label: str) -> bool:
         return True  # the ZeRO optimizers get the trainable parameters only (setup)
+
     checkpoint_format = "engine"
 
     # ------------------------------------------------------------ checks before any process group
@@ -122,22 +132,29 @@ class DeepSpeedStrategy(Strategy):
         ds = cfg.deepspeed
         stage = STAGES[label.label]
         if ds.offload_params and stage != 3:
-            raise UserError(f"deepspeed.offload_params: parameter offload is ZeRO-3 only (ZERO3, ZEROPP), "
-                            f"not {label.label}; set deepspeed.offload_params=false or use ZERO3")
+            raise UserError(
+                f"deepspeed.offload_params: parameter offload is ZeRO-3 only (ZERO3, ZEROPP), "
+                f"not {label.label}; set deepspeed.offload_params=false or use ZERO3"
+            )
         if label.label == "ZEROPP":
             hpz = ds.hpz_partition_size or world.local_world_size
             if world.world_size % hpz:
-                raise UserError(f"deepspeed.hpz_partition_size: {hpz} must divide the world size "
-                                f"({world.world_size} ranks); 0 means ranks per node ({world.local_world_size})")
+                raise UserError(
+                    f"deepspeed.hpz_partition_size: {hpz} must divide the world size "
+                    f"({world.world_size} ranks); 0 means ranks per node ({world.local_world_size})"
+                )
             if world.device_type == "cpu" and (ds.quantized_weights or ds.quantized_gradients):
-                raise UserError("strategy: ZEROPP quantisation (deepspeed.quantized_weights, "
-                                "deepspeed.quantized_gradients: qwZ, qgZ) needs a GPU (DeepSpeed has no CPU kernel "
-                                "for it); on a CPU set both to false to run hpZ alone")
+                raise UserError(
+                    "strategy: ZEROPP quantisation (deepspeed.quantized_weights, "
+                    "deepspeed.quantized_gradients: qwZ, qgZ) needs a GPU (DeepSpeed has no CPU kernel "
+                    "for it); on a CPU set both to false to run hpZ alone"
+                )
             if world.device_type != "cpu":
                 import torch
 
-                error = qgz_refusal(ds.quantized_gradients, torch.cuda.device_count(), world.local_world_size,
-                                    world.nodes)
+                error = qgz_refusal(
+                    ds.quantized_gradients, torch.cuda.device_count(), world.local_world_size, world.nodes
+                )
                 if error:
                     raise UserError(error)
         _import_deepspeed()  # after the config checks: a bad key is reported without the import's seconds
@@ -149,21 +166,37 @@ class DeepSpeedStrategy(Strategy):
         W, stage, notes = world_size, STAGES[label.label], []
         hpz = (cfg.deepspeed.hpz_partition_size or ranks_per_node) if label.label == "ZEROPP" else 0
         if stage < 3:
-            notes.append(f"ZeRO-{stage} partitions optimizer states{' and gradients' if stage == 2 else ''} over "
-                         f"all {W} ranks; parameters stay whole on every rank, so each rank is a replica for the "
-                         "replica check")
+            notes.append(
+                f"ZeRO-{stage} partitions optimizer states{' and gradients' if stage == 2 else ''} over "
+                f"all {W} ranks; parameters stay whole on every rank, so each rank is a replica for the "
+                "replica check"
+            )
         if hpz == 1:
-            notes.append("hpZ partition size 1 (one rank per node): no secondary partition, so ZEROPP runs "
-                         "as ZeRO-3 with quantised collectives only")
+            notes.append(
+                "hpZ partition size 1 (one rank per node): no secondary partition, so ZEROPP runs "
+                "as ZeRO-3 with quantised collectives only"
+            )
         elif hpz and hpz == W:
-            notes.append(f"hpZ partition size {hpz} equals the world size: the secondary partition "
-                         "spans every rank, like ZeRO-3's own")
+            notes.append(
+                f"hpZ partition size {hpz} equals the world size: the secondary partition "
+                "spans every rank, like ZeRO-3's own"
+            )
         if label.label == "ZEROPP" and cfg.deepspeed.quantized_gradients and W <= ranks_per_node:
-            notes.append("one node: DeepSpeed applies qgZ between nodes only, so gradients are reduce-scattered "
-                         "unquantised")
+            notes.append(
+                "one node: DeepSpeed applies qgZ between nodes only, so gradients are reduce-scattered unquantised"
+            )
         shard = W if stage == 3 else 1
-        return Layout(label.label, "deepspeed", f"deepspeed-zero{stage}" + ("-pp" if label.label == "ZEROPP" else ""),
-                      f"ZERO{stage}", shard, W // shard, W, hpz=hpz, notes=tuple(notes))
+        return Layout(
+            label.label,
+            "deepspeed",
+            f"deepspeed-zero{stage}" + ("-pp" if label.label == "ZEROPP" else ""),
+            f"ZERO{stage}",
+            shard,
+            W // shard,
+            W,
+            hpz=hpz,
+            notes=tuple(notes),
+        )
 
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
@@ -172,11 +205,14 @@ class DeepSpeedStrategy(Strategy):
         self.hpz = self.layout.hpz
         self.uses_ds_optimizer = ds.offload_optimizer or ds.offload_params
         if world.device_type == "cpu" and ds.skip_shm_comm:
-            self.notes.append("DeepSpeed's shm_comm op (inference all-reduce only) was not built: "
-                              "deepspeed.skip_shm_comm=true")
+            self.notes.append(
+                "DeepSpeed's shm_comm op (inference all-reduce only) was not built: deepspeed.skip_shm_comm=true"
+            )
         if self.stage == 3 and self._init_mode() == "meta":
-            self.notes.append("built under deepspeed.zero.Init (train.init meta): parameters are initialised one "
-                              "module at a time on rank 0 and broadcast")
+            self.notes.append(
+                "built under deepspeed.zero.Init (train.init meta): parameters are initialised one "
+                "module at a time on rank 0 and broadcast"
+            )
         self.finetune = None  # the `finetune` config section once configure_finetune has run
         self.ds_config = self._build_config()
 
@@ -192,29 +228,37 @@ class DeepSpeedStrategy(Strategy):
 
     def _init_mode(self) -> str:
         """What ModelFactory will do with train.init, before it exists (the config is written first)."""
-        from vit_scale.models import count_params
         from vit_scale.distributed.base import init_mode
+        from vit_scale.models import count_params
 
         return init_mode(self.cfg.train.init, count_params(self.cfg.model, self.cfg.train.num_classes))
 
     def _build_config(self) -> dict:
         cfg, ds, world = self.cfg, self.cfg.deepspeed, self.world
         pin = world.device_type != "cpu"  # pinned host memory needs an accelerator
-        zero: dict = {"stage": self.stage, "overlap_comm": ds.overlap_comm,
-                      "contiguous_gradients": ds.contiguous_gradients,
-                      "reduce_bucket_size": ds.reduce_bucket_size}
+        zero: dict = {
+            "stage": self.stage,
+            "overlap_comm": ds.overlap_comm,
+            "contiguous_gradients": ds.contiguous_gradients,
+            "reduce_bucket_size": ds.reduce_bucket_size,
+        }
         if self.stage < 3:
             zero.update(allgather_bucket_size=ds.allgather_bucket_size, reduce_scatter=True)
         else:
-            zero.update(stage3_prefetch_bucket_size=ds.prefetch_bucket_size,
-                        stage3_param_persistence_threshold=ds.param_persistence_threshold)
+            zero.update(
+                stage3_prefetch_bucket_size=ds.prefetch_bucket_size,
+                stage3_param_persistence_threshold=ds.param_persistence_threshold,
+            )
         if ds.offload_optimizer:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
         if ds.offload_params:
             zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
         if self.label.label == "ZEROPP":
-            zero.update(zero_hpz_partition_size=self.hpz, zero_quantized_weights=ds.quantized_weights,
-                        zero_quantized_gradients=ds.quantized_gradients)
+            zero.update(
+                zero_hpz_partition_size=self.hpz,
+                zero_quantized_weights=ds.quantized_weights,
+                zero_quantized_gradients=ds.quantized_gradients,
+            )
         accum = self.finetune.accumulation_steps if self.finetune is not None else 1
         config = {
             "train_micro_batch_size_per_gpu": cfg.train.batch_size,
@@ -230,8 +274,10 @@ class DeepSpeedStrategy(Strategy):
         }
         if self.uses_ds_optimizer:
             # offload runs the optimizer step on the host with DeepSpeed's CPU Adam (AdamW mode)
-            config["optimizer"] = {"type": "AdamW", "params": {"lr": cfg.train.lr,
-                                                               "weight_decay": cfg.train.weight_decay}}
+            config["optimizer"] = {
+                "type": "AdamW",
+                "params": {"lr": cfg.train.lr, "weight_decay": cfg.train.weight_decay},
+            }
         return config
 
     def artifacts(self) -> dict[str, str]:
@@ -240,20 +286,31 @@ class DeepSpeedStrategy(Strategy):
     def options(self) -> dict:
         ds = self.cfg.deepspeed
         opts = super().options()
-        opts.update({"zero_stage": self.stage, "offload_optimizer": ds.offload_optimizer,
-                     "offload_params": ds.offload_params, "overlap_comm": ds.overlap_comm,
-                     "contiguous_gradients": ds.contiguous_gradients,
-                     "reduce_bucket_size": ds.reduce_bucket_size, "gradient_clipping": self._clipping(),
-                     "optimizer": "DeepSpeedCPUAdam (AdamW mode)" if self.uses_ds_optimizer else "torch.optim.AdamW",
-                     "skip_shm_comm": ds.skip_shm_comm and self.world.device_type == "cpu"})
+        opts.update(
+            {
+                "zero_stage": self.stage,
+                "offload_optimizer": ds.offload_optimizer,
+                "offload_params": ds.offload_params,
+                "overlap_comm": ds.overlap_comm,
+                "contiguous_gradients": ds.contiguous_gradients,
+                "reduce_bucket_size": ds.reduce_bucket_size,
+                "gradient_clipping": self._clipping(),
+                "optimizer": "DeepSpeedCPUAdam (AdamW mode)" if self.uses_ds_optimizer else "torch.optim.AdamW",
+                "skip_shm_comm": ds.skip_shm_comm and self.world.device_type == "cpu",
+            }
+        )
         if self.stage < 3:
             opts["allgather_bucket_size"] = ds.allgather_bucket_size
         else:
-            opts.update(prefetch_bucket_size=ds.prefetch_bucket_size,
-                        param_persistence_threshold=ds.param_persistence_threshold)
+            opts.update(
+                prefetch_bucket_size=ds.prefetch_bucket_size, param_persistence_threshold=ds.param_persistence_threshold
+            )
         if self.label.label == "ZEROPP":
-            opts.update(hpz_partition_size=self.hpz, quantized_weights=ds.quantized_weights,
-                        quantized_gradients=ds.quantized_gradients)
+            opts.update(
+                hpz_partition_size=self.hpz,
+                quantized_weights=ds.quantized_weights,
+                quantized_gradients=ds.quantized_gradients,
+            )
         return opts
 
     # ------------------------------------------------------------ setup
@@ -296,8 +353,12 @@ class DeepSpeedStrategy(Strategy):
         optimizer = None if self.uses_ds_optimizer else self.make_optimizer(model.parameters())
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: adapters and head only
         self.model, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, model_parameters=trainable if optimizer is None else None,
-            config=self.ds_config, dist_init_required=False)
+            model=model,
+            optimizer=optimizer,
+            model_parameters=trainable if optimizer is None else None,
+            config=self.ds_config,
+            dist_init_required=False,
+        )
         self.input_dtype = getattr(torch, self.dtype_name) if self.dtype_name else None
         if self.stage == 3:
             self.shard_group = torch.distributed.group.WORLD
@@ -355,8 +416,10 @@ class DeepSpeedStrategy(Strategy):
 
     def optimizer_step(self) -> None:
         if not self.model.is_gradient_accumulation_boundary():
-            raise RuntimeError("DeepSpeed engine is not at a gradient accumulation boundary at the optimizer step: "
-                               "its micro-step counter and finetune.accumulation_steps disagree")
+            raise RuntimeError(
+                "DeepSpeed engine is not at a gradient accumulation boundary at the optimizer step: "
+                "its micro-step counter and finetune.accumulation_steps disagree"
+            )
         self.model.step()  # reduce, unscale, clip, update, zero the gradients
 
     def set_lr(self, lr: float) -> None:
@@ -388,8 +451,10 @@ class DeepSpeedStrategy(Strategy):
         for p in self.model.module.parameters():
             group = p.ds_process_group
             if dist.get_world_size(group=group) != self.world.world_size:
-                raise RuntimeError("ZeRO-3 parameter partitioned over fewer ranks than the world; "
-                                   "the replica check does not know this layout")
+                raise RuntimeError(
+                    "ZeRO-3 parameter partitioned over fewer ranks than the world; "
+                    "the replica check does not know this layout"
+                )
             part = p.ds_tensor.numel()
             start = part * dist.get_rank(group=group)
             valid = max(0, min(part, p.ds_numel - start))  # the last partition is padded, the padding unset

@@ -10,15 +10,16 @@ gradients: replicas train apart and the images/s look excellent because nothing 
 communicated. FSDP2's (world, 1) mesh all-reduces across replicas as it should; the run
 records which implementation ran.
 """
+
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
-from vit_scale.errors import UserError
 from vit_scale.distributed.base import Strategy, module_names
 from vit_scale.distributed.layout import Layout
+from vit_scale.errors import UserError
 from vit_scale.options import option
 
 
@@ -45,35 +46,56 @@ class FSDPStrategy(Strategy):
         super().check(cfg, label, world)
         g = label.hybrid_group
         if g and world.world_size % g:
-            raise UserError(f"strategy: {label.label} needs a world size divisible by {g}, but this run has "
-                            f"{world.world_size} ranks; use HYBRID_<g>GPU with g dividing {world.world_size}")
-        if cfg.train.compile and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation \
-                == "fsdp1" and not cfg.fsdp.use_orig_params:
-            raise UserError("train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters "
-                            "torch.compile falls back to eager inside every unit); set fsdp.use_orig_params=true "
-                            "or fsdp.version=2")
+            raise UserError(
+                f"strategy: {label.label} needs a world size divisible by {g}, but this run has "
+                f"{world.world_size} ranks; use HYBRID_<g>GPU with g dividing {world.world_size}"
+            )
+        if (
+            cfg.train.compile
+            and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1"
+            and not cfg.fsdp.use_orig_params
+        ):
+            raise UserError(
+                "train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters "
+                "torch.compile falls back to eager inside every unit); set fsdp.use_orig_params=true "
+                "or fsdp.version=2"
+            )
         if cfg.fsdp.cpu_offload and world.device_type == "cpu" and cfg.fsdp.version == 1:
-            raise UserError("fsdp.cpu_offload: FSDP1 parameter offload needs a GPU (it pins host memory); "
-                            "set fsdp.cpu_offload=false on a CPU")
+            raise UserError(
+                "fsdp.cpu_offload: FSDP1 parameter offload needs a GPU (it pins host memory); "
+                "set fsdp.cpu_offload=false on a CPU"
+            )
         if cfg.train.optimizer == "fused" and cls._offloads_fp16_on_fsdp1(cfg, label, world):
-            raise UserError("train.optimizer: fused with FSDP1 parameter offload and fp16 would read the loss scale and "
-                            "overflow flag through device-to-host copies its CPU kernel does not wait for; use "
-                            "train.optimizer=auto (not fused here), train.precision=bf16, or fsdp.cpu_offload=false")
+            raise UserError(
+                "train.optimizer: fused with FSDP1 parameter offload and fp16 would read the loss scale and "
+                "overflow flag through device-to-host copies its CPU kernel does not wait for; use "
+                "train.optimizer=auto (not fused here), train.precision=bf16, or fsdp.cpu_offload=false"
+            )
         # offloaded FSDP2 gradients live on the host; GradScaler's overflow check on them is reduced by
         # DTensor over the mesh's NCCL/RCCL group (torch/distributed/tensor/_dispatch.py:
         # found_inf_reduce_handler), which has no CPU backend, so the first fp16 step would fail
-        if (cfg.fsdp.cpu_offload and cfg.train.precision == "fp16" and world.device_type != "cpu"
-                and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp2"):
-            raise UserError(f"fsdp.cpu_offload: {label.label} on FSDP2 cannot offload with train.precision=fp16 (the "
-                            "loss scaler's overflow check would all-reduce host tensors over NCCL); use bf16, "
-                            "fsdp.version=1 (not HYBRID_1GPU), or fsdp.cpu_offload=false")
+        if (
+            cfg.fsdp.cpu_offload
+            and cfg.train.precision == "fp16"
+            and world.device_type != "cpu"
+            and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp2"
+        ):
+            raise UserError(
+                f"fsdp.cpu_offload: {label.label} on FSDP2 cannot offload with train.precision=fp16 (the "
+                "loss scaler's overflow check would all-reduce host tensors over NCCL); use bf16, "
+                "fsdp.version=1 (not HYBRID_1GPU), or fsdp.cpu_offload=false"
+            )
 
     @classmethod
     def _offloads_fp16_on_fsdp1(cls, cfg, label, world) -> bool:
         """FSDP1 with parameters (and so gradients and the optimizer step) on the host, an fp16 loss
         scaler and a GPU: where GradScaler's device tensors meet CPU kernels."""
-        return (cfg.fsdp.cpu_offload and cfg.train.precision == "fp16" and world.device_type != "cpu"
-                and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1")
+        return (
+            cfg.fsdp.cpu_offload
+            and cfg.train.precision == "fp16"
+            and world.device_type != "cpu"
+            and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1"
+        )
 
     def auto_optimizer(self) -> str:
         # the fused AdamW copies GradScaler's scale and overflow flag from the GPU to the host
@@ -85,13 +107,18 @@ class FSDPStrategy(Strategy):
 
     def options(self) -> dict:
         opts = super().options()
-        opts.update({"fsdp_version": self.implementation_version, "sharding": self.sharding,
-                     "hybrid_group": self.label.hybrid_group or None,
-                     "backward_prefetch": self.cfg.fsdp.backward_prefetch,
-                     "limit_all_gathers": self.cfg.fsdp.limit_all_gathers,
-                     "forward_prefetch": self.cfg.fsdp.forward_prefetch,
-                     "use_orig_params": self.cfg.fsdp.use_orig_params,
-                     "cpu_offload": self.cfg.fsdp.cpu_offload})
+        opts.update(
+            {
+                "fsdp_version": self.implementation_version,
+                "sharding": self.sharding,
+                "hybrid_group": self.label.hybrid_group or None,
+                "backward_prefetch": self.cfg.fsdp.backward_prefetch,
+                "limit_all_gathers": self.cfg.fsdp.limit_all_gathers,
+                "forward_prefetch": self.cfg.fsdp.forward_prefetch,
+                "use_orig_params": self.cfg.fsdp.use_orig_params,
+                "cpu_offload": self.cfg.fsdp.cpu_offload,
+            }
+        )
         return opts
 
     @classmethod
@@ -100,31 +127,39 @@ class FSDPStrategy(Strategy):
         version = cfg.fsdp.version
         if label.hybrid_group == 1 and version == 1:
             version = 2
-            notes.append("HYBRID_1GPU runs on FSDP2 with a (world, 1) mesh: FSDP1 with 1-rank shard groups "
-                         "falls back to NO_SHARD over one rank and never synchronises the replicas")
+            notes.append(
+                "HYBRID_1GPU runs on FSDP2 with a (world, 1) mesh: FSDP1 with 1-rank shard groups "
+                "falls back to NO_SHARD over one rank and never synchronises the replicas"
+            )
         shard = label.hybrid_group or (1 if label.label == "NO_SHARD" else W)
         sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
         if version == 1 and shard == 1 and sharding != "NO_SHARD":
             notes.append(f"{label.label} over a 1-rank shard group: FSDP1 runs it as NO_SHARD")
             sharding = "NO_SHARD"
-        return Layout(label.label, "fsdp", f"fsdp{version}", sharding, shard, max(1, W // shard), shard,
-                      notes=tuple(notes))
+        return Layout(
+            label.label, "fsdp", f"fsdp{version}", sharding, shard, max(1, W // shard), shard, notes=tuple(notes)
+        )
 
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
         self.sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
-        self.implementation_version = int(self.implementation[len("fsdp"):])
+        self.implementation_version = int(self.implementation[len("fsdp") :])
         if self.implementation_version == 2 and (cfg.fsdp.backward_prefetch != "pre" or not cfg.fsdp.limit_all_gathers):
-            self.notes.append("backward_prefetch and limit_all_gathers are FSDP1 options; FSDP2 prefetches one "
-                              "unit ahead in backward and bounds in-flight all-gathers itself")
+            self.notes.append(
+                "backward_prefetch and limit_all_gathers are FSDP1 options; FSDP2 prefetches one "
+                "unit ahead in backward and bounds in-flight all-gathers itself"
+            )
 
     # ------------------------------------------------------------ meshes
 
     def _mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
-        return init_device_mesh(self.world.torch_device_type, (self.replicate_group_size, self.shard_group_size),
-                                mesh_dim_names=("replicate", "shard"))
+        return init_device_mesh(
+            self.world.torch_device_type,
+            (self.replicate_group_size, self.shard_group_size),
+            mesh_dim_names=("replicate", "shard"),
+        )
 
     # ------------------------------------------------------------ setup
 
@@ -139,8 +174,9 @@ class FSDPStrategy(Strategy):
         self.scaler = None
         if self.cfg.train.precision == "fp16":
             if self.implementation_version == 1:
-                self.scaler = _rank_agreeing_sharded_grad_scaler(self.world.torch_device_type,
-                                                                 offload=self.cfg.fsdp.cpu_offload)
+                self.scaler = _rank_agreeing_sharded_grad_scaler(
+                    self.world.torch_device_type, offload=self.cfg.fsdp.cpu_offload
+                )
             else:
                 # its overflow check on DTensor gradients is all-reduced by DTensor itself
                 # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
@@ -148,8 +184,7 @@ class FSDPStrategy(Strategy):
 
     def _setup_fsdp1(self, factory) -> None:
         import torch
-        from torch.distributed.fsdp import (BackwardPrefetch, CPUOffload, MixedPrecision,
-                                            ShardingStrategy)
+        from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -202,8 +237,10 @@ class FSDPStrategy(Strategy):
         if shard > 1:
             self.shard_group = mesh.get_group("shard")
         # a 2-D mesh makes FSDP2 shard over "shard" and all-reduce over "replicate" (HSDP)
-        kwargs = {"mesh": mesh if replicate > 1 else mesh["shard"],
-                  "reshard_after_forward": self.sharding != "SHARD_GRAD_OP"}
+        kwargs = {
+            "mesh": mesh if replicate > 1 else mesh["shard"],
+            "reshard_after_forward": self.sharding != "SHARD_GRAD_OP",
+        }
         if self.dtype_name:
             dtype = getattr(torch, self.dtype_name)
             kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype)
@@ -255,6 +292,7 @@ class FSDPStrategy(Strategy):
     @classmethod
     def trains_lora(cls, label: str) -> bool:
         return True  # FSDP2 as it is; FSDP1 with use_orig_params (recipes/lora.check)
+
     checkpoint_format = "sharded"  # torch.distributed.checkpoint: each rank writes and reads its own shard
 
     def forward(self, images):
@@ -299,8 +337,7 @@ class FSDPStrategy(Strategy):
     def load_checkpoint_state(self, state: dict) -> None:
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
     def state_path(self, directory: str) -> str:
         import os
@@ -322,8 +359,11 @@ class FSDPStrategy(Strategy):
             # FSDP1 gives a rank whose shard holds none of a small parameter (cls_token, say) an
             # empty ShardedTensor; flattening drops it, and DCP then takes the "missing" key for
             # a pre-2.4 checkpoint and fails. Left unflattened, that rank simply reads nothing.
-            dcp.load(state, checkpoint_id=self.state_path(directory),
-                     planner=DefaultLoadPlanner(flatten_sharded_tensors=False))
+            dcp.load(
+                state,
+                checkpoint_id=self.state_path(directory),
+                planner=DefaultLoadPlanner(flatten_sharded_tensors=False),
+            )
             self.load_checkpoint_state(state)
 
 

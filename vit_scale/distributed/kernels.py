@@ -7,6 +7,7 @@ H100, ColossalAI's cpu_adam took 40 s and fused_optim more than 80 s before the 
 `vit-scale prepare` builds them first. Each strategy family names what it needs
 (`Strategy.jit_kernels`); the names here are "<package>.<kernel>".
 """
+
 from __future__ import annotations
 
 import glob
@@ -36,11 +37,11 @@ def use_venv_tools() -> None:
 
 @dataclass(frozen=True)
 class Kernel:
-    key: str          # deepspeed.cpu_adam
-    package: str      # deepspeed | colossalai
-    loader: str       # DeepSpeed op builder or ColossalAI kernel loader class
-    op: str           # the extension's name, as its .so is called
-    devices: tuple    # device kinds it exists for
+    key: str  # deepspeed.cpu_adam
+    package: str  # deepspeed | colossalai
+    loader: str  # DeepSpeed op builder or ColossalAI kernel loader class
+    op: str  # the extension's name, as its .so is called
+    devices: tuple  # device kinds it exists for
     nvcc: tuple = ()  # device kinds on which building or loading it needs the CUDA toolkit
 
     def build_dir(self) -> str:
@@ -74,8 +75,14 @@ class Kernel:
         lock = os.path.join(self.build_dir(), "lock")
         if not os.path.exists(lock):
             return None
-        newest = max((os.path.getmtime(p) for p in glob.glob(os.path.join(self.build_dir(), "**"), recursive=True)
-                      if os.path.exists(p)), default=0)
+        newest = max(
+            (
+                os.path.getmtime(p)
+                for p in glob.glob(os.path.join(self.build_dir(), "**"), recursive=True)
+                if os.path.exists(p)
+            ),
+            default=0,
+        )
         return lock if time.time() - newest > STALE_LOCK_S else None
 
     def load(self) -> None:
@@ -95,13 +102,18 @@ class Kernel:
 # whose nvcc flags read the toolkit's release (op_builder/builder.py, installed_cuda_version) even
 # for a kernel built before. ColossalAI's loaders check the toolkit before loading anything
 # (kernel/extensions/cuda_extension.py, _CudaExtension.assert_compatible).
-KERNELS = {k.key: k for k in (
-    Kernel("deepspeed.cpu_adam", "deepspeed", "CPUAdamBuilder", "cpu_adam", ("cpu", "cuda", "rocm")),
-    Kernel("deepspeed.quantizer", "deepspeed", "QuantizerBuilder", "quantizer", ("cuda", "rocm"), nvcc=("cuda",)),
-    # its x86 loader is a CUDA extension too
-    Kernel("colossalai.cpu_adam", "colossalai", "CPUAdamLoader", "cpu_adam", ("cuda",), nvcc=("cuda",)),
-    Kernel("colossalai.fused_optim", "colossalai", "FusedOptimizerLoader", "fused_optim", ("cuda",), nvcc=("cuda",)),
-)}
+KERNELS = {
+    k.key: k
+    for k in (
+        Kernel("deepspeed.cpu_adam", "deepspeed", "CPUAdamBuilder", "cpu_adam", ("cpu", "cuda", "rocm")),
+        Kernel("deepspeed.quantizer", "deepspeed", "QuantizerBuilder", "quantizer", ("cuda", "rocm"), nvcc=("cuda",)),
+        # its x86 loader is a CUDA extension too
+        Kernel("colossalai.cpu_adam", "colossalai", "CPUAdamLoader", "cpu_adam", ("cuda",), nvcc=("cuda",)),
+        Kernel(
+            "colossalai.fused_optim", "colossalai", "FusedOptimizerLoader", "fused_optim", ("cuda",), nvcc=("cuda",)
+        ),
+    )
+}
 
 
 def kernels_for(labels, device_kind: str) -> list[Kernel]:
@@ -131,6 +143,7 @@ def prebuilt(label: str, device_kind: str) -> dict:
 
 # ---------------------------------------------------------------- the CUDA toolkit that builds them
 
+
 def cuda_home(environ=None) -> str | None:
     """The toolkit torch's extension builder would use, found as torch.utils.cpp_extension
     (_find_cuda_home) finds it: $CUDA_HOME or $CUDA_PATH, else two levels above `nvcc` on PATH, else
@@ -148,8 +161,9 @@ def cuda_home(environ=None) -> str | None:
 def nvcc_release(home: str) -> str | None:
     """'12.4' from `HOME/bin/nvcc --version` (the line DeepSpeed and ColossalAI parse), or None."""
     try:
-        out = subprocess.run([os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True,
-                             timeout=60).stdout
+        out = subprocess.run(
+            [os.path.join(home, "bin", "nvcc"), "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     found = re.search(r"release (\d+)\.(\d+)", out)
@@ -167,17 +181,23 @@ def toolkit_problem(torch_cuda: str | None, home: str | None, release: str | Non
     if not torch_cuda:
         return None  # not a CUDA build of torch: nothing is built with nvcc
     major = torch_cuda.split(".")[0]
-    fix = (f"load a cuda module of CUDA {major}.x (e.g. `module load cuda/{major}`; env/cuda.sh loads "
-           f"VIT_SCALE_MODULES, default `cuda`) or set CUDA_HOME to a CUDA {major} toolkit")
+    fix = (
+        f"load a cuda module of CUDA {major}.x (e.g. `module load cuda/{major}`; env/cuda.sh loads "
+        f"VIT_SCALE_MODULES, default `cuda`) or set CUDA_HOME to a CUDA {major} toolkit"
+    )
     if home is None:
-        return (f"no CUDA toolkit to build kernels with (CUDA_HOME and CUDA_PATH unset, no nvcc on PATH, no "
-                f"/usr/local/cuda), and this torch is built with CUDA {torch_cuda}: {fix}")
+        return (
+            f"no CUDA toolkit to build kernels with (CUDA_HOME and CUDA_PATH unset, no nvcc on PATH, no "
+            f"/usr/local/cuda), and this torch is built with CUDA {torch_cuda}: {fix}"
+        )
     if release is None:
         return f"{os.path.join(home, 'bin', 'nvcc')} did not run or report its release (CUDA_HOME={home}): {fix}"
     if release.split(".")[0] != major:
-        return (f"the CUDA toolkit at {home} is {release} but this torch is built with CUDA {torch_cuda}, and no "
-                f"kernel builds across CUDA major versions (ColossalAI refuses, DeepSpeed would compile against the "
-                f"wrong CUDA): {fix}")
+        return (
+            f"the CUDA toolkit at {home} is {release} but this torch is built with CUDA {torch_cuda}, and no "
+            f"kernel builds across CUDA major versions (ColossalAI refuses, DeepSpeed would compile against the "
+            f"wrong CUDA): {fix}"
+        )
     return None
 
 

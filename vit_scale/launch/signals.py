@@ -6,6 +6,7 @@ synchronisation never returns to Python, so its handler never runs; a watcher th
 by the C-level handler through a wakeup fd, writes the record itself after a grace period and
 ends the process before Slurm's SIGKILL would leave no end record at all.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ WATCHED = (signal.SIGTERM, signal.SIGUSR1)
 
 class RunInterrupted(Exception):
     def __init__(self, signum: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name} (Slurm time limit or scancel) "
-                         f"before the planned steps were done")
+        super().__init__(
+            f"stopped by {signal.Signals(signum).name} (Slurm time limit or scancel) before the planned steps were done"
+        )
         self.signum = signum
 
 
@@ -54,7 +56,7 @@ class SignalWatcher:
         while True:
             try:
                 data = self._reader.recv(64)
-            except socket.timeout:
+            except TimeoutError:
                 if self.finished.is_set():
                     return
                 if self.peer_failure():

@@ -5,6 +5,7 @@ srun and MPI give ranks but no rendezvous address; torch.distributed needs MASTE
 MASTER_PORT, which are derived here (first node of the step, a port from the job and step ids)
 so that no job script has to compute them.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ class World:
     node_name: str
     master_addr: str
     master_port: int
-    device_type: str = "cpu"       # cuda | rocm | cpu
+    device_type: str = "cpu"  # cuda | rocm | cpu
     device_index: int | None = None
     backend: str = "gloo"
     extra: dict = field(default_factory=dict)
@@ -65,8 +66,7 @@ MPI_RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 
 def _node_name() -> str:
     # emulated nodes share one host name, so prefer what the launcher says the node is
-    return (os.environ.get("VIT_SCALE_NODE_NAME") or os.environ.get("SLURMD_NODENAME")
-            or socket.gethostname())
+    return os.environ.get("VIT_SCALE_NODE_NAME") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def detect_launcher(requested: str = "auto") -> str:
@@ -109,8 +109,9 @@ def slurm_hostnames(nodelist: str) -> list[str]:
     if not nodelist:
         return []
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=30, check=True).stdout.split()
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+        ).stdout.split()
         return out or nodelist.split(",")
     except (OSError, subprocess.SubprocessError):
         return nodelist.split(",")
@@ -168,8 +169,12 @@ def detect_world(requested_launcher: str = "auto", ranks_per_node: int = 0) -> W
             raise UserError("system.launcher: srun was asked for but this process was not started by srun")
         rank, world_size = _int_env("SLURM_PROCID"), _int_env("SLURM_NTASKS", 1)
         local_rank = _int_env("SLURM_LOCALID", 0)
-        local_world = (_int_env("SLURM_STEP_TASKS_PER_NODE") or _int_env("SLURM_NTASKS_PER_NODE")
-                       or _int_env("SLURM_TASKS_PER_NODE") or 1)
+        local_world = (
+            _int_env("SLURM_STEP_TASKS_PER_NODE")
+            or _int_env("SLURM_NTASKS_PER_NODE")
+            or _int_env("SLURM_TASKS_PER_NODE")
+            or 1
+        )
         nodes = _int_env("SLURM_STEP_NUM_NODES") or _int_env("SLURM_NNODES") or 1
         addr = env.get("MASTER_ADDR") or slurm_master_addr()
         port = _int_env("MASTER_PORT") or slurm_master_port()
@@ -283,9 +288,11 @@ def device_index_for(local_rank: int, local_world_size: int, visible: int) -> in
     # system.ranks_per_node set lower) would name a GPU that is not there
     if local_world_size > visible or local_rank >= visible:
         local_world_size = max(local_world_size, local_rank + 1)
-        raise UserError(f"system.device: {local_world_size} ranks a node but each sees {visible} GPUs, so ranks "
-                        f"would share GPUs; run at most {visible} ranks a node (--ranks-per-node) or make every GPU "
-                        f"of the node visible to each rank")
+        raise UserError(
+            f"system.device: {local_world_size} ranks a node but each sees {visible} GPUs, so ranks "
+            f"would share GPUs; run at most {visible} ranks a node (--ranks-per-node) or make every GPU "
+            f"of the node visible to each rank"
+        )
     return local_rank
 
 
@@ -331,8 +338,13 @@ def init_distributed(world: World, timeout_s: int) -> None:
     if world.device_type != "cpu":
         torch.cuda.set_device(world.device_index)
         kwargs["device_id"] = world.device
-    dist.init_process_group(backend=world.backend, rank=world.rank, world_size=world.world_size,
-                            timeout=timedelta(seconds=timeout_s), **kwargs)
+    dist.init_process_group(
+        backend=world.backend,
+        rank=world.rank,
+        world_size=world.world_size,
+        timeout=timedelta(seconds=timeout_s),
+        **kwargs,
+    )
 
 
 def slurm_facts() -> dict | None:

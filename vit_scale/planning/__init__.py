@@ -5,6 +5,7 @@
 `vit_scale.planning.cli` is `vit-scale plan ...`; the trainer's session calls `predict_for_run`.
 Nothing here imports torch. Formulas and assumptions: docs/plan.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,12 +24,21 @@ def _gib(x: float) -> float:
 
 def assumptions(sc: Scenario) -> dict:
     """The inputs every row of one plan shares."""
-    return {"batch_size": sc.batch_size, "precision": sc.precision,
-            "activation_checkpointing": sc.activation_checkpointing, "attention": sc.attention,
-            "gpus_per_node": sc.gpus_per_node, "device_memory_gib": sc.device_memory_gib,
-            "num_classes": sc.num_classes, "synthetic_batches": sc.synthetic_batches, "optimizer": sc.optimizer,
-            "fsdp": dataclasses.asdict(sc.fsdp), "deepspeed": dataclasses.asdict(sc.deepspeed),
-            "colossalai": dataclasses.asdict(sc.colossalai), "allowance": dataclasses.asdict(sc.allowance)}
+    return {
+        "batch_size": sc.batch_size,
+        "precision": sc.precision,
+        "activation_checkpointing": sc.activation_checkpointing,
+        "attention": sc.attention,
+        "gpus_per_node": sc.gpus_per_node,
+        "device_memory_gib": sc.device_memory_gib,
+        "num_classes": sc.num_classes,
+        "synthetic_batches": sc.synthetic_batches,
+        "optimizer": sc.optimizer,
+        "fsdp": dataclasses.asdict(sc.fsdp),
+        "deepspeed": dataclasses.asdict(sc.deepspeed),
+        "colossalai": dataclasses.asdict(sc.colossalai),
+        "allowance": dataclasses.asdict(sc.allowance),
+    }
 
 
 def plan_row(sc: Scenario) -> dict:
@@ -43,10 +53,17 @@ def plan_row(sc: Scenario) -> dict:
     total = _gib(mem.total)
     fits = None if sc.device_memory_gib is None else bool(mem.total <= sc.device_memory_gib * GIB)
     return {
-        "model": sc.model, "params": shape.params, "strategy": sc.strategy, "family": lay.family,
-        "implementation": lay.implementation, "sharding": lay.sharding,
-        "nodes": sc.nodes, "gpus_per_node": sc.gpus_per_node, "world_size": sc.world,
-        "shard_group_size": lay.shard, "replicate_group_size": lay.replicate,
+        "model": sc.model,
+        "params": shape.params,
+        "strategy": sc.strategy,
+        "family": lay.family,
+        "implementation": lay.implementation,
+        "sharding": lay.sharding,
+        "nodes": sc.nodes,
+        "gpus_per_node": sc.gpus_per_node,
+        "world_size": sc.world,
+        "shard_group_size": lay.shard,
+        "replicate_group_size": lay.replicate,
         "memory_gib": total,
         "peak_allocated_gib": _gib(mem.peak_allocated),
         "peak_allocated_phase": mem.peak_allocated_phase,
@@ -73,11 +90,20 @@ def predict_for_run(cfg, world, device_memory_gib: float | None = None) -> dict 
     device_memory = cfg.plan.device_memory_gib
     if device_memory is None:
         device_memory = device_memory_gib
-    sc = from_config(cfg, nodes=world.nodes, gpus_per_node=world.local_world_size,
-                     device_memory_gib=device_memory)
+    sc = from_config(cfg, nodes=world.nodes, gpus_per_node=world.local_world_size, device_memory_gib=device_memory)
     row = plan_row(sc)
     return {"schema": SCHEMA_VERSION, **row, "assumptions": assumptions(sc)}
 
 
-__all__ = ["Allowance", "Layout", "Scenario", "Shape", "SCHEMA_VERSION", "assumptions", "from_config",
-           "layout", "plan_row", "predict_for_run"]
+__all__ = [
+    "Allowance",
+    "Layout",
+    "Scenario",
+    "Shape",
+    "SCHEMA_VERSION",
+    "assumptions",
+    "from_config",
+    "layout",
+    "plan_row",
+    "predict_for_run",
+]

@@ -13,6 +13,7 @@ into alpha and B, and marks a fit it cannot vouch for (too few sizes, a large re
 points that run backwards) instead of handing it on silently. `read_network` reads a profile's
 `network:` section. Torch-free: the planner and the analysis use it. Formulas: docs/plan.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,13 +24,15 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 SCOPES = ("intra", "inter")
 # nccl-tests PERFORMANCE.md, "Bus bandwidth": the factor that turns algorithm bandwidth S/t into
 # the bandwidth a ring's links carry
-BUS_FACTORS = {"all_reduce": lambda n: 2 * (n - 1) / n,
-               "all_gather": lambda n: (n - 1) / n,
-               "reduce_scatter": lambda n: (n - 1) / n}
+BUS_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
 
-MIN_SIZES = 4            # distinct sizes a fit needs before it says anything about alpha and B
-MAX_RESIDUAL = 0.25      # largest relative residual (|model - measured| / measured) a usable fit has
-MONOTONE_NOISE = 0.10    # relative slack when a point carries no spread of its own
+MIN_SIZES = 4  # distinct sizes a fit needs before it says anything about alpha and B
+MAX_RESIDUAL = 0.25  # largest relative residual (|model - measured| / measured) a usable fit has
+MONOTONE_NOISE = 0.10  # relative slack when a point carries no spread of its own
 GB = 1e9
 
 
@@ -42,6 +45,7 @@ def bus_factor(collective: str, n: int) -> float:
 @dataclass(frozen=True)
 class Link:
     """alpha (latency, microseconds) and B (bus bandwidth, GB/s) of one scope, and where they came from."""
+
     alpha_us: float
     bus_gbps: float
     source: str = ""
@@ -60,8 +64,8 @@ class Fit:
     alpha_us: float
     bus_gbps: float
     max_rel_residual: float
-    sizes: int                       # distinct sizes the fit saw
-    flags: tuple = ()                # why it should not be used; empty when it can
+    sizes: int  # distinct sizes the fit saw
+    flags: tuple = ()  # why it should not be used; empty when it can
 
     @property
     def usable(self) -> bool:
@@ -71,10 +75,17 @@ class Fit:
         return Link(self.alpha_us, self.bus_gbps, f"fit of {self.collective} ({self.scope}, {self.ranks} ranks)")
 
     def as_dict(self) -> dict:
-        return {"collective": self.collective, "scope": self.scope, "ranks": self.ranks,
-                "alpha_us": round(self.alpha_us, 3), "bus_gbps": round(self.bus_gbps, 4),
-                "max_rel_residual": round(self.max_rel_residual, 4), "sizes": self.sizes,
-                "usable": self.usable, "flags": list(self.flags)}
+        return {
+            "collective": self.collective,
+            "scope": self.scope,
+            "ranks": self.ranks,
+            "alpha_us": round(self.alpha_us, 3),
+            "bus_gbps": round(self.bus_gbps, 4),
+            "max_rel_residual": round(self.max_rel_residual, 4),
+            "sizes": self.sizes,
+            "usable": self.usable,
+            "flags": list(self.flags),
+        }
 
 
 def _point(p) -> tuple[float, float, float]:
@@ -85,8 +96,15 @@ def _point(p) -> tuple[float, float, float]:
     return size, seconds, spread
 
 
-def fit(collective: str, scope: str, ranks: int, points, min_sizes: int = MIN_SIZES,
-        max_residual: float = MAX_RESIDUAL, noise: float = MONOTONE_NOISE) -> Fit:
+def fit(
+    collective: str,
+    scope: str,
+    ranks: int,
+    points,
+    min_sizes: int = MIN_SIZES,
+    max_residual: float = MAX_RESIDUAL,
+    noise: float = MONOTONE_NOISE,
+) -> Fit:
     """Weighted least squares (weights 1/t^2, so relative errors) of t = alpha + x / B with
     x = S * f(n), over every point (repeats included).
 
@@ -153,22 +171,25 @@ def _backwards(pts, noise: float) -> str:
         spread = max([sp for _, sp in by_size[s]] + [(max(times) - min(times)) / 2])
         rows.append((s, sum(times) / len(times), spread))
     for i, (small, t_small, sp_small) in enumerate(rows):
-        for big, t_big, sp_big in rows[i + 1:]:
+        for big, t_big, sp_big in rows[i + 1 :]:
             slack = (sp_small + sp_big) if (sp_small or sp_big) else noise * t_small
             if t_big + slack < t_small:
-                return (f"not monotone: {_size(big)} took {t_big * 1e6:.1f} us, less than {_size(small)}'s "
-                        f"{t_small * 1e6:.1f} us beyond their noise")
+                return (
+                    f"not monotone: {_size(big)} took {t_big * 1e6:.1f} us, less than {_size(small)}'s "
+                    f"{t_small * 1e6:.1f} us beyond their noise"
+                )
     return ""
 
 
 def _size(n: float) -> str:
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= scale:
             return f"{n / scale:g} {unit}"
     return f"{n:g} B"
 
 
 # ---------------------------------------------------------------- what a collective costs, per scope
+
 
 @dataclass(frozen=True)
 class Network:
@@ -177,9 +198,10 @@ class Network:
     A group that spans nodes runs all of its bytes at the across-nodes rate, bounded by the
     within-node one (a ring is as slow as its slowest hop), with the across-nodes latency.
     """
+
     intra: Link
     inter: Link
-    per_collective: dict = field(default_factory=dict)   # (collective, scope) -> Link, from usable fits
+    per_collective: dict = field(default_factory=dict)  # (collective, scope) -> Link, from usable fits
     source: str = ""
 
     def link(self, collective: str, spans_nodes: bool) -> Link:

@@ -12,6 +12,7 @@ analysis/plan_figure.py, run as a subprocess (vit_scale does not import analysis
 0 ok (whether or not everything fits), 1 the figure could not be drawn, 2 bad input (one line on
 stderr, nothing written).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,79 +31,154 @@ from vit_scale.planning.scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, 
 GB = 1e9
 # Without --system the device is a Frontier GCD, as before; with it, the profile says (unless given)
 NO_SYSTEM = {"gpus_per_node": 8, "device_memory_gib": 64.0, "device": "rocm"}
-DEFAULT_EFFICIENCY = 0.4      # of the profile's dense peak, when FLOPs give the compute and no --efficiency
-NOT_WORTH = 0.5               # a strategy below this share of the best at the largest node count
+DEFAULT_EFFICIENCY = 0.4  # of the profile's dense peak, when FLOPs give the compute and no --efficiency
+NOT_WORTH = 0.5  # a strategy below this share of the best at the largest node count
 FIGURE = "weak_scaling_plan"  # DIR/FIGURE.json (the prediction), .png and .pdf (the figure)
 
 _NUM = {"type": "number"}
 _GIB_PARTS = ("params", "grads", "optimizer", "in_flight", "activations", "buckets", "workspace", "allocator")
-_COMM = {"type": "object", "required": ["intra", "inter"],
-         "properties": {"intra": {"type": "integer", "minimum": 0}, "inter": {"type": "integer", "minimum": 0}}}
+_COMM = {
+    "type": "object",
+    "required": ["intra", "inter"],
+    "properties": {"intra": {"type": "integer", "minimum": 0}, "inter": {"type": "integer", "minimum": 0}},
+}
 ROW_SCHEMA = {
     "type": "object",
-    "required": ["model", "params", "strategy", "family", "implementation", "sharding", "nodes", "gpus_per_node",
-                 "world_size", "shard_group_size", "replicate_group_size", "memory_gib", "peak_allocated_gib",
-                 "peak_allocated_phase", "components_gib", "allocator_gib", "peak_phase", "phases_gib", "device_memory_gib", "fits",
-                 "headroom_gib", "optimizer_impl", "communication", "notes"],
+    "required": [
+        "model",
+        "params",
+        "strategy",
+        "family",
+        "implementation",
+        "sharding",
+        "nodes",
+        "gpus_per_node",
+        "world_size",
+        "shard_group_size",
+        "replicate_group_size",
+        "memory_gib",
+        "peak_allocated_gib",
+        "peak_allocated_phase",
+        "components_gib",
+        "allocator_gib",
+        "peak_phase",
+        "phases_gib",
+        "device_memory_gib",
+        "fits",
+        "headroom_gib",
+        "optimizer_impl",
+        "communication",
+        "notes",
+    ],
     "properties": {
-        "model": {"type": "string"}, "params": {"type": "integer", "minimum": 1}, "strategy": {"type": "string"},
-        "family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]}, "implementation": {"type": "string"},
-        "nodes": {"type": "integer", "minimum": 1}, "gpus_per_node": {"type": "integer", "minimum": 1},
-        "world_size": {"type": "integer", "minimum": 1}, "shard_group_size": {"type": "integer", "minimum": 1},
+        "model": {"type": "string"},
+        "params": {"type": "integer", "minimum": 1},
+        "strategy": {"type": "string"},
+        "family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]},
+        "implementation": {"type": "string"},
+        "nodes": {"type": "integer", "minimum": 1},
+        "gpus_per_node": {"type": "integer", "minimum": 1},
+        "world_size": {"type": "integer", "minimum": 1},
+        "shard_group_size": {"type": "integer", "minimum": 1},
         "replicate_group_size": {"type": "integer", "minimum": 1},
         "memory_gib": {"type": "number", "exclusiveMinimum": 0},
         "peak_allocated_gib": {"type": "number", "exclusiveMinimum": 0},
-        "components_gib": {"type": "object", "required": list(_GIB_PARTS), "additionalProperties": False,
-                           "properties": {k: {"type": "number", "minimum": 0} for k in _GIB_PARTS}},
-        "allocator_gib": {"type": "object", "required": ["runtime", "fragmentation", "stream_held"],
-                          "properties": {k: {"type": "number", "minimum": 0}
-                                         for k in ("runtime", "fragmentation", "stream_held")}},
+        "components_gib": {
+            "type": "object",
+            "required": list(_GIB_PARTS),
+            "additionalProperties": False,
+            "properties": {k: {"type": "number", "minimum": 0} for k in _GIB_PARTS},
+        },
+        "allocator_gib": {
+            "type": "object",
+            "required": ["runtime", "fragmentation", "stream_held"],
+            "properties": {k: {"type": "number", "minimum": 0} for k in ("runtime", "fragmentation", "stream_held")},
+        },
         "peak_phase": {"enum": ["forward_end", "backward_start", "backward_end", "optimizer_step"]},
         "peak_allocated_phase": {"enum": ["forward_end", "backward_start", "backward_end", "optimizer_step"]},
-        "phases_gib": {"type": "object", "required": ["forward_end", "backward_start", "backward_end",
-                                                      "optimizer_step"]},
-        "device_memory_gib": {"type": ["number", "null"]}, "fits": {"type": ["boolean", "null"]},
+        "phases_gib": {
+            "type": "object",
+            "required": ["forward_end", "backward_start", "backward_end", "optimizer_step"],
+        },
+        "device_memory_gib": {"type": ["number", "null"]},
+        "fits": {"type": ["boolean", "null"]},
         "headroom_gib": {"type": ["number", "null"]},
         "optimizer_impl": {"enum": ["foreach", "single", "fused"]},
-        "communication": {"type": "object",
-                          "required": ["all_gather", "reduce_scatter", "all_reduce", "intra_node", "inter_node",
-                                       "total"],
-                          "properties": {"all_gather": _COMM, "reduce_scatter": _COMM, "all_reduce": _COMM,
-                                         "intra_node": {"type": "integer", "minimum": 0},
-                                         "inter_node": {"type": "integer", "minimum": 0},
-                                         "total": {"type": "integer", "minimum": 0}}},
+        "communication": {
+            "type": "object",
+            "required": ["all_gather", "reduce_scatter", "all_reduce", "intra_node", "inter_node", "total"],
+            "properties": {
+                "all_gather": _COMM,
+                "reduce_scatter": _COMM,
+                "all_reduce": _COMM,
+                "intra_node": {"type": "integer", "minimum": 0},
+                "inter_node": {"type": "integer", "minimum": 0},
+                "total": {"type": "integer", "minimum": 0},
+            },
+        },
         "notes": {"type": "array", "items": {"type": "string"}},
         # with --system: vit_scale.planning.step_time.StepPrediction.as_dict
-        "prediction": {"type": "object",
-                       "required": ["fits", "step", "images_per_s_per_gpu", "images_per_s", "scaling_efficiency",
-                                    "rules", "compute_source", "network_source"],
-                       "properties": {"step": {"type": ["object", "null"]},
-                                      "images_per_s_per_gpu": {"type": ["number", "null"]},
-                                      "images_per_s": {"type": ["number", "null"]},
-                                      "scaling_efficiency": {"type": ["number", "null"]}}},
+        "prediction": {
+            "type": "object",
+            "required": [
+                "fits",
+                "step",
+                "images_per_s_per_gpu",
+                "images_per_s",
+                "scaling_efficiency",
+                "rules",
+                "compute_source",
+                "network_source",
+            ],
+            "properties": {
+                "step": {"type": ["object", "null"]},
+                "images_per_s_per_gpu": {"type": ["number", "null"]},
+                "images_per_s": {"type": ["number", "null"]},
+                "scaling_efficiency": {"type": ["number", "null"]},
+            },
+        },
     },
 }
 PREDICTION_SCHEMA = {
     "type": "object",
     "required": ["system", "calibration", "compute", "not_worth_running", "rule"],
-    "properties": {"system": {"type": "string"},
-                   "calibration": {"type": "object", "required": ["kind", "source", "notes", "text"],
-                                   "properties": {"kind": {"enum": ["check", "profile", "none"]}}},
-                   "compute": {"type": "object", "required": ["kind", "text"],
-                               "properties": {"kind": {"enum": ["measured", "flops"]}}},
-                   "not_worth_running": {"type": "array", "items": {
-                       "type": "object", "required": ["model", "strategy", "why"]}},
-                   "rule": {"type": "string"}},
+    "properties": {
+        "system": {"type": "string"},
+        "calibration": {
+            "type": "object",
+            "required": ["kind", "source", "notes", "text"],
+            "properties": {"kind": {"enum": ["check", "profile", "none"]}},
+        },
+        "compute": {
+            "type": "object",
+            "required": ["kind", "text"],
+            "properties": {"kind": {"enum": ["measured", "flops"]}},
+        },
+        "not_worth_running": {"type": "array", "items": {"type": "object", "required": ["model", "strategy", "why"]}},
+        "rule": {"type": "string"},
+    },
 }
 PLAN_SCHEMA = {
     "type": "object",
     "required": ["schema", "assumptions", "rows"],
-    "properties": {"schema": {"const": SCHEMA_VERSION},
-                   "assumptions": {"type": "object",
-                                   "required": ["batch_size", "precision", "activation_checkpointing", "attention",
-                                                "gpus_per_node", "device_memory_gib", "optimizer", "allowance"]},
-                   "rows": {"type": "array", "items": ROW_SCHEMA},
-                   "prediction": PREDICTION_SCHEMA},
+    "properties": {
+        "schema": {"const": SCHEMA_VERSION},
+        "assumptions": {
+            "type": "object",
+            "required": [
+                "batch_size",
+                "precision",
+                "activation_checkpointing",
+                "attention",
+                "gpus_per_node",
+                "device_memory_gib",
+                "optimizer",
+                "allowance",
+            ],
+        },
+        "rows": {"type": "array", "items": ROW_SCHEMA},
+        "prediction": PREDICTION_SCHEMA,
+    },
 }
 
 
@@ -113,57 +189,115 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="vit-scale plan", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", action="append", required=True, metavar="M",
-                   help="model name (repeat or comma-separate for several), e.g. vit_3b")
-    p.add_argument("--strategy", action="append", metavar="S",
-                   help="strategy label (repeat or comma-separate); default: every label")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        metavar="M",
+        help="model name (repeat or comma-separate for several), e.g. vit_3b",
+    )
+    p.add_argument(
+        "--strategy",
+        action="append",
+        metavar="S",
+        help="strategy label (repeat or comma-separate); default: every label",
+    )
     p.add_argument("--nodes", default="1", help="node counts, comma-separated (default 1)")
-    p.add_argument("--gpus-per-node", type=int,
-                   help="ranks per node (default: the --system profile's, else 8, a Frontier node)")
+    p.add_argument(
+        "--gpus-per-node", type=int, help="ranks per node (default: the --system profile's, else 8, a Frontier node)"
+    )
     p.add_argument("--batch-size", type=int, default=32, help="per device (default 32)")
     p.add_argument("--precision", default="bf16", choices=PRECISIONS, help="default bf16 (the study's)")
-    p.add_argument("--activation-checkpointing", action=argparse.BooleanOptionalAction, default=False,
-                   help="checkpoint every Block (default off, as the trainer)")
-    p.add_argument("--attention", default="fused", choices=ATTENTION,
-                   help="fused: scaled_dot_product_attention (timm's default); materialised: scores in memory")
-    p.add_argument("--device", choices=("cuda", "rocm", "cpu"),
-                   help="device kind (default: the --system profile's, else rocm, a Frontier GCD): pairs it cannot "
-                        "run are left out, with why")
-    p.add_argument("--device-memory-gib", type=float,
-                   help="per device (default: the --system profile's, else 64, an MI250X GCD)")
+    p.add_argument(
+        "--activation-checkpointing",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="checkpoint every Block (default off, as the trainer)",
+    )
+    p.add_argument(
+        "--attention",
+        default="fused",
+        choices=ATTENTION,
+        help="fused: scaled_dot_product_attention (timm's default); materialised: scores in memory",
+    )
+    p.add_argument(
+        "--device",
+        choices=("cuda", "rocm", "cpu"),
+        help="device kind (default: the --system profile's, else rocm, a Frontier GCD): pairs it cannot "
+        "run are left out, with why",
+    )
+    p.add_argument(
+        "--device-memory-gib", type=float, help="per device (default: the --system profile's, else 64, an MI250X GCD)"
+    )
     p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--optimizer", default="auto", choices=OPTIMIZER_IMPLS,
-                   help="AdamW implementation; auto: what torch picks for the trainer's parameters")
+    p.add_argument(
+        "--optimizer",
+        default="auto",
+        choices=OPTIMIZER_IMPLS,
+        help="AdamW implementation; auto: what torch picks for the trainer's parameters",
+    )
     p.add_argument("--fsdp-version", type=int, choices=(1, 2), help="default 1 (fsdp.version)")
     p.add_argument("--backward-prefetch", choices=("none", "pre", "post"), help="default pre")
-    p.add_argument("--limit-all-gathers", action=argparse.BooleanOptionalAction, default=None,
-                   help="default on")
+    p.add_argument("--limit-all-gathers", action=argparse.BooleanOptionalAction, default=None, help="default on")
     p.add_argument("--forward-prefetch", action=argparse.BooleanOptionalAction, default=None, help="default off")
     p.add_argument("--use-orig-params", action=argparse.BooleanOptionalAction, default=None, help="default off")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="any trainer config key, e.g. deepspeed.reduce_bucket_size=2e8 colossalai.zero_stage=1")
-    p.add_argument("--runtime-gib", type=float, default=Allowance.runtime_gib,
-                   help="device memory outside torch's allocator: context, NCCL/RCCL buffers (default 1.0)")
-    p.add_argument("--fragmentation", type=float, default=Allowance.fragmentation,
-                   help="allocator allowance as a share of the peak (default 0.05)")
-    p.add_argument("--stream-held", action=argparse.BooleanOptionalAction, default=True,
-                   help="count memory the allocator holds for communication streams (default on)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any trainer config key, e.g. deepspeed.reduce_bucket_size=2e8 colossalai.zero_stage=1",
+    )
+    p.add_argument(
+        "--runtime-gib",
+        type=float,
+        default=Allowance.runtime_gib,
+        help="device memory outside torch's allocator: context, NCCL/RCCL buffers (default 1.0)",
+    )
+    p.add_argument(
+        "--fragmentation",
+        type=float,
+        default=Allowance.fragmentation,
+        help="allocator allowance as a share of the peak (default 0.05)",
+    )
+    p.add_argument(
+        "--stream-held",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="count memory the allocator holds for communication streams (default on)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan.md)")
-    pred = p.add_argument_group("predicted step time and images/s (docs/plan.md, \"Before the allocation\")")
-    pred.add_argument("--system", metavar="NAME",
-                      help="system profile (configs/systems/NAME.yaml): predict each point's speed with its network "
-                           "defaults and peak; also its ranks per node, device memory and device kind unless given")
-    pred.add_argument("--calibration", metavar="CHECK_JSON",
-                      help="the collectives' fits of `vit-scale check` (full mode) on this system, over the profile's "
-                           "defaults")
-    pred.add_argument("--compute-from", metavar="PATH",
-                      help="compute from a measured run of the same model, batch and precision (a run directory, or "
-                           "a study directory: its 1-node rung); default: counted FLOPs x peak x efficiency")
-    pred.add_argument("--efficiency", type=float, metavar="F",
-                      help=f"share of the profile's peak the FLOPs run at (default {DEFAULT_EFFICIENCY:g}, assumed)")
-    pred.add_argument("--figure", metavar="DIR", default=".",
-                      help=f"where the predicted weak-scaling figure goes ({FIGURE}.png/.pdf and the prediction "
-                           f"{FIGURE}.json; default: the current directory)")
+    pred = p.add_argument_group('predicted step time and images/s (docs/plan.md, "Before the allocation")')
+    pred.add_argument(
+        "--system",
+        metavar="NAME",
+        help="system profile (configs/systems/NAME.yaml): predict each point's speed with its network "
+        "defaults and peak; also its ranks per node, device memory and device kind unless given",
+    )
+    pred.add_argument(
+        "--calibration",
+        metavar="CHECK_JSON",
+        help="the collectives' fits of `vit-scale check` (full mode) on this system, over the profile's defaults",
+    )
+    pred.add_argument(
+        "--compute-from",
+        metavar="PATH",
+        help="compute from a measured run of the same model, batch and precision (a run directory, or "
+        "a study directory: its 1-node rung); default: counted FLOPs x peak x efficiency",
+    )
+    pred.add_argument(
+        "--efficiency",
+        type=float,
+        metavar="F",
+        help=f"share of the profile's peak the FLOPs run at (default {DEFAULT_EFFICIENCY:g}, assumed)",
+    )
+    pred.add_argument(
+        "--figure",
+        metavar="DIR",
+        default=".",
+        help=f"where the predicted weak-scaling figure goes ({FIGURE}.png/.pdf and the prediction "
+        f"{FIGURE}.json; default: the current directory)",
+    )
     pred.add_argument("--no-figure", action="store_true", help="print the prediction only")
     return p
 
@@ -189,7 +323,7 @@ def _default_strategies(gpus_per_node: int) -> list[str]:
     """Every label, a group-size label as groups of 1, 2 and a whole node."""
     out = []
     for label in all_labels():
-        for size in ((1, 2, gpus_per_node) if GROUP_SIZE in label else (0,)):
+        for size in (1, 2, gpus_per_node) if GROUP_SIZE in label else (0,):
             concrete = label.replace(GROUP_SIZE, str(size))
             if concrete not in out:
                 out.append(concrete)
@@ -235,18 +369,23 @@ def build(args) -> tuple[list[dict], dict, list]:
     models = _split(args.model)
     explicit = _split(args.strategy)
     strategies = explicit or _default_strategies(args.gpus_per_node)
-    overrides = list(args.set) + [f"train.batch_size={args.batch_size}", f"train.precision={args.precision}",
-                                  f"train.activation_checkpointing={str(args.activation_checkpointing).lower()}",
-                                  f"train.num_classes={args.num_classes}"]
-    for key, value in (("fsdp.version", args.fsdp_version), ("fsdp.backward_prefetch", args.backward_prefetch),
-                       ("fsdp.limit_all_gathers", args.limit_all_gathers),
-                       ("fsdp.forward_prefetch", args.forward_prefetch),
-                       ("fsdp.use_orig_params", args.use_orig_params)):
+    overrides = list(args.set) + [
+        f"train.batch_size={args.batch_size}",
+        f"train.precision={args.precision}",
+        f"train.activation_checkpointing={str(args.activation_checkpointing).lower()}",
+        f"train.num_classes={args.num_classes}",
+    ]
+    for key, value in (
+        ("fsdp.version", args.fsdp_version),
+        ("fsdp.backward_prefetch", args.backward_prefetch),
+        ("fsdp.limit_all_gathers", args.limit_all_gathers),
+        ("fsdp.forward_prefetch", args.forward_prefetch),
+        ("fsdp.use_orig_params", args.use_orig_params),
+    ):
         if value is not None:
             overrides.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     base = load_config(None, [f"model={models[0]}"] + overrides)
-    allowance = Allowance(runtime_gib=args.runtime_gib, fragmentation=args.fragmentation,
-                          stream_held=args.stream_held)
+    allowance = Allowance(runtime_gib=args.runtime_gib, fragmentation=args.fragmentation, stream_held=args.stream_held)
     refused = {}
     for strategy in list(strategies):
         error = refusal(strategy, args.precision, args.device, base)  # base: option rules see --set
@@ -260,17 +399,25 @@ def build(args) -> tuple[list[dict], dict, list]:
         for n in nodes:
             for strategy in strategies:
                 cfg = dataclasses.replace(base, model=model, strategy=strategy)
-                sc = from_config(cfg, nodes=n, gpus_per_node=args.gpus_per_node,
-                                 device_memory_gib=args.device_memory_gib, attention=args.attention,
-                                 optimizer=args.optimizer, allowance=allowance)
+                sc = from_config(
+                    cfg,
+                    nodes=n,
+                    gpus_per_node=args.gpus_per_node,
+                    device_memory_gib=args.device_memory_gib,
+                    attention=args.attention,
+                    optimizer=args.optimizer,
+                    allowance=allowance,
+                )
                 if not explicit and _skip_default(sc):
                     continue  # a default HYBRID_<g>GPU or ZEROPP layout this world cannot have
                 rows.append(plan_row(sc))
                 scenarios.append(sc)
                 shared = shared or assumptions(sc)
     if shared is None:
-        raise UserError(f"--strategy: none of {', '.join(explicit or strategies) or 'the labels'} can run on "
-                        f"{args.nodes} node(s) of {args.gpus_per_node} {args.device} GPU(s)")
+        raise UserError(
+            f"--strategy: none of {', '.join(explicit or strategies) or 'the labels'} can run on "
+            f"{args.nodes} node(s) of {args.gpus_per_node} {args.device} GPU(s)"
+        )
     shared = {**shared, "device": args.device, "refused": refused}
     return rows, shared, scenarios
 
@@ -285,13 +432,16 @@ def _skip_default(sc) -> bool:
 
 # ---------------------------------------------------------------- the prediction (--system)
 
+
 def _prediction_options(args) -> None:
     """The prediction's options need --system; --efficiency is for FLOPs, not a measured run."""
     if not args.system:
         for name in ("calibration", "compute_from", "efficiency"):
             if getattr(args, name) is not None:
-                raise UserError(f"--{name.replace('_', '-')}: needs --system (the profile whose network and peak "
-                                f"the prediction uses)")
+                raise UserError(
+                    f"--{name.replace('_', '-')}: needs --system (the profile whose network and peak "
+                    f"the prediction uses)"
+                )
         return
     if args.compute_from is not None and args.efficiency is not None:
         raise UserError("--efficiency: applies to compute from counted FLOPs; --compute-from measures it instead")
@@ -307,28 +457,37 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
 
     profile = pr.profile_path(args.system)
     models = list(dict.fromkeys(r["model"] for r in rows))
-    cal = pr.choose_calibration(args.calibration, profile, system=args.system, models=models,
-                                precisions=[args.precision])
+    cal = pr.choose_calibration(
+        args.calibration, profile, system=args.system, models=models, precisions=[args.precision]
+    )
     if args.compute_from is not None:
         compute = pr.compute_from(args.compute_from)
-        compute_text = f"measured run: {compute.describe()}, each point's compute its 1-node step less the " \
-                       f"communication predicted exposed there"
+        compute_text = (
+            f"measured run: {compute.describe()}, each point's compute its 1-node step less the "
+            f"communication predicted exposed there"
+        )
     else:
         efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
-        compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency,
-                                        os.path.basename(profile))
-        stated = ("--efficiency" if args.efficiency is not None else
-                  "assumed; --efficiency F states another, --compute-from RUNDIR measures it")
+        compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency, os.path.basename(profile))
+        stated = (
+            "--efficiency"
+            if args.efficiency is not None
+            else "assumed; --efficiency F states another, --compute-from RUNDIR measures it"
+        )
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
     blocking = pr.blocking_for(None, args.device)
     for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):
         row["prediction"] = p.as_dict()
-    return {"system": args.system,
-            "calibration": {"kind": cal.kind, "source": cal.source, "notes": list(cal.notes), "text": cal.describe()},
-            "compute": {"kind": compute.kind, "text": compute_text},
-            "not_worth_running": not_worth_running(rows),
-            "rule": (f"not worth running: at the largest node count planned, the strategy does not fit, or its "
-                     f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model")}
+    return {
+        "system": args.system,
+        "calibration": {"kind": cal.kind, "source": cal.source, "notes": list(cal.notes), "text": cal.describe()},
+        "compute": {"kind": compute.kind, "text": compute_text},
+        "not_worth_running": not_worth_running(rows),
+        "rule": (
+            f"not worth running: at the largest node count planned, the strategy does not fit, or its "
+            f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model"
+        ),
+    }
 
 
 def not_worth_running(rows: list, share: float = NOT_WORTH) -> list:
@@ -362,13 +521,28 @@ def write_figure(prediction: dict, rows: list, shared: dict, directory: str) -> 
     with the drawing's last line when it fails."""
     script = _plan_figure_script()
     os.makedirs(directory, exist_ok=True)
-    data = {"schema": SCHEMA_VERSION, **prediction, "batch_size": shared["batch_size"],
-            "precision": shared["precision"], "gpus_per_node": shared["gpus_per_node"], "device": shared["device"],
-            "rows": [{"model": r["model"], "params": r["params"], "strategy": r["strategy"], "nodes": r["nodes"],
-                      "world_size": r["world_size"], "fits": r["prediction"]["fits"],
-                      "images_per_s": r["prediction"]["images_per_s"],
-                      "images_per_s_per_gpu": r["prediction"]["images_per_s_per_gpu"],
-                      "scaling_efficiency": r["prediction"]["scaling_efficiency"]} for r in rows]}
+    data = {
+        "schema": SCHEMA_VERSION,
+        **prediction,
+        "batch_size": shared["batch_size"],
+        "precision": shared["precision"],
+        "gpus_per_node": shared["gpus_per_node"],
+        "device": shared["device"],
+        "rows": [
+            {
+                "model": r["model"],
+                "params": r["params"],
+                "strategy": r["strategy"],
+                "nodes": r["nodes"],
+                "world_size": r["world_size"],
+                "fits": r["prediction"]["fits"],
+                "images_per_s": r["prediction"]["images_per_s"],
+                "images_per_s_per_gpu": r["prediction"]["images_per_s_per_gpu"],
+                "scaling_efficiency": r["prediction"]["scaling_efficiency"],
+            }
+            for r in rows
+        ],
+    }
     path = os.path.join(directory, f"{FIGURE}.json")
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(data, fh, indent=1)
@@ -391,13 +565,35 @@ def _plan_figure_script() -> str:
 
 # ---------------------------------------------------------------- the table
 
-COLUMNS = [("strategy", 18), ("nodes", 5), ("GPUs", 5), ("params", 7), ("grads", 7), ("optim", 7), ("act", 7),
-           ("in-fl", 6), ("bufs", 6), ("work", 6), ("alloc", 6), ("total", 7), ("fits", 4), ("peak at", 7),
-           ("intra", 7), ("inter", 7)]
-PREDICTED_COLUMNS = [("step ms", 8), ("comp", 7), ("x-intra", 7), ("x-inter", 7), ("optim", 6),
-                     ("img/s/GPU", 9), ("img/s", 9), ("eff", 5)]
-PHASE_SHORT = {"forward_end": "fwd", "backward_start": "bwd-1st", "backward_end": "bwd-end",
-               "optimizer_step": "step"}
+COLUMNS = [
+    ("strategy", 18),
+    ("nodes", 5),
+    ("GPUs", 5),
+    ("params", 7),
+    ("grads", 7),
+    ("optim", 7),
+    ("act", 7),
+    ("in-fl", 6),
+    ("bufs", 6),
+    ("work", 6),
+    ("alloc", 6),
+    ("total", 7),
+    ("fits", 4),
+    ("peak at", 7),
+    ("intra", 7),
+    ("inter", 7),
+]
+PREDICTED_COLUMNS = [
+    ("step ms", 8),
+    ("comp", 7),
+    ("x-intra", 7),
+    ("x-inter", 7),
+    ("optim", 6),
+    ("img/s/GPU", 9),
+    ("img/s", 9),
+    ("eff", 5),
+]
+PHASE_SHORT = {"forward_end": "fwd", "backward_start": "bwd-1st", "backward_end": "bwd-end", "optimizer_step": "step"}
 
 
 def _f(x: float) -> str:
@@ -414,9 +610,16 @@ def _predicted_cells(p: dict) -> list:
         return ["does not fit", "", "", "", "", "", "", ""]
     b = p["step"]
     eff = p["scaling_efficiency"]
-    return [_ms(b["step_s"]), _ms(b["forward_s"] + b["backward_s"]), _ms(b["exposed_intra_s"]),
-            _ms(b["exposed_inter_s"]), _ms(b["optimizer_s"]), _rate(p["images_per_s_per_gpu"]),
-            _rate(p["images_per_s"]), "" if eff is None else f"{eff:.0%}"]
+    return [
+        _ms(b["step_s"]),
+        _ms(b["forward_s"] + b["backward_s"]),
+        _ms(b["exposed_intra_s"]),
+        _ms(b["exposed_inter_s"]),
+        _ms(b["optimizer_s"]),
+        _rate(p["images_per_s_per_gpu"]),
+        _rate(p["images_per_s"]),
+        "" if eff is None else f"{eff:.0%}",
+    ]
 
 
 def _rate(x: float) -> str:
@@ -429,24 +632,30 @@ def _memory(gib) -> str:
 
 def prediction_head(prediction: dict) -> list:
     """The output's first lines: which calibration and which compute the prediction used."""
-    return [f"predicted for {prediction['system']}: calibration: {prediction['calibration']['text']}",
-            f"predicted compute: {prediction['compute']['text']}"]
+    return [
+        f"predicted for {prediction['system']}: calibration: {prediction['calibration']['text']}",
+        f"predicted compute: {prediction['compute']['text']}",
+    ]
 
 
 def format_table(rows: list[dict], shared: dict, prediction: dict | None = None) -> str:
     out = prediction_head(prediction) if prediction else []
     a = shared
-    head = (f"batch {a['batch_size']}/device, {a['precision']}, activation checkpointing "
-            f"{'on' if a['activation_checkpointing'] else 'off'}, {a['attention']} attention, "
-            f"{a['gpus_per_node']} {a['device']} GPUs/node, {_memory(a['device_memory_gib'])}, AdamW {a['optimizer']}; "
-            f"FSDP{a['fsdp']['version']} prefetch={a['fsdp']['backward_prefetch']} "
-            f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}")
+    head = (
+        f"batch {a['batch_size']}/device, {a['precision']}, activation checkpointing "
+        f"{'on' if a['activation_checkpointing'] else 'off'}, {a['attention']} attention, "
+        f"{a['gpus_per_node']} {a['device']} GPUs/node, {_memory(a['device_memory_gib'])}, AdamW {a['optimizer']}; "
+        f"FSDP{a['fsdp']['version']} prefetch={a['fsdp']['backward_prefetch']} "
+        f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}"
+    )
     out.append(head)
     al = a["allowance"]
     for strategy, error in a.get("refused", {}).items():
         out.append(f"left out: {strategy} ({error.split(': ', 1)[1]})")
-    out.append(f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
-               f"{' + memory held for communication streams' if al['stream_held'] else ''}")
+    out.append(
+        f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
+        f"{' + memory held for communication streams' if al['stream_held'] else ''}"
+    )
     columns = COLUMNS + (PREDICTED_COLUMNS if prediction else [])
     header = "  ".join(name.rjust(w) if i > 0 else name.ljust(w) for i, (name, w) in enumerate(columns))
     by_model: dict = {}
@@ -462,29 +671,53 @@ def format_table(rows: list[dict], shared: dict, prediction: dict | None = None)
         for r in model_rows:
             c = r["components_gib"]
             fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
-            cells = [r["strategy"], str(r["nodes"]), str(r["world_size"]), _f(c["params"]), _f(c["grads"]),
-                     _f(c["optimizer"]), _f(c["activations"]), _f(c["in_flight"]), _f(c["buckets"]),
-                     _f(c["workspace"]), _f(c["allocator"]), _f(r["memory_gib"]), fits,
-                     PHASE_SHORT[r["peak_phase"]], _f(r["communication"]["intra_node"] / GB), _f(r["communication"]["inter_node"] / GB)]
+            cells = [
+                r["strategy"],
+                str(r["nodes"]),
+                str(r["world_size"]),
+                _f(c["params"]),
+                _f(c["grads"]),
+                _f(c["optimizer"]),
+                _f(c["activations"]),
+                _f(c["in_flight"]),
+                _f(c["buckets"]),
+                _f(c["workspace"]),
+                _f(c["allocator"]),
+                _f(r["memory_gib"]),
+                fits,
+                PHASE_SHORT[r["peak_phase"]],
+                _f(r["communication"]["intra_node"] / GB),
+                _f(r["communication"]["inter_node"] / GB),
+            ]
             if prediction:
                 cells += _predicted_cells(r["prediction"])
-            out.append("  ".join(cell.rjust(w) if i > 0 else cell.ljust(w)
-                                 for i, (cell, (_, w)) in enumerate(zip(cells, columns, strict=True))).rstrip())
+            out.append(
+                "  ".join(
+                    cell.rjust(w) if i > 0 else cell.ljust(w)
+                    for i, (cell, (_, w)) in enumerate(zip(cells, columns, strict=True))
+                ).rstrip()
+            )
     out.append("")
-    out.append("params/grads/optim: what the rank holds (optim: AdamW states + a separate fp32 master where kept); "
-               "act: activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; "
-               "bufs: communication buckets; work: backward and optimizer temporaries; alloc: allocator allowance; "
-               "total = sum, against the device memory; components are those of the step's peak (peak at: end of "
-               "forward, first or last block of the backward, optimizer step). intra/inter: GB sent per device per step inside a node / "
-               "across nodes. Assumptions: docs/plan.md")
+    out.append(
+        "params/grads/optim: what the rank holds (optim: AdamW states + a separate fp32 master where kept); "
+        "act: activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; "
+        "bufs: communication buckets; work: backward and optimizer temporaries; alloc: allocator allowance; "
+        "total = sum, against the device memory; components are those of the step's peak (peak at: end of "
+        "forward, first or last block of the backward, optimizer step). intra/inter: GB sent per device per step inside a node / "
+        "across nodes. Assumptions: docs/plan.md"
+    )
     if prediction:
-        out.append("predicted: step ms = comp (forward + backward) + x-intra + x-inter (communication compute does "
-                   "not hide, inside a node / across nodes) + optim; img/s/GPU = batch / step; img/s: all GPUs; eff: "
-                   "img/s/GPU against 1 node's. Model: docs/plan.md, \"Predicted step time\"")
+        out.append(
+            "predicted: step ms = comp (forward + backward) + x-intra + x-inter (communication compute does "
+            "not hide, inside a node / across nodes) + optim; img/s/GPU = batch / step; img/s: all GPUs; eff: "
+            'img/s/GPU against 1 node\'s. Model: docs/plan.md, "Predicted step time"'
+        )
         out.extend(f"  note: {n}" for n in prediction["calibration"]["notes"])
         worth = prediction["not_worth_running"]
-        out.append(f"predicted not worth running ({prediction['rule'].split(': ', 1)[1]}): "
-                   + ("none" if not worth else "; ".join(f"{w['model']} {w['strategy']} ({w['why']})" for w in worth)))
+        out.append(
+            f"predicted not worth running ({prediction['rule'].split(': ', 1)[1]}): "
+            + ("none" if not worth else "; ".join(f"{w['model']} {w['strategy']} ({w['why']})" for w in worth))
+        )
     return "\n".join(out)
 
 

@@ -10,19 +10,23 @@ the wrap-around) on different nodes; the share of a device's bytes counted as in
 share of the ring's hops that cross, averaged over all groups of that kind. Ranks are placed
 node by node (rank // gpus_per_node), as srun's block distribution and torchrun place them.
 """
+
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 from vit_scale.planning.scenario import Layout, Scenario
 from vit_scale.planning.shapes import Shape
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
-FACTORS = {"all_gather": lambda n: (n - 1) / n, "reduce_scatter": lambda n: (n - 1) / n,
-           "all_reduce": lambda n: 2 * (n - 1) / n}
+FACTORS = {
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _crossing_share(world: int, gpus_per_node: int, kind: str, size: int) -> float:
     """Share of ring hops that cross nodes, averaged over the groups of `kind`:
     'block' groups are `size` consecutive ranks, 'strided' groups take every `size`-th rank."""
@@ -58,8 +62,9 @@ class Ledger:
         self.bytes[collective]["intra"] += sent * (1 - share)
 
     def result(self) -> dict:
-        out: dict = {k: {"intra": int(round(v["intra"])), "inter": int(round(v["inter"]))}
-                     for k, v in self.bytes.items()}
+        out: dict = {
+            k: {"intra": int(round(v["intra"])), "inter": int(round(v["inter"]))} for k, v in self.bytes.items()
+        }
         intra = sum(out[k]["intra"] for k in COLLECTIVES)
         inter = sum(out[k]["inter"] for k in COLLECTIVES)
         out.update(intra_node=intra, inter_node=inter, total=intra + inter)
@@ -74,7 +79,7 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
     label, g = lay.label, lay.shard
 
     if lay.family == "ddp" or label in ("CAI_DDP", "CAI_DDP_FP16"):
-        ledger.add("all_reduce", 4 * P, W)                        # fp32 gradients, whatever autocast did
+        ledger.add("all_reduce", 4 * P, W)  # fp32 gradients, whatever autocast did
     elif lay.family == "fsdp" or label == "CAI_FSDP":
         sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
         block, root = _fsdp_unit_sizes(shape, lay, g)
@@ -95,21 +100,21 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         stage = int(lay.sharding[-1])
         if stage < 3:
             ledger.add("reduce_scatter", c * P, W)
-            ledger.add("all_gather", c * P, W)                    # updated parameters after the step
+            ledger.add("all_gather", c * P, W)  # updated parameters after the step
         else:
             gathered = P - shape.small_tensor_params(ds.param_persistence_threshold)
             regathered = sum(zero3_backward_gathers(shape, ds.param_persistence_threshold))
             if lay.hpz:
-                weight_bytes = 1 if ds.quantized_weights else c   # qwZ: int8 weights
+                weight_bytes = 1 if ds.quantized_weights else c  # qwZ: int8 weights
                 # qgZ: int4 gradients, but only across nodes: on one node DeepSpeed reduce-scatters them
                 # unquantised (stage3.py __avg_scatter_grads: qgZ when world // device_count > 1)
                 quantised = ds.quantized_gradients and W > sc.gpus_per_node
                 grad_bytes = 0.5 if quantised else c
-                ledger.add("all_gather", weight_bytes * gathered, W)          # forward, over all ranks
-                ledger.add("all_gather", c * regathered, lay.hpz, "block")    # backward, inside the hpZ group
+                ledger.add("all_gather", weight_bytes * gathered, W)  # forward, over all ranks
+                ledger.add("all_gather", c * regathered, lay.hpz, "block")  # backward, inside the hpZ group
                 ledger.add("reduce_scatter", grad_bytes * P, W)
             else:
-                ledger.add("all_gather", c * (gathered + regathered), W)      # forward, and backward where released
+                ledger.add("all_gather", c * (gathered + regathered), W)  # forward, and backward where released
                 ledger.add("reduce_scatter", c * P, W)
             # the persistent parameters (whole on every rank) gathered again after each optimizer step
             # (deepspeed/runtime/zero/stage3.py: _post_step, persistent_parameters[0].all_gather)
@@ -153,6 +158,7 @@ def _fsdp_root_regathers(lay: Layout) -> bool:
 
 # ---------------------------------------------------------------- per unit, for the step time model
 
+
 def spans_nodes(sc: Scenario, n: int, kind: str = "block", group_param: int = 0) -> bool:
     """Whether a group of this kind has ranks on more than one node (some of its ring's hops cross)."""
     return n > 1 and _crossing_share(sc.world, sc.gpus_per_node, kind, group_param or n) > 0
@@ -184,10 +190,15 @@ def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         for i in range(L + 1):
             whole = root if i == 0 else block
             again = regather and (i > 0 or _fsdp_root_regathers(lay))
-            units.append({"gather_forward": whole, "gather_backward": whole if again else 0,
-                          "reduce_scatter": whole, "all_reduce": whole / g if rep > 1 else 0})
-        return {"gather": (g, "block", g), "reduce": (g, "block", g), "replicate": (rep, "strided", g),
-                "units": units}
+            units.append(
+                {
+                    "gather_forward": whole,
+                    "gather_backward": whole if again else 0,
+                    "reduce_scatter": whole,
+                    "all_reduce": whole / g if rep > 1 else 0,
+                }
+            )
+        return {"gather": (g, "block", g), "reduce": (g, "block", g), "replicate": (rep, "strided", g), "units": units}
     if lay.family == "deepspeed" and lay.sharding == "ZERO3":
         ds = sc.deepspeed
         small = ds.param_persistence_threshold
@@ -199,18 +210,35 @@ def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         regathered = zero3_backward_gathers(shape, small)
         for i in range(L + 1):
             gathered, params = (root_g, shape.root_params) if i == 0 else (block_g, shape.block_params)
-            units.append({"gather_forward": weight_bytes * gathered, "gather_backward": c * regathered[i],
-                          "reduce_scatter": grad_bytes * params, "all_reduce": 0})
+            units.append(
+                {
+                    "gather_forward": weight_bytes * gathered,
+                    "gather_backward": c * regathered[i],
+                    "reduce_scatter": grad_bytes * params,
+                    "all_reduce": 0,
+                }
+            )
         backward_group = (lay.hpz, "block", lay.hpz) if lay.hpz else (W, "block", W)
         # stage3.py _post_step: the persistent parameters, gathered after the optimizer step
-        return {"gather": (W, "block", W), "gather_backward": backward_group, "reduce": (W, "block", W),
-                "replicate": (1, "block", 1), "units": units,
-                "after_step": c * shape.small_tensor_params(small)}
+        return {
+            "gather": (W, "block", W),
+            "gather_backward": backward_group,
+            "reduce": (W, "block", W),
+            "replicate": (1, "block", 1),
+            "units": units,
+            "after_step": c * shape.small_tensor_params(small),
+        }
     if label == "CAI_GEMINI":
         for i in range(L + 1):
             params = shape.root_params if i == 0 else shape.block_params
-            units.append({"gather_forward": c * params, "gather_backward": c * params,
-                          "reduce_scatter": c * params, "all_reduce": 0})
+            units.append(
+                {
+                    "gather_forward": c * params,
+                    "gather_backward": c * params,
+                    "reduce_scatter": c * params,
+                    "all_reduce": 0,
+                }
+            )
         return {"gather": (W, "block", W), "reduce": (W, "block", W), "replicate": (1, "block", 1), "units": units}
     return None
 
@@ -240,7 +268,7 @@ def zero3_backward_gathers(shape: Shape, threshold: int) -> list[int]:
     # (cls_token, pos_embed), patch_embed.proj, each Block's norm1, qkv, proj, norm2, fc1, fc2, norm, head
     modules = [(0, _numels(root[0:2])), (0, _numels(root[2:4]))]
     for i in range(shape.L):
-        modules += [(i + 1, _numels(block[j:j + 2])) for j in range(0, len(block), 2)]
+        modules += [(i + 1, _numels(block[j : j + 2])) for j in range(0, len(block), 2)]
     modules += [(0, _numels(root[4:6])), (0, _numels(root[6:8]))]
     out = [0] * (shape.L + 1)
     top = sum(modules[0][1])

@@ -25,6 +25,7 @@ reserve, a fragmentation share of the sum, and memory the caching allocator hold
 communication stream in that phase (freed tensors it cannot reuse until the stream catches up).
 The verdict takes the phase where this need peaks, and the components shown are that phase's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,11 +33,17 @@ from dataclasses import dataclass, field
 from math import ceil
 
 from vit_scale.distributed.fsdp import FSDPConfig
-from vit_scale.planning.scenario import (CAI_REDUCE_BUCKET, DS_MAX_LIVE_PARAMETERS, DS_SUB_GROUP_SIZE, Layout,
-                                         Scenario, layout)
+from vit_scale.planning.scenario import (
+    CAI_REDUCE_BUCKET,
+    DS_MAX_LIVE_PARAMETERS,
+    DS_SUB_GROUP_SIZE,
+    Layout,
+    Scenario,
+    layout,
+)
 from vit_scale.planning.shapes import Shape, numel
 
-GIB = 1024 ** 3
+GIB = 1024**3
 PHASES = ("forward_end", "backward_start", "backward_end", "optimizer_step")
 COMPONENTS = ("params", "grads", "optimizer", "in_flight", "activations", "buckets", "workspace")
 F, B0, B1, S = PHASES
@@ -53,6 +60,7 @@ def _const(value: float) -> dict:
 @dataclass
 class StateMemory:
     """The strategy-dependent components (bytes), before activations and the backward workspace."""
+
     params: float
     optimizer: float
     grads: dict
@@ -60,20 +68,20 @@ class StateMemory:
     buckets: dict
     optimizer_temporaries: float
     stream_held: dict = field(default_factory=lambda: _const(0.0))
-    autocast: bool = False        # activations under torch.autocast (fp32 residual stream) or not
-    compute_bytes: int = 4        # bytes of a low-precision activation / parameter copy
+    autocast: bool = False  # activations under torch.autocast (fp32 residual stream) or not
+    compute_bytes: int = 4  # bytes of a low-precision activation / parameter copy
     optimizer_impl: str = ""
     notes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class MemoryPrediction:
-    phases: dict                  # phase -> component -> bytes
-    peak_phase: str               # where the need (allocated + allowance) peaks: the verdict's phase
-    peak_allocated: float         # bytes, the largest allocated sum over the phases
+    phases: dict  # phase -> component -> bytes
+    peak_phase: str  # where the need (allocated + allowance) peaks: the verdict's phase
+    peak_allocated: float  # bytes, the largest allocated sum over the phases
     peak_allocated_phase: str
-    allocator: dict               # runtime, fragmentation, stream_held at peak_phase (bytes)
-    total: float                  # bytes the device must have
+    allocator: dict  # runtime, fragmentation, stream_held at peak_phase (bytes)
+    total: float  # bytes the device must have
     optimizer_impl: str
     notes: list[str]
 
@@ -83,6 +91,7 @@ class MemoryPrediction:
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def _bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
@@ -126,6 +135,7 @@ def _fsdp2_local(tensors: list[tuple[int, ...]], g: int) -> tuple[int, int]:
 
 # ---------------------------------------------------------------- strategy families
 
+
 def _ddp(sc: Scenario, shape: Shape, precision: str) -> StateMemory:
     """torch DDP under autocast: fp32 parameters and gradients; the Reducer's buckets hold a
     second copy of every gradient (gradient_as_bucket_view=False, the default)."""
@@ -136,19 +146,24 @@ def _ddp(sc: Scenario, shape: Shape, precision: str) -> StateMemory:
     weights_block = c * shape.block_matmul_weights if cast else 0
     # autocast caches each weight's low-precision cast for the whole forward; without
     # checkpointing the matmuls also save them for backward, so they live until each block's backward
-    in_flight = _per_phase(weights_all, weights_block if sc.activation_checkpointing else weights_all,
-                           weights_block, 0)
-    return StateMemory(params=4.0 * P, optimizer=8.0 * P,
-                       grads=_per_phase(0, 4.0 * shape.block_params, 4.0 * P, 4.0 * P),
-                       in_flight=in_flight, buckets=_const(4.0 * P),
-                       optimizer_temporaries=_optimizer_temporaries(impl, P, shape.largest_tensor),
-                       autocast=True, compute_bytes=c, optimizer_impl=impl)
+    in_flight = _per_phase(weights_all, weights_block if sc.activation_checkpointing else weights_all, weights_block, 0)
+    return StateMemory(
+        params=4.0 * P,
+        optimizer=8.0 * P,
+        grads=_per_phase(0, 4.0 * shape.block_params, 4.0 * P, 4.0 * P),
+        in_flight=in_flight,
+        buckets=_const(4.0 * P),
+        optimizer_temporaries=_optimizer_temporaries(impl, P, shape.largest_tensor),
+        autocast=True,
+        compute_bytes=c,
+        optimizer_impl=impl,
+    )
 
 
 def _fsdp1(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemory:
     g, L = lay.shard, shape.L
     mp = precision != "fp32"
-    c = _bytes(precision)                   # param_dtype = reduce_dtype in the trainer's MixedPrecision
+    c = _bytes(precision)  # param_dtype = reduce_dtype in the trainer's MixedPrecision
     blk, root = _shard_pad(shape.block_params, g), _shard_pad(shape.root_params, g)
     local = L * blk + root
     opts = sc.fsdp
@@ -169,32 +184,43 @@ def _fsdp1(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
         else:
             in_flight = _const(0.0)
     else:
-        unit, rootc = c * g * blk, c * g * root            # unsharded, padded, in param_dtype
-        grad_tmp = c * g * blk + c * blk                   # unsharded gradient + reduce-scatter output
+        unit, rootc = c * g * blk, c * g * root  # unsharded, padded, in param_dtype
+        grad_tmp = c * g * blk + c * blk  # unsharded gradient + reduce-scatter output
         n_fwd = 2 if opts.forward_prefetch else 1
         n_bwd = 2 if opts.backward_prefetch == "pre" else 1
         if lay.sharding == "SHARD_GRAD_OP":
             # parameters stay unsharded from the forward until each unit's backward
-            in_flight = _per_phase(L * unit + rootc, L * unit + rootc + grad_tmp,
-                                   n_bwd * unit + rootc + grad_tmp, 0)
+            in_flight = _per_phase(L * unit + rootc, L * unit + rootc + grad_tmp, n_bwd * unit + rootc + grad_tmp, 0)
         else:
             # the root unit is not resharded after forward (FSDP1 keeps it for the backward)
-            in_flight = _per_phase(n_fwd * unit + rootc, n_bwd * unit + rootc + grad_tmp,
-                                   n_bwd * unit + rootc + grad_tmp, 0)
+            in_flight = _per_phase(
+                n_fwd * unit + rootc, n_bwd * unit + rootc + grad_tmp, n_bwd * unit + rootc + grad_tmp, 0
+            )
         if not opts.limit_all_gathers:
             ahead = float(min(L, sc.allowance.cpu_ahead_units) * unit)
             stream_held = _per_phase(ahead, ahead, ahead, 0)
-            notes.append(f"limit_all_gathers off: assumes the CPU runs {sc.allowance.cpu_ahead_units} units "
-                         "ahead, their gathered parameters held by the allocator")
+            notes.append(
+                f"limit_all_gathers off: assumes the CPU runs {sc.allowance.cpu_ahead_units} units "
+                "ahead, their gathered parameters held by the allocator"
+            )
     params, optimizer = 4.0 * local, 8.0 * local
     if opts.cpu_offload:
         params = optimizer = 0.0
         grads = _const(0.0)
         temporaries = 0.0
         notes.append("fsdp.cpu_offload: parameters, gradients and optimizer states live on the host")
-    return StateMemory(params=params, optimizer=optimizer, grads=grads, in_flight=in_flight,
-                       buckets=_const(0.0), optimizer_temporaries=temporaries, stream_held=stream_held,
-                       compute_bytes=c, optimizer_impl=impl, notes=notes)
+    return StateMemory(
+        params=params,
+        optimizer=optimizer,
+        grads=grads,
+        in_flight=in_flight,
+        buckets=_const(0.0),
+        optimizer_temporaries=temporaries,
+        stream_held=stream_held,
+        compute_bytes=c,
+        optimizer_impl=impl,
+        notes=notes,
+    )
 
 
 def _fsdp2(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemory:
@@ -203,11 +229,11 @@ def _fsdp2(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
     blk_local, blk_full = _fsdp2_local(shape.block_tensors(), g)
     root_local, root_full = _fsdp2_local(shape.root_tensors(), g)
     local = L * blk_local + root_local
-    impl = _auto_optimizer(sc, plain_tensor_params=True)       # DTensor is foreach-capable
+    impl = _auto_optimizer(sc, plain_tensor_params=True)  # DTensor is foreach-capable
     unit, rootc = c * blk_full, c * root_full
     # autograd's unsharded gradient, FSDP2's reduce-scatter input copy and its output
     grad_tmp = 2 * c * blk_full + c * blk_local
-    n_fwd = 2              # FSDP2 overlaps the next unit's all-gather in forward, with or without prefetch
+    n_fwd = 2  # FSDP2 overlaps the next unit's all-gather in forward, with or without prefetch
     if lay.sharding == "SHARD_GRAD_OP":
         in_flight = _per_phase(L * unit + rootc, L * unit + rootc + grad_tmp, 2 * unit + rootc + grad_tmp, 0)
     else:
@@ -220,19 +246,36 @@ def _fsdp2(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
         params = optimizer = temporaries = 0.0
         grads = _const(0.0)
         notes.append("fsdp.cpu_offload: parameters, gradients and optimizer states live on the host")
-    return StateMemory(params=params, optimizer=optimizer, grads=grads, in_flight=in_flight,
-                       buckets=_const(0.0), optimizer_temporaries=temporaries, compute_bytes=c,
-                       optimizer_impl=impl, notes=notes)
+    return StateMemory(
+        params=params,
+        optimizer=optimizer,
+        grads=grads,
+        in_flight=in_flight,
+        buckets=_const(0.0),
+        optimizer_temporaries=temporaries,
+        compute_bytes=c,
+        optimizer_impl=impl,
+        notes=notes,
+    )
 
 
-def _zero12(sc: Scenario, shape: Shape, N: int, stage: int, precision: str, bucket_elems: int,
-            n_buckets: int, contiguous: bool, offload: bool) -> StateMemory:
+def _zero12(
+    sc: Scenario,
+    shape: Shape,
+    N: int,
+    stage: int,
+    precision: str,
+    bucket_elems: int,
+    n_buckets: int,
+    contiguous: bool,
+    offload: bool,
+) -> StateMemory:
     """ZeRO-1/2 (DeepSpeed's stage_1_and_2 optimizer; ColossalAI's LowLevelZero is the same
     scheme): low-precision parameters whole on every rank, fp32 master and AdamW states
     partitioned, gradients reduced through buckets into this rank's partition."""
     P, c = shape.params, _bytes(precision)
     part = ceil(P / N)
-    impl = _auto_optimizer(sc, plain_tensor_params=True)      # one flat fp32 partition per group
+    impl = _auto_optimizer(sc, plain_tensor_params=True)  # one flat fp32 partition per group
     if stage == 1 and not contiguous:
         grads = _per_phase(0, c * shape.block_params, c * P, c * P)
     else:
@@ -240,19 +283,26 @@ def _zero12(sc: Scenario, shape: Shape, N: int, stage: int, precision: str, buck
         # overlaps the partition, whole), allocated at the first copy and released after the step
         buffer = shape.whole_tensors_in_partitions(N, align=2 if c == 2 else 1)
         grads = _per_phase(0, c * buffer, c * buffer, c * buffer)
-    grads[S] += 4.0 * part if not offload else 0.0            # the fp32 gradient partition the step reads
+    grads[S] += 4.0 * part if not offload else 0.0  # the fp32 gradient partition the step reads
     notes = []
     optimizer = 12.0 * part
     temporaries = _optimizer_temporaries(impl, part, part)
     if offload:
         optimizer, temporaries = 0.0, 0.0
         notes.append("optimizer offload: fp32 master, AdamW states and fp32 gradients live on the host")
-    fresh_grad = c * shape.largest_tensor                     # autograd's gradient before the bucket copy
-    return StateMemory(params=float(c * P), optimizer=optimizer, grads=grads,
-                       in_flight=_per_phase(0, fresh_grad, fresh_grad, 0),
-                       # reduction buffers: allocated when the backward starts, released at its end
-                       buckets=_per_phase(0, n_buckets * bucket_elems * c, n_buckets * bucket_elems * c, 0),
-                       optimizer_temporaries=temporaries, compute_bytes=c, optimizer_impl=impl, notes=notes)
+    fresh_grad = c * shape.largest_tensor  # autograd's gradient before the bucket copy
+    return StateMemory(
+        params=float(c * P),
+        optimizer=optimizer,
+        grads=grads,
+        in_flight=_per_phase(0, fresh_grad, fresh_grad, 0),
+        # reduction buffers: allocated when the backward starts, released at its end
+        buckets=_per_phase(0, n_buckets * bucket_elems * c, n_buckets * bucket_elems * c, 0),
+        optimizer_temporaries=temporaries,
+        compute_bytes=c,
+        optimizer_impl=impl,
+        notes=notes,
+    )
 
 
 def _zero3(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemory:
@@ -285,9 +335,17 @@ def _zero3(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
         optimizer, temporaries = 0.0, 0.0
         grads[S] -= 4.0 * min(part, DS_SUB_GROUP_SIZE)
         notes.append("optimizer offload: fp32 master and AdamW states live on the host")
-    return StateMemory(params=params, optimizer=optimizer, grads=grads, in_flight=gathered,
-                       buckets=_const(float(c * ds.reduce_bucket_size)), optimizer_temporaries=temporaries,
-                       compute_bytes=c, optimizer_impl=impl, notes=notes)
+    return StateMemory(
+        params=params,
+        optimizer=optimizer,
+        grads=grads,
+        in_flight=gathered,
+        buckets=_const(float(c * ds.reduce_bucket_size)),
+        optimizer_temporaries=temporaries,
+        compute_bytes=c,
+        optimizer_impl=impl,
+        notes=notes,
+    )
 
 
 def _gemini(sc: Scenario, shape: Shape, N: int, precision: str) -> StateMemory:
@@ -299,11 +357,18 @@ def _gemini(sc: Scenario, shape: Shape, N: int, precision: str) -> StateMemory:
         optim_frac = 1.0
     P, c = shape.params, _bytes(precision)
     part = ceil(P / N)
-    chunks = 2 * c * shape.block_params          # about two chunks gathered at a time
-    return StateMemory(params=c * part * (1 - param_frac), optimizer=12.0 * part * (1 - optim_frac),
-                       grads=_const(0.0), in_flight=_per_phase(chunks, chunks, chunks, 0),
-                       buckets=_const(0.0), optimizer_temporaries=0.0, compute_bytes=c, optimizer_impl="fused",
-                       notes=["Gemini: gradients reuse the parameter chunks; HybridAdam has no temporaries"])
+    chunks = 2 * c * shape.block_params  # about two chunks gathered at a time
+    return StateMemory(
+        params=c * part * (1 - param_frac),
+        optimizer=12.0 * part * (1 - optim_frac),
+        grads=_const(0.0),
+        in_flight=_per_phase(chunks, chunks, chunks, 0),
+        buckets=_const(0.0),
+        optimizer_temporaries=0.0,
+        compute_bytes=c,
+        optimizer_impl="fused",
+        notes=["Gemini: gradients reuse the parameter chunks; HybridAdam has no temporaries"],
+    )
 
 
 def state_memory(sc: Scenario, shape: Shape, lay: Layout) -> StateMemory:
@@ -313,13 +378,15 @@ def state_memory(sc: Scenario, shape: Shape, lay: Layout) -> StateMemory:
     if label == "CAI_DDP_FP16":
         return _ddp(sc, shape, "fp16")
     if lay.family == "fsdp":
-        return _fsdp1(sc, shape, lay, sc.precision) if lay.implementation == "fsdp1" \
+        return (
+            _fsdp1(sc, shape, lay, sc.precision)
+            if lay.implementation == "fsdp1"
             else _fsdp2(sc, shape, lay, sc.precision)
+        )
     if label == "CAI_FSDP":
         # TorchFSDPPlugin: FSDP1 FULL_SHARD with torch's own defaults (prefetch pre, rate limiter on),
         # not the trainer's fsdp.* keys
-        cai_lay = Layout(label, "fsdp", "fsdp1", "FULL_SHARD" if lay.shard > 1 else "NO_SHARD", lay.shard, 1,
-                         lay.shard)
+        cai_lay = Layout(label, "fsdp", "fsdp1", "FULL_SHARD" if lay.shard > 1 else "NO_SHARD", lay.shard, 1, lay.shard)
         return _fsdp1(dataclasses.replace(sc, fsdp=FSDPConfig()), shape, cai_lay, sc.precision)
     if lay.family == "deepspeed":
         ds = sc.deepspeed
@@ -327,17 +394,36 @@ def state_memory(sc: Scenario, shape: Shape, lay: Layout) -> StateMemory:
         if stage == 3:
             return _zero3(sc, shape, lay, sc.precision)
         n_buckets = (2 if ds.overlap_comm else 1) if ds.contiguous_gradients else 0
-        return _zero12(sc, shape, lay.state_shard, stage, sc.precision, ds.reduce_bucket_size, n_buckets,
-                       ds.contiguous_gradients, ds.offload_optimizer)
+        return _zero12(
+            sc,
+            shape,
+            lay.state_shard,
+            stage,
+            sc.precision,
+            ds.reduce_bucket_size,
+            n_buckets,
+            ds.contiguous_gradients,
+            ds.offload_optimizer,
+        )
     if label == "CAI_LOW_LEVEL_ZERO":
-        return _zero12(sc, shape, lay.state_shard, sc.colossalai.zero_stage, sc.precision, CAI_REDUCE_BUCKET, 1,
-                       True, sc.colossalai.cpu_offload)
+        return _zero12(
+            sc,
+            shape,
+            lay.state_shard,
+            sc.colossalai.zero_stage,
+            sc.precision,
+            CAI_REDUCE_BUCKET,
+            1,
+            True,
+            sc.colossalai.cpu_offload,
+        )
     if label == "CAI_GEMINI":
         return _gemini(sc, shape, lay.state_shard, sc.precision)
     raise ValueError(f"no memory model for {label}")
 
 
 # ---------------------------------------------------------------- activations
+
 
 def activations(sc: Scenario, shape: Shape, autocast: bool, c: int) -> tuple[dict, dict]:
     """(activations, backward workspace) per phase, bytes."""
@@ -361,6 +447,7 @@ def activations(sc: Scenario, shape: Shape, autocast: bool, c: int) -> tuple[dic
 
 # ---------------------------------------------------------------- putting it together
 
+
 def predict(sc: Scenario, lay: Layout | None = None) -> MemoryPrediction:
     shape = sc.shape
     lay = lay or layout(sc)
@@ -369,16 +456,35 @@ def predict(sc: Scenario, lay: Layout | None = None) -> MemoryPrediction:
     work[S] += st.optimizer_temporaries
     phases = {}
     for phase in PHASES:
-        phases[phase] = {"params": st.params, "grads": st.grads[phase], "optimizer": st.optimizer,
-                         "in_flight": st.in_flight[phase], "activations": acts[phase],
-                         "buckets": st.buckets[phase], "workspace": work[phase]}
+        phases[phase] = {
+            "params": st.params,
+            "grads": st.grads[phase],
+            "optimizer": st.optimizer,
+            "in_flight": st.in_flight[phase],
+            "activations": acts[phase],
+            "buckets": st.buckets[phase],
+            "workspace": work[phase],
+        }
     al = sc.allowance
     allocated = {p: sum(parts.values()) for p, parts in phases.items()}
-    allowance = {p: {"runtime": al.runtime_gib * GIB, "fragmentation": al.fragmentation * allocated[p],
-                     "stream_held": st.stream_held[p] if al.stream_held else 0.0} for p in PHASES}
+    allowance = {
+        p: {
+            "runtime": al.runtime_gib * GIB,
+            "fragmentation": al.fragmentation * allocated[p],
+            "stream_held": st.stream_held[p] if al.stream_held else 0.0,
+        }
+        for p in PHASES
+    }
     need = {p: allocated[p] + sum(allowance[p].values()) for p in PHASES}
     peak_phase = max(PHASES, key=lambda p: need[p])
     peak_allocated_phase = max(PHASES, key=lambda p: allocated[p])
-    return MemoryPrediction(phases=phases, peak_phase=peak_phase, peak_allocated=allocated[peak_allocated_phase],
-                            peak_allocated_phase=peak_allocated_phase, allocator=allowance[peak_phase],
-                            total=need[peak_phase], optimizer_impl=st.optimizer_impl, notes=list(lay.notes) + st.notes)
+    return MemoryPrediction(
+        phases=phases,
+        peak_phase=peak_phase,
+        peak_allocated=allocated[peak_allocated_phase],
+        peak_allocated_phase=peak_allocated_phase,
+        allocator=allowance[peak_phase],
+        total=need[peak_phase],
+        optimizer_impl=st.optimizer_impl,
+        notes=list(lay.notes) + st.notes,
+    )

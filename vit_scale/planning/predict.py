@@ -20,6 +20,7 @@ fit with too few points, a run directory of another model, batch or precision) r
 errors.UserError: one line naming the file or option and what is expected. Torch-free.
 Model and limits: docs/plan.md, "Predicted step time" and "Predictions: calibration and compute".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,22 +42,27 @@ from vit_scale.record import reader
 
 CALIBRATIONS = ("check", "profile", "none")
 FIT_KEYS = ("collective", "scope", "ranks", "alpha_us", "bus_gbps", "max_rel_residual", "sizes", "flags")
-BISECT_STEPS = 32        # halvings of the compute interval: 2^-32 of the step, far below its noise
+BISECT_STEPS = 32  # halvings of the compute interval: 2^-32 of the step, far below its noise
 
 
 # ---------------------------------------------------------------- calibration
 
+
 @dataclass(frozen=True)
 class Calibration:
     """What the collectives cost in a prediction, and where that came from."""
-    kind: str                 # "check", "profile" or "none"
+
+    kind: str  # "check", "profile" or "none"
     network: Network
-    source: str               # the file read, or why there is none
-    notes: tuple = ()         # fits not used and why; fallbacks taken
+    source: str  # the file read, or why there is none
+    notes: tuple = ()  # fits not used and why; fallbacks taken
 
     def describe(self) -> str:
-        what = {"check": "check.json's fits", "profile": "the system profile's defaults",
-                "none": "none (communication not timed: the compute-bound ceiling)"}[self.kind]
+        what = {
+            "check": "check.json's fits",
+            "profile": "the system profile's defaults",
+            "none": "none (communication not timed: the compute-bound ceiling)",
+        }[self.kind]
         text = f"{what}" + (f" ({self.source})" if self.kind != "none" or self.source else "")
         return text + (f"; {'; '.join(self.notes)}" if self.notes else "")
 
@@ -86,8 +92,9 @@ def _read_yaml(path: str, option: str) -> dict:
     except OSError as exc:
         raise UserError(f"{option}: cannot read {path} ({exc.strerror or exc}); expected a system profile") from None
     except yaml.YAMLError:
-        raise UserError(f"{option}: {path} is not YAML; expected a system profile "
-                        f"(configs/systems/NAME.yaml)") from None
+        raise UserError(
+            f"{option}: {path} is not YAML; expected a system profile (configs/systems/NAME.yaml)"
+        ) from None
     if not isinstance(data, dict):
         raise UserError(f"{option}: {path} is not a mapping; expected a system profile (configs/systems/NAME.yaml)")
     return data
@@ -124,14 +131,19 @@ def read_check(path: str) -> dict:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
     except OSError as exc:
-        raise UserError(f"--calibration: cannot read {path} ({exc.strerror or exc}); expected a check.json "
-                        f"written by vit-scale check") from None
+        raise UserError(
+            f"--calibration: cannot read {path} ({exc.strerror or exc}); expected a check.json "
+            f"written by vit-scale check"
+        ) from None
     except ValueError:
-        raise UserError(f"--calibration: {path} is not JSON; expected a check.json written by "
-                        f"vit-scale check") from None
+        raise UserError(
+            f"--calibration: {path} is not JSON; expected a check.json written by vit-scale check"
+        ) from None
     if not isinstance(data, dict) or data.get("schema") != 1 or "system" not in data:
-        raise UserError(f"--calibration: {path} is not a check.json of schema 1 (no schema/system keys); "
-                        f"expected one written by vit-scale check")
+        raise UserError(
+            f"--calibration: {path} is not a check.json of schema 1 (no schema/system keys); "
+            f"expected one written by vit-scale check"
+        )
     return data
 
 
@@ -140,46 +152,70 @@ def read_fits(check: dict, where: str) -> list:
     a fit needs is bad input; a fit marked for another reason comes back marked (not used)."""
     found = check.get("fits")
     if not isinstance(found, list) or not found:
-        raise UserError(f"--calibration: {where} has no fits (from the size sweep); run vit-scale check in full "
-                        f"mode (without --quick) to measure them")
+        raise UserError(
+            f"--calibration: {where} has no fits (from the size sweep); run vit-scale check in full "
+            f"mode (without --quick) to measure them"
+        )
     fits = []
     for i, entry in enumerate(found):
         if not isinstance(entry, dict) or any(k not in entry for k in FIT_KEYS):
             raise UserError(f"--calibration: {where}: fits[{i}] needs the keys {', '.join(FIT_KEYS)}")
         name = f"fits[{i}] ({entry['collective']}, {entry['scope']})"
         if entry["collective"] not in COLLECTIVES or entry["scope"] not in SCOPES:
-            raise UserError(f"--calibration: {where}: {name}: collective must be one of {', '.join(COLLECTIVES)} "
-                            f"and scope one of {', '.join(SCOPES)}")
+            raise UserError(
+                f"--calibration: {where}: {name}: collective must be one of {', '.join(COLLECTIVES)} "
+                f"and scope one of {', '.join(SCOPES)}"
+            )
         numbers = [entry[k] for k in ("ranks", "sizes", "alpha_us", "bus_gbps", "max_rel_residual")]
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers) \
-                or not isinstance(entry["flags"], list):
-            raise UserError(f"--calibration: {where}: {name}: ranks, sizes, alpha_us, bus_gbps and max_rel_residual "
-                            f"must be numbers and flags a list")
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers) or not isinstance(
+            entry["flags"], list
+        ):
+            raise UserError(
+                f"--calibration: {where}: {name}: ranks, sizes, alpha_us, bus_gbps and max_rel_residual "
+                f"must be numbers and flags a list"
+            )
         if entry["sizes"] < MIN_SIZES:
-            raise UserError(f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
-                            f"{MIN_SIZES} (run vit-scale check in full mode)")
+            raise UserError(
+                f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
+                f"{MIN_SIZES} (run vit-scale check in full mode)"
+            )
         flags = tuple(str(f) for f in entry["flags"])
         if not flags and not (entry["bus_gbps"] > 0 and entry["alpha_us"] >= 0):
             flags = ("no positive bandwidth",)
-        fits.append(Fit(entry["collective"], entry["scope"], int(entry["ranks"]), float(entry["alpha_us"]),
-                        float(entry["bus_gbps"]), float(entry["max_rel_residual"]), int(entry["sizes"]), flags))
+        fits.append(
+            Fit(
+                entry["collective"],
+                entry["scope"],
+                int(entry["ranks"]),
+                float(entry["alpha_us"]),
+                float(entry["bus_gbps"]),
+                float(entry["max_rel_residual"]),
+                int(entry["sizes"]),
+                flags,
+            )
+        )
     return fits
 
 
-def check_calibration(path: str, *, system: str, models, precisions, defaults: Calibration | None = None,
-                      check: dict | None = None) -> Calibration:
+def check_calibration(
+    path: str, *, system: str, models, precisions, defaults: Calibration | None = None, check: dict | None = None
+) -> Calibration:
     """A check.json's usable fits over `defaults` (the profile's). The check must be of `system`, cover
     every precision asked and a model at least as large as each one asked (its sweep stops at that
     model's largest message). Fits marked by the check are not used; the result says which."""
     data = check if check is not None else read_check(path)
     if data.get("system") != system:
-        raise UserError(f"--calibration: {path} is a check of system {data.get('system')!r}; expected a check of "
-                        f"{system!r} (the scenario's system)")
+        raise UserError(
+            f"--calibration: {path} is a check of system {data.get('system')!r}; expected a check of "
+            f"{system!r} (the scenario's system)"
+        )
     have = [p for p in data.get("precisions") or []]
     missing = [p for p in dict.fromkeys(precisions) if p not in have]
     if missing:
-        raise UserError(f"--calibration: {path} measured precision {', '.join(have) or 'none'}; expected "
-                        f"{', '.join(missing)} (the scenario's)")
+        raise UserError(
+            f"--calibration: {path} measured precision {', '.join(have) or 'none'}; expected "
+            f"{', '.join(missing)} (the scenario's)"
+        )
     checked = data.get("model")
     try:
         checked_params = _params(checked)
@@ -187,19 +223,27 @@ def check_calibration(path: str, *, system: str, models, precisions, defaults: C
         raise UserError(f"--calibration: {path} names model {checked!r}, which this vit-scale does not know") from None
     larger = [m for m in dict.fromkeys(models) if m != checked and _params(m) > checked_params]
     if larger:
-        raise UserError(f"--calibration: {path} is a check of {checked}, whose messages are smaller than "
-                        f"{', '.join(larger)}'s; expected a check of {larger[-1]} (or a larger model)")
+        raise UserError(
+            f"--calibration: {path} is a check of {checked}, whose messages are smaller than "
+            f"{', '.join(larger)}'s; expected a check of {larger[-1]} (or a larger model)"
+        )
     fits = read_fits(data, path)
     usable = [f for f in fits if f.usable]
     notes = [f"{f.collective}/{f.scope} not used: {'; '.join(f.flags)}" for f in fits if not f.usable]
     if defaults is not None:
         base = defaults.network
     else:
-        by_scope = {s: next((f.link() for f in sorted(usable, key=lambda f: f.collective != "all_reduce")
-                             if f.scope == s), None) for s in SCOPES}
+        by_scope = {
+            s: next(
+                (f.link() for f in sorted(usable, key=lambda f: f.collective != "all_reduce") if f.scope == s), None
+            )
+            for s in SCOPES
+        }
         if by_scope["intra"] is None and by_scope["inter"] is None:
-            raise UserError(f"--calibration: {path} has no usable fit and the system profile no network defaults; "
-                            f"expected at least one usable fit")
+            raise UserError(
+                f"--calibration: {path} has no usable fit and the system profile no network defaults; "
+                f"expected at least one usable fit"
+            )
         for s, other in (("intra", "inter"), ("inter", "intra")):
             if by_scope[s] is None:
                 notes.append(f"no usable {s}-node fit and no profile defaults: {s} timed with the {other} fit")
@@ -211,19 +255,22 @@ def check_calibration(path: str, *, system: str, models, precisions, defaults: C
     return Calibration("check", dataclasses.replace(network, source=f"{path}: {network.source}"), path, tuple(notes))
 
 
-def choose_calibration(check: str | None = None, profile: str | None = None, *, system: str = "",
-                       models=(), precisions=()) -> Calibration:
+def choose_calibration(
+    check: str | None = None, profile: str | None = None, *, system: str = "", models=(), precisions=()
+) -> Calibration:
     """check.json (over the profile's defaults) > the profile's defaults > none."""
     defaults = profile_calibration(profile) if profile else None
     if check:
         return check_calibration(check, system=system, models=models, precisions=precisions, defaults=defaults)
     if defaults is not None:
         return defaults
-    return no_calibration(f"{os.path.basename(profile)} has no network section" if profile else "no check.json "
-                          "and no system profile")
+    return no_calibration(
+        f"{os.path.basename(profile)} has no network section" if profile else "no check.json and no system profile"
+    )
 
 
 # ---------------------------------------------------------------- a run record as a scenario
+
 
 def _d(x) -> dict:
     return x if isinstance(x, dict) else {}
@@ -247,16 +294,24 @@ def scenario_of_run(start: dict) -> Scenario:
     options = _d(strat.get("options"))
     train = _d(cfg.get("train"))
     ckpt = train.get("activation_checkpointing", options.get("activation_checkpointing", False))
-    return Scenario(model=start["model"]["name"], strategy=strat["label"], nodes=int(world["nodes"]),
-                    gpus_per_node=int(world.get("ranks_per_node") or world["world_size"] // max(1, world["nodes"])),
-                    batch_size=int(start["batch"]["per_device"]), precision=run_precision(start),
-                    activation_checkpointing=bool(ckpt), num_classes=int(train.get("num_classes", 1000)),
-                    device_memory_gib=None,
-                    fsdp=_section(FSDPConfig, cfg.get("fsdp"), options if strat.get("family") == "fsdp" else {}),
-                    deepspeed=_section(DeepSpeedConfig, cfg.get("deepspeed"),
-                                       options if strat.get("family") == "deepspeed" else {}),
-                    colossalai=_section(ColossalAIConfig, cfg.get("colossalai"),
-                                        options if strat.get("family") == "colossalai" else {}))
+    return Scenario(
+        model=start["model"]["name"],
+        strategy=strat["label"],
+        nodes=int(world["nodes"]),
+        gpus_per_node=int(world.get("ranks_per_node") or world["world_size"] // max(1, world["nodes"])),
+        batch_size=int(start["batch"]["per_device"]),
+        precision=run_precision(start),
+        activation_checkpointing=bool(ckpt),
+        num_classes=int(train.get("num_classes", 1000)),
+        device_memory_gib=None,
+        fsdp=_section(FSDPConfig, cfg.get("fsdp"), options if strat.get("family") == "fsdp" else {}),
+        deepspeed=_section(
+            DeepSpeedConfig, cfg.get("deepspeed"), options if strat.get("family") == "deepspeed" else {}
+        ),
+        colossalai=_section(
+            ColossalAIConfig, cfg.get("colossalai"), options if strat.get("family") == "colossalai" else {}
+        ),
+    )
 
 
 def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
@@ -266,14 +321,16 @@ def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
 
 # ---------------------------------------------------------------- compute
 
+
 @dataclass(frozen=True)
 class MeasuredStep:
     """One ok run's mean step (global batch over its mean images/s) and the scenario it ran."""
+
     scenario: Scenario
     step_s: float
     run_dir: str
     blocking: bool
-    options: str = ""         # the strategy's options, to prefer a run of the same series
+    options: str = ""  # the strategy's options, to prefer a run of the same series
 
     @property
     def key(self) -> tuple:
@@ -290,8 +347,13 @@ def measured_step(run) -> MeasuredStep | None:
     sc = scenario_of_run(start)
     world = _d(start.get("world"))
     options = json.dumps(_d(_d(start.get("strategy")).get("options")), sort_keys=True, default=str)
-    return MeasuredStep(sc, sc.batch_size * sc.world / ips, run.run_dir,
-                        blocking_for(world.get("backend"), world.get("device_type")), options)
+    return MeasuredStep(
+        sc,
+        sc.batch_size * sc.world / ips,
+        run.run_dir,
+        blocking_for(world.get("backend"), world.get("device_type")),
+        options,
+    )
 
 
 def compute_of(step: MeasuredStep, network: Network) -> Compute:
@@ -306,9 +368,9 @@ def compute_of(step: MeasuredStep, network: Network) -> Compute:
         return predict_step(sc, network, Compute.measured(c, 0.0, "", ckpt), step.blocking).breakdown.step_s
 
     s = step.step_s
-    if predicted(s) <= s * (1 + 1e-9):   # nothing exposed even with all of it as compute (up to rounding)
+    if predicted(s) <= s * (1 + 1e-9):  # nothing exposed even with all of it as compute (up to rounding)
         c = s
-    elif predicted(0.0) >= s:   # the predicted communication alone takes longer than the measured step
+    elif predicted(0.0) >= s:  # the predicted communication alone takes longer than the measured step
         c = 0.0
     else:
         lo, hi = 0.0, s
@@ -317,8 +379,10 @@ def compute_of(step: MeasuredStep, network: Network) -> Compute:
             lo, hi = (mid, hi) if predicted(mid) < s else (lo, mid)
         c = (lo + hi) / 2
     where = os.path.basename(step.run_dir.rstrip(os.sep)) or step.run_dir
-    src = (f"measured step of {sc.strategy} on {sc.nodes} node(s) ({where}: {s * 1e3:.4g} ms) less "
-           f"{(s - c) * 1e3:.3g} ms exposed communication predicted for it")
+    src = (
+        f"measured step of {sc.strategy} on {sc.nodes} node(s) ({where}: {s * 1e3:.4g} ms) less "
+        f"{(s - c) * 1e3:.3g} ms exposed communication predicted for it"
+    )
     if c == 0.0:
         src += " (the predicted communication alone exceeds the measured step: compute taken as 0)"
     return Compute.measured(c, 0.0, src, ckpt)
@@ -328,9 +392,10 @@ def compute_of(step: MeasuredStep, network: Network) -> Compute:
 class ComputeSource:
     """Where each point's compute comes from: measured steps (each point takes the best-matching one of
     its model, batch and precision), or the counted FLOPs over a peak times an efficiency."""
-    steps: list = field(default_factory=list)   # MeasuredSteps
-    origin: str = ""                            # the --compute-from path
-    peak: float | None = None                # TFLOP/s per device, for FLOPs
+
+    steps: list = field(default_factory=list)  # MeasuredSteps
+    origin: str = ""  # the --compute-from path
+    peak: float | None = None  # TFLOP/s per device, for FLOPs
     efficiency: float | None = None
     _cache: dict = field(default_factory=dict, repr=False)
 
@@ -350,12 +415,16 @@ class ComputeSource:
         same = [s for s in self.steps if s.key == key]
         if not same:
             have = sorted({f"{m} at batch {b} in {p}" for m, b, p in (s.key for s in self.steps)})
-            raise UserError(f"--compute-from: {self.origin} has no run of {sc.model} at batch {sc.batch_size} in "
-                            f"{sc.precision}; expected a run of the same model, batch and precision "
-                            f"(it has: {', '.join(have) or 'no ok run'})")
+            raise UserError(
+                f"--compute-from: {self.origin} has no run of {sc.model} at batch {sc.batch_size} in "
+                f"{sc.precision}; expected a run of the same model, batch and precision "
+                f"(it has: {', '.join(have) or 'no ok run'})"
+            )
         one_node = [s for s in same if s.scenario.nodes == 1] or same
-        for pick in ([s for s in one_node if s.scenario.strategy == sc.strategy and s.options == options],
-                     [s for s in one_node if s.scenario.strategy == sc.strategy]):
+        for pick in (
+            [s for s in one_node if s.scenario.strategy == sc.strategy and s.options == options],
+            [s for s in one_node if s.scenario.strategy == sc.strategy],
+        ):
             if pick:
                 return min(pick, key=lambda s: (s.scenario.nodes, s.step_s))
         return min(one_node, key=lambda s: (s.scenario.nodes, s.step_s))
@@ -375,20 +444,23 @@ def compute_from(path: str, runs: list | None = None) -> ComputeSource:
     under it; each point then uses its 1-node rung). runs: RunRecords already read from PATH."""
     if runs is None:
         if not os.path.isdir(path):
-            raise UserError(f"--compute-from: {path} is not a directory; expected a run directory or a study "
-                            f"directory")
+            raise UserError(f"--compute-from: {path} is not a directory; expected a run directory or a study directory")
         runs = reader.collect([path]).runs
     steps = [s for s in (measured_step(r) for r in runs) if s is not None]
     if not steps:
-        raise UserError(f"--compute-from: {path} holds no run that finished ok with a speed; expected a run "
-                        f"directory (metrics.jsonl) or a study directory")
+        raise UserError(
+            f"--compute-from: {path} holds no run that finished ok with a speed; expected a run "
+            f"directory (metrics.jsonl) or a study directory"
+        )
     return ComputeSource(steps=steps, origin=path)
 
 
 def compute_from_flops(peak: float | None, efficiency: float, where: str = "the system profile") -> ComputeSource:
     if peak is None or not peak > 0:
-        raise UserError(f"--compute-from: {where} gives no peak TFLOP/s for this precision; give --compute-from "
-                        f"RUNDIR (a measured run) instead")
+        raise UserError(
+            f"--compute-from: {where} gives no peak TFLOP/s for this precision; give --compute-from "
+            f"RUNDIR (a measured run) instead"
+        )
     if not 0 < efficiency <= 1:
         raise UserError(f"--efficiency: must be in (0, 1], got {efficiency}")
     return ComputeSource(peak=peak, efficiency=efficiency)
@@ -396,15 +468,20 @@ def compute_from_flops(peak: float | None, efficiency: float, where: str = "the 
 
 def efficiency_from_runs(runs) -> float | None:
     """The median MFU of the ok runs that recorded one: the default efficiency for FLOPs."""
-    mfus = sorted(float((r.end or {})["mfu"]) for r in runs
-                  if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)) and r.end["mfu"] > 0)
+    mfus = sorted(
+        float((r.end or {})["mfu"])
+        for r in runs
+        if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)) and r.end["mfu"] > 0
+    )
     return mfus[len(mfus) // 2] if mfus else None
 
 
 # ---------------------------------------------------------------- the predictions
 
-def predict(points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False,
-            options: list | None = None) -> list:
+
+def predict(
+    points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False, options: list | None = None
+) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
     point on 1 node. options: per point, the strategy options' JSON (prefers a compute run of the same
     series). Raises UserError for a point whose compute source does not fit it."""
@@ -425,7 +502,27 @@ def predict(points: list, calibration: Calibration, compute: ComputeSource, bloc
     return out
 
 
-__all__ = ["CALIBRATIONS", "Calibration", "ComputeSource", "MeasuredStep", "StepPrediction", "blocking_for",
-           "check_calibration", "choose_calibration", "compute_from", "compute_from_flops", "compute_of",
-           "efficiency_from_runs", "measured_step", "no_calibration", "peak_tflops", "predict", "profile_calibration",
-           "profile_path", "read_check", "read_fits", "read_profile", "scenario_of_run"]
+__all__ = [
+    "CALIBRATIONS",
+    "Calibration",
+    "ComputeSource",
+    "MeasuredStep",
+    "StepPrediction",
+    "blocking_for",
+    "check_calibration",
+    "choose_calibration",
+    "compute_from",
+    "compute_from_flops",
+    "compute_of",
+    "efficiency_from_runs",
+    "measured_step",
+    "no_calibration",
+    "peak_tflops",
+    "predict",
+    "profile_calibration",
+    "profile_path",
+    "read_check",
+    "read_fits",
+    "read_profile",
+    "scenario_of_run",
+]

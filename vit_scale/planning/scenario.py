@@ -4,11 +4,11 @@ answer depends on (batch, precision, checkpointing, the strategy family's option
 Built from the trainer's own `Config` (`from_config`), so the CLI, the trainer's `predict_for_run`
 and the job scripts all describe a run the same way, with the same defaults and validation.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 from vit_scale.distributed import PRECISIONS, layout_of, parse_strategy
 from vit_scale.distributed.colossalai import ColossalAIConfig
@@ -32,10 +32,11 @@ DS_SUB_GROUP_SIZE = 1_000_000_000
 @dataclass
 class Allowance:
     """What the caching allocator and the runtime need beyond the bytes tensors hold."""
-    runtime_gib: float = 1.0        # device context + NCCL/RCCL buffers: outside torch's allocator
-    fragmentation: float = 0.05     # share of the peak lost to block rounding and splitting
-    stream_held: bool = True        # count memory released onto communication streams (docs/plan.md)
-    cpu_ahead_units: int = 4        # FSDP1 without limit_all_gathers: units the CPU all-gathers ahead
+
+    runtime_gib: float = 1.0  # device context + NCCL/RCCL buffers: outside torch's allocator
+    fragmentation: float = 0.05  # share of the peak lost to block rounding and splitting
+    stream_held: bool = True  # count memory released onto communication streams (docs/plan.md)
+    cpu_ahead_units: int = 4  # FSDP1 without limit_all_gathers: units the CPU all-gathers ahead
 
 
 @dataclass
@@ -51,7 +52,7 @@ class Scenario:
     num_classes: int = 1000
     synthetic_batches: int = 4
     optimizer: str = "auto"
-    device_memory_gib: Optional[float] = 64.0
+    device_memory_gib: float | None = 64.0
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)
@@ -84,26 +85,35 @@ class Scenario:
             raise UserError("allowance: runtime-gib, fragmentation and cpu-ahead-units must not be negative")
         g = label.hybrid_group
         if g and self.world % g:
-            raise UserError(f"strategy: {label.label} needs a world size divisible by {g}, but {self.nodes} node(s) "
-                            f"x {self.gpus_per_node} GPUs is {self.world}; use HYBRID_<g>GPU with g dividing "
-                            f"{self.world}")
+            raise UserError(
+                f"strategy: {label.label} needs a world size divisible by {g}, but {self.nodes} node(s) "
+                f"x {self.gpus_per_node} GPUs is {self.world}; use HYBRID_<g>GPU with g dividing "
+                f"{self.world}"
+            )
         if label.label == "ZEROPP":
             hpz = self.deepspeed.hpz_partition_size or self.gpus_per_node
             if self.world % hpz:
                 raise UserError(f"deepspeed.hpz_partition_size: {hpz} must divide the world size ({self.world})")
 
 
-def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: Optional[float], **extra) -> Scenario:
+def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: float | None, **extra) -> Scenario:
     """A Scenario for the run `cfg` describes, on `nodes` x `gpus_per_node` ranks."""
-    return Scenario(model=cfg.model, strategy=cfg.strategy, nodes=nodes, gpus_per_node=gpus_per_node,
-                    batch_size=cfg.train.batch_size, precision=cfg.train.precision,
-                    activation_checkpointing=cfg.train.activation_checkpointing,
-                    num_classes=cfg.train.num_classes,
-                    synthetic_batches=getattr(cfg.train, "synthetic_batches", 4),
-                    device_memory_gib=device_memory_gib,
-                    fsdp=dataclasses.replace(cfg.fsdp), deepspeed=dataclasses.replace(cfg.deepspeed),
-                    colossalai=dataclasses.replace(cfg.colossalai),
-                    **{"optimizer": cfg.train.optimizer, **extra})
+    return Scenario(
+        model=cfg.model,
+        strategy=cfg.strategy,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        batch_size=cfg.train.batch_size,
+        precision=cfg.train.precision,
+        activation_checkpointing=cfg.train.activation_checkpointing,
+        num_classes=cfg.train.num_classes,
+        synthetic_batches=getattr(cfg.train, "synthetic_batches", 4),
+        device_memory_gib=device_memory_gib,
+        fsdp=dataclasses.replace(cfg.fsdp),
+        deepspeed=dataclasses.replace(cfg.deepspeed),
+        colossalai=dataclasses.replace(cfg.colossalai),
+        **{"optimizer": cfg.train.optimizer, **extra},
+    )
 
 
 # ---------------------------------------------------------------- who holds what
@@ -112,7 +122,7 @@ def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: Optional
 _APPROXIMATE = {
     "deepspeed": "DeepSpeed memory follows its 0.19 ZeRO optimizer; approximate beyond the states the tests check",
     "colossalai": "ColossalAI memory is approximate: its plugins need a GPU, so nothing here is checked against "
-                  "real tensors",
+    "real tensors",
 }
 
 

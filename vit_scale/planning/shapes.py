@@ -8,6 +8,7 @@ The module layout is timm's defaults as `models.build_model` uses them: class to
 position embedding over T = patches + 1 tokens, qkv and projection biases, no LayerScale, no
 qk-norm, a final LayerNorm and a linear head on the class token.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,18 +18,26 @@ from functools import cached_property
 @dataclass(frozen=True)
 class Shape:
     name: str
-    D: int          # embedding width
-    L: int          # blocks
-    M: int          # MLP hidden width
-    H: int          # attention heads
+    D: int  # embedding width
+    L: int  # blocks
+    M: int  # MLP hidden width
+    H: int  # attention heads
     patch: int
     img: int
-    C: int = 1000   # classes
+    C: int = 1000  # classes
 
     @classmethod
-    def from_spec(cls, spec, num_classes: int = 1000) -> "Shape":
-        return cls(spec.name, spec.embed_dim, spec.depth, spec.mlp_dim, spec.num_heads, spec.patch_size,
-                   spec.img_size, num_classes)
+    def from_spec(cls, spec, num_classes: int = 1000) -> Shape:
+        return cls(
+            spec.name,
+            spec.embed_dim,
+            spec.depth,
+            spec.mlp_dim,
+            spec.num_heads,
+            spec.patch_size,
+            spec.img_size,
+            num_classes,
+        )
 
     # ------------------------------------------------------------ parameters
 
@@ -40,21 +49,34 @@ class Shape:
     def block_tensors(self) -> list[tuple[int, ...]]:
         """Shapes of one Block's parameters, in module order."""
         D, M = self.D, self.M
-        return [(D,), (D,),                 # norm1
-                (3 * D, D), (3 * D,),       # attn.qkv
-                (D, D), (D,),               # attn.proj
-                (D,), (D,),                 # norm2
-                (M, D), (M,),               # mlp.fc1
-                (D, M), (D,)]               # mlp.fc2
+        return [
+            (D,),
+            (D,),  # norm1
+            (3 * D, D),
+            (3 * D,),  # attn.qkv
+            (D, D),
+            (D,),  # attn.proj
+            (D,),
+            (D,),  # norm2
+            (M, D),
+            (M,),  # mlp.fc1
+            (D, M),
+            (D,),
+        ]  # mlp.fc2
 
     def root_tensors(self) -> list[tuple[int, ...]]:
         """Parameters outside the blocks: what the root FSDP unit holds."""
         D = self.D
-        return [(1, 1, D),                              # cls_token
-                (1, self.T, D),                         # pos_embed
-                (D, 3, self.patch, self.patch), (D,),   # patch_embed.proj
-                (D,), (D,),                             # norm
-                (self.C, D), (self.C,)]                 # head
+        return [
+            (1, 1, D),  # cls_token
+            (1, self.T, D),  # pos_embed
+            (D, 3, self.patch, self.patch),
+            (D,),  # patch_embed.proj
+            (D,),
+            (D,),  # norm
+            (self.C, D),
+            (self.C,),
+        ]  # head
 
     def tensors(self) -> list[tuple[int, ...]]:
         return self.root_tensors() + self.block_tensors() * self.L
@@ -82,7 +104,7 @@ class Shape:
 
     @cached_property
     def block_params(self) -> int:
-        return sum(_numel(s) for s in self.block_tensors())   # 4D^2 + 2DM + 9D + M
+        return sum(_numel(s) for s in self.block_tensors())  # 4D^2 + 2DM + 9D + M
 
     @cached_property
     def root_params(self) -> int:

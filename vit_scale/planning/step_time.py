@@ -13,6 +13,7 @@ library issues what are in `_unit_plan` and its helpers, each naming the functio
 Sizes and group layouts come from vit_scale.planning.communication (the bytes `vit-scale plan`
 reports); times from vit_scale.planning.alpha_beta. Torch-free. Model and limits: docs/plan.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -32,11 +33,12 @@ PREFETCH_MODES = ("pre", "post", "none")
 
 # ---------------------------------------------------------------- compute
 
+
 def forward_flops_per_image(shape: Shape) -> dict:
     """Forward FLOPs (2 per multiply-add, matmuls and the patch convolution only) per image:
     {"stem": patch embedding, "block": one Block, "head": the classifier on the class token}."""
     D, M, T, p = shape.D, shape.M, shape.T, shape.patch
-    block = 2 * T * (4 * D * D + 2 * D * M) + 2 * 2 * T * T * D   # qkv, proj, fc1, fc2; q.k^T and attn.v
+    block = 2 * T * (4 * D * D + 2 * D * M) + 2 * 2 * T * T * D  # qkv, proj, fc1, fc2; q.k^T and attn.v
     return {"stem": 2 * (T - 1) * D * 3 * p * p, "block": block, "head": 2 * D * shape.C}
 
 
@@ -50,14 +52,16 @@ def train_flops_per_image(shape: Shape, activation_checkpointing: bool = False) 
 @dataclass(frozen=True)
 class Compute:
     """One device's compute for one step of the scenario's model, batch and precision."""
+
     forward_s: float
     backward_s: float
     optimizer_s: float
     source: str
 
     @classmethod
-    def measured(cls, forward_backward_s: float, optimizer_s: float, source: str,
-                 activation_checkpointing: bool = False) -> Compute:
+    def measured(
+        cls, forward_backward_s: float, optimizer_s: float, source: str, activation_checkpointing: bool = False
+    ) -> Compute:
         """From a measured step (a run record, the study's 1-node rung): forward and backward split
         as their FLOPs are, 1:2 (1:3 with activation checkpointing, which recomputes the forward)."""
         back = 3 if activation_checkpointing else 2
@@ -72,8 +76,7 @@ class Compute:
         f = forward_flops_per_image(sc.shape)
         forward = sc.batch_size * (f["stem"] + sc.shape.L * f["block"] + f["head"]) / rate
         total = sc.batch_size * train_flops_per_image(sc.shape, sc.activation_checkpointing) / rate
-        return cls(forward, total - forward, optimizer_s,
-                   f"FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%})")
+        return cls(forward, total - forward, optimizer_s, f"FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%})")
 
 
 def _unit_compute(sc: Scenario, compute: Compute) -> list[tuple[float, float]]:
@@ -87,24 +90,27 @@ def _unit_compute(sc: Scenario, compute: Compute) -> list[tuple[float, float]]:
 
 # ---------------------------------------------------------------- the timeline
 
+
 @dataclass(frozen=True)
 class Coll:
     """One collective as the timeline sees it: how long it runs, where, on which group's stream."""
+
     seconds: float
-    scope: str              # "intra": the group is inside one node; "inter": it spans nodes
-    stream: str             # the process group: its collectives run one after another
+    scope: str  # "intra": the group is inside one node; "inter": it spans nodes
+    stream: str  # the process group: its collectives run one after another
     name: str = ""
-    chained: bool = False   # after_backward only: ready when the previous entry ends (HSDP's all-reduce)
+    chained: bool = False  # after_backward only: ready when the previous entry ends (HSDP's all-reduce)
 
 
 @dataclass
 class Unit:
     """A stretch of compute and the collectives tied to it (a wrapped Block, a bucket's span)."""
+
     forward_s: float
     backward_s: float
-    gather_forward: Coll | None = None     # needed before the unit's forward
-    gather_backward: Coll | None = None    # needed before the unit's backward
-    after_backward: tuple = ()                # issued when the unit's backward ends, in order
+    gather_forward: Coll | None = None  # needed before the unit's forward
+    gather_backward: Coll | None = None  # needed before the unit's backward
+    after_backward: tuple = ()  # issued when the unit's backward ends, in order
 
 
 @dataclass
@@ -123,16 +129,22 @@ class Breakdown:
     def as_dict(self) -> dict:
         def r(x):
             return round(x, 9)
-        return {"step_s": r(self.step_s), "forward_s": r(self.forward_s), "backward_s": r(self.backward_s),
-                "optimizer_s": r(self.optimizer_s), "exposed_intra_s": r(self.exposed_intra_s),
-                "exposed_inter_s": r(self.exposed_inter_s),
-                "communication_s": {k: r(v) for k, v in self.communication_s.items()}}
+
+        return {
+            "step_s": r(self.step_s),
+            "forward_s": r(self.forward_s),
+            "backward_s": r(self.backward_s),
+            "optimizer_s": r(self.optimizer_s),
+            "exposed_intra_s": r(self.exposed_intra_s),
+            "exposed_inter_s": r(self.exposed_inter_s),
+            "communication_s": {k: r(v) for k, v in self.communication_s.items()},
+        }
 
 
 class _Clock:
     def __init__(self):
-        self.t = 0.0                   # the compute stream
-        self.free: dict = {}           # stream -> when its last collective ends
+        self.t = 0.0  # the compute stream
+        self.free: dict = {}  # stream -> when its last collective ends
         self.out = Breakdown()
 
     def issue(self, c: Coll | None, ready: float):
@@ -163,8 +175,14 @@ class _Clock:
         setattr(self.out, phase, getattr(self.out, phase) + seconds)
 
 
-def timeline(units: list, forward_ahead: int = 1, backward_prefetch: str = "pre", optimizer_s: float = 0.0,
-             after_step: tuple = (), blocking: bool = False) -> Breakdown:
+def timeline(
+    units: list,
+    forward_ahead: int = 1,
+    backward_prefetch: str = "pre",
+    optimizer_s: float = 0.0,
+    after_step: tuple = (),
+    blocking: bool = False,
+) -> Breakdown:
     """One step through `units` (forward order). Rules:
 
     forward_ahead = k: unit i's forward all-gather is issued when unit i-k starts its forward
@@ -223,8 +241,17 @@ def timeline(units: list, forward_ahead: int = 1, backward_prefetch: str = "pre"
 
 # ---------------------------------------------------------------- a scenario's units
 
-def _group_coll(sc: Scenario, net: Network, collective: str, size: float, group: tuple, stream: str,
-                name: str = "", chained: bool = False) -> Coll | None:
+
+def _group_coll(
+    sc: Scenario,
+    net: Network,
+    collective: str,
+    size: float,
+    group: tuple,
+    stream: str,
+    name: str = "",
+    chained: bool = False,
+) -> Coll | None:
     n, kind, param = group
     if n < 2 or size <= 0:
         return None
@@ -268,7 +295,7 @@ class UnitPlan:
     forward_ahead: int = 1
     backward_prefetch: str = "pre"
     after_step: tuple = ()
-    blocking_applies: bool = True        # False where the library's collectives stay asynchronous on a CPU
+    blocking_applies: bool = True  # False where the library's collectives stay asynchronous on a CPU
     rules: list = field(default_factory=list)
 
 
@@ -325,13 +352,19 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
             name = f"LowLevelZero stage {sc.colossalai.zero_stage}"
         buckets = _buckets(sc, shape, c, elements * c, elements * c)
         if not overlap:
-            buckets = [(0, sum(s for _, s in buckets))]     # reduced after the backward (reduce_gradients)
+            buckets = [(0, sum(s for _, s in buckets))]  # reduced after the backward (reduce_gradients)
         _attach(units, buckets, world_coll(reduce))
         gather = _group_coll(sc, net, "all_gather", c * shape.params, world, "world", "parameters after step")
-        return UnitPlan(units, after_step=(gather,) if gather else (),
-                        rules=[f"{name}: gradients reduced in buckets of {elements:,} elements during the backward"
-                               if overlap else f"{name}: gradients reduced after the backward (overlap_comm off)",
-                               "the updated parameters all-gathered after the optimizer step, exposed"])
+        return UnitPlan(
+            units,
+            after_step=(gather,) if gather else (),
+            rules=[
+                f"{name}: gradients reduced in buckets of {elements:,} elements during the backward"
+                if overlap
+                else f"{name}: gradients reduced after the backward (overlap_comm off)",
+                "the updated parameters all-gathered after the optimizer step, exposed",
+            ],
+        )
 
     if label == "CAI_GEMINI":
         return _gemini_plan(sc, lay, net, units)
@@ -343,15 +376,35 @@ def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict) -> None:
     after the stem's backward (the last), its unit i with Block i (units[i])."""
     for i, entry in enumerate(colls["units"]):
         u = units[i]
-        u.gather_forward = _group_coll(sc, net, "all_gather", entry["gather_forward"], colls["gather"],
-                                       streams["gather"], "gather")
-        u.gather_backward = _group_coll(sc, net, "all_gather", entry["gather_backward"],
-                                        colls.get("gather_backward", colls["gather"]),
-                                        streams.get("gather_backward", streams["gather"]), "gather again")
-        after = [_group_coll(sc, net, "reduce_scatter", entry["reduce_scatter"], colls["reduce"], streams["reduce"],
-                             "reduce-scatter")]
-        after.append(_group_coll(sc, net, "all_reduce", entry["all_reduce"], colls["replicate"], "replicate",
-                                 "replicas' all-reduce", chained=True))
+        u.gather_forward = _group_coll(
+            sc, net, "all_gather", entry["gather_forward"], colls["gather"], streams["gather"], "gather"
+        )
+        u.gather_backward = _group_coll(
+            sc,
+            net,
+            "all_gather",
+            entry["gather_backward"],
+            colls.get("gather_backward", colls["gather"]),
+            streams.get("gather_backward", streams["gather"]),
+            "gather again",
+        )
+        after = [
+            _group_coll(
+                sc, net, "reduce_scatter", entry["reduce_scatter"], colls["reduce"], streams["reduce"], "reduce-scatter"
+            )
+        ]
+        after.append(
+            _group_coll(
+                sc,
+                net,
+                "all_reduce",
+                entry["all_reduce"],
+                colls["replicate"],
+                "replicate",
+                "replicas' all-reduce",
+                chained=True,
+            )
+        )
         u.after_backward = tuple(a for a in after if a is not None)
 
 
@@ -368,8 +421,15 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         for i, size in enumerate(sizes):
             coll = _group_coll(sc, net, "all_reduce", size, world, "world", "all-reduce")
             units[i].after_backward = (coll,) if coll else ()
-        return UnitPlan(units, rules=[(f"FSDP{version} {sharding}: each unit's gradients all-reduced when its backward "
-                                      "ends; the root's (the last) exposed")])
+        return UnitPlan(
+            units,
+            rules=[
+                (
+                    f"FSDP{version} {sharding}: each unit's gradients all-reduced when its backward "
+                    "ends; the root's (the last) exposed"
+                )
+            ],
+        )
     colls = communication.per_unit(sc, lay, sc.shape)
     # FSDP1 all-gathers and reduce-scatters share the shard process group, so its one NCCL stream
     # (the unshard and post-backward CUDA streams both feed it); HSDP's all-reduce runs on its own
@@ -387,7 +447,7 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         rules.append("FSDP2: the next unit's all-gather overlaps this unit's forward; backward prefetches one unit")
     else:
         fsdp = sc.fsdp if lay.family == "fsdp" else None
-        limit = fsdp.limit_all_gathers if fsdp else True            # TorchFSDPPlugin: torch's defaults
+        limit = fsdp.limit_all_gathers if fsdp else True  # TorchFSDPPlugin: torch's defaults
         forward_prefetch = fsdp.forward_prefetch if fsdp else False
         prefetch = fsdp.backward_prefetch if fsdp else "pre"
         # _runtime_utils.py _unshard + _limiter_utils.py _FreeEventQueue: with limit_all_gathers the host
@@ -404,15 +464,19 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         # computation; _post_backward_hook -> _post_backward_reshard -> _prefetch_handle (BACKWARD_POST)
         # after it, ahead of _reduce_grad's reduce-scatter; none: _pre_backward_hook of the next unit
         # unshards it, behind the reduce-scatter already on the group's stream
-        rules.append(f"FSDP1: forward all-gathers {ahead} unit(s) ahead (limit_all_gathers={limit}, "
-                     f"forward_prefetch={forward_prefetch}); backward_prefetch={prefetch}")
+        rules.append(
+            f"FSDP1: forward all-gathers {ahead} unit(s) ahead (limit_all_gathers={limit}, "
+            f"forward_prefetch={forward_prefetch}); backward_prefetch={prefetch}"
+        )
     if sharding == "SHARD_GRAD_OP":
         rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
     else:
         root = "the root too" if version == 2 else "the root once"
         rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward ({root})")
-    rules.append("reduce-scatter when each unit's backward ends" +
-                 ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else ""))
+    rules.append(
+        "reduce-scatter when each unit's backward ends"
+        + ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else "")
+    )
     return UnitPlan(units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules)
 
 
@@ -433,27 +497,47 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     # same data-parallel group) once reduce_bucket_size elements are in; the rest at the end
     # (independent_gradient_partition_epilogue). ZeRO++ qgZ (all_to_all_quant_reduce) across nodes.
     buckets = _buckets(sc, shape, grad_bytes, ds.reduce_bucket_size * grad_bytes, ds.reduce_bucket_size * grad_bytes)
-    _attach(units, buckets, lambda size: _group_coll(sc, net, "reduce_scatter", size, (sc.world, "block", sc.world),
-                                                     "world", "reduce-scatter"))
+    _attach(
+        units,
+        buckets,
+        lambda size: _group_coll(
+            sc, net, "reduce_scatter", size, (sc.world, "block", sc.world), "world", "reduce-scatter"
+        ),
+    )
     # deepspeed/runtime/zero/partitioned_param_coordinator.py: fetch_sub_module all-gathers the module
     # it needs and prefetches along the recorded trace up to prefetch_bucket_size elements
     # (__prefetch_bucket_sz); the same coordinator runs the backward in reverse trace order
     small = sum(n for n in communication._numels(shape.block_tensors()) if n <= ds.param_persistence_threshold)
     gathered = max(1, shape.block_params - small)
     ahead = max(1, ds.prefetch_bucket_size // gathered)
-    rules = [(f"ZeRO-3: all-gathers prefetched {ahead} Block(s) ahead (stage3_prefetch_bucket_size "
-             f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward for the parameters "
-             "released in between (their reuse lies beyond stage3_max_reuse_distance)"),
-             f"gradients reduce-scattered in buckets of {ds.reduce_bucket_size:,} elements during the backward"]
+    rules = [
+        (
+            f"ZeRO-3: all-gathers prefetched {ahead} Block(s) ahead (stage3_prefetch_bucket_size "
+            f"{ds.prefetch_bucket_size:,} elements), in forward and again in backward for the parameters "
+            "released in between (their reuse lies beyond stage3_max_reuse_distance)"
+        ),
+        f"gradients reduce-scattered in buckets of {ds.reduce_bucket_size:,} elements during the backward",
+    ]
     # stage3.py _post_step: the persistent parameters all-gathered after the optimizer step, exposed
-    persistent = _group_coll(sc, net, "all_gather", colls["after_step"], (sc.world, "block", sc.world), "world",
-                             "persistent parameters after step")
+    persistent = _group_coll(
+        sc,
+        net,
+        "all_gather",
+        colls["after_step"],
+        (sc.world, "block", sc.world),
+        "world",
+        "persistent parameters after step",
+    )
     if lay.hpz:
-        rules.append(f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
-                     "on its own group" + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
-                     + ("; qgZ int4 gradients across nodes" if quantised else ""))
-    return UnitPlan(units, forward_ahead=ahead, backward_prefetch="pre", rules=rules,
-                    after_step=(persistent,) if persistent else ())
+        rules.append(
+            f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
+            "on its own group"
+            + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
+            + ("; qgZ int4 gradients across nodes" if quantised else "")
+        )
+    return UnitPlan(
+        units, forward_ahead=ahead, backward_prefetch="pre", rules=rules, after_step=(persistent,) if persistent else ()
+    )
 
 
 def _gemini_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:
@@ -463,12 +547,18 @@ def _gemini_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPl
     # forward and again in backward; gradients reduce-scattered per chunk on the async reduce stream
     # (zero/gemini/gemini_ddp.py grad_handle, enable_async_reduce) of the same group
     _per_unit_colls(sc, lay, net, units, colls, {"gather": "world", "reduce": "world"})
-    return UnitPlan(units, forward_ahead=0, backward_prefetch="none",
-                    rules=[("Gemini: no prefetch (max_prefetch=0): every gather exposed; chunks' reduce-scatter "
-                           "overlaps the backward")])
+    return UnitPlan(
+        units,
+        forward_ahead=0,
+        backward_prefetch="none",
+        rules=[
+            ("Gemini: no prefetch (max_prefetch=0): every gather exposed; chunks' reduce-scatter overlaps the backward")
+        ],
+    )
 
 
 # ---------------------------------------------------------------- the prediction
+
 
 @dataclass
 class StepPrediction:
@@ -486,12 +576,20 @@ class StepPrediction:
     scaling_efficiency: float | None = None
 
     def as_dict(self) -> dict:
-        return {"model": self.model, "strategy": self.strategy, "nodes": self.nodes,
-                "gpus_per_node": self.gpus_per_node, "fits": self.fits,
-                "step": self.breakdown.as_dict() if self.breakdown else None,
-                "images_per_s_per_gpu": self.images_per_s_per_gpu, "images_per_s": self.images_per_s,
-                "scaling_efficiency": self.scaling_efficiency, "rules": list(self.rules),
-                "compute_source": self.compute_source, "network_source": self.network_source}
+        return {
+            "model": self.model,
+            "strategy": self.strategy,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "fits": self.fits,
+            "step": self.breakdown.as_dict() if self.breakdown else None,
+            "images_per_s_per_gpu": self.images_per_s_per_gpu,
+            "images_per_s": self.images_per_s,
+            "scaling_efficiency": self.scaling_efficiency,
+            "rules": list(self.rules),
+            "compute_source": self.compute_source,
+            "network_source": self.network_source,
+        }
 
 
 def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: bool = False) -> StepPrediction:
@@ -503,19 +601,44 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
     fits = None
     if sc.device_memory_gib is not None:
         fits = bool(memory.predict(sc, lay).total <= sc.device_memory_gib * memory.GIB)
-    common = {"model": sc.model, "strategy": sc.strategy, "nodes": sc.nodes, "gpus_per_node": sc.gpus_per_node,
-              "compute_source": compute.source, "network_source": network.source}
+    common = {
+        "model": sc.model,
+        "strategy": sc.strategy,
+        "nodes": sc.nodes,
+        "gpus_per_node": sc.gpus_per_node,
+        "compute_source": compute.source,
+        "network_source": network.source,
+    }
     if fits is False:
-        return StepPrediction(fits=False, breakdown=None, images_per_s_per_gpu=None, images_per_s=None,
-                              rules=["does not fit in device memory: no speed predicted"], **common)
+        return StepPrediction(
+            fits=False,
+            breakdown=None,
+            images_per_s_per_gpu=None,
+            images_per_s=None,
+            rules=["does not fit in device memory: no speed predicted"],
+            **common,
+        )
     plan = _unit_plan(sc, lay, network, compute)
-    out = timeline(plan.units, plan.forward_ahead, plan.backward_prefetch, compute.optimizer_s, plan.after_step,
-                   blocking=blocking and plan.blocking_applies)
+    out = timeline(
+        plan.units,
+        plan.forward_ahead,
+        plan.backward_prefetch,
+        compute.optimizer_s,
+        plan.after_step,
+        blocking=blocking and plan.blocking_applies,
+    )
     per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
-    rules = plan.rules + (["blocking collectives: each one waited for where it is issued"]
-                          if blocking and plan.blocking_applies else [])
-    return StepPrediction(fits=fits, breakdown=out, images_per_s_per_gpu=per_gpu,
-                          images_per_s=None if per_gpu is None else per_gpu * sc.world, rules=rules, **common)
+    rules = plan.rules + (
+        ["blocking collectives: each one waited for where it is issued"] if blocking and plan.blocking_applies else []
+    )
+    return StepPrediction(
+        fits=fits,
+        breakdown=out,
+        images_per_s_per_gpu=per_gpu,
+        images_per_s=None if per_gpu is None else per_gpu * sc.world,
+        rules=rules,
+        **common,
+    )
 
 
 def predict_curve(sc: Scenario, nodes: list, network: Network, compute: Compute, blocking: bool = False) -> list:

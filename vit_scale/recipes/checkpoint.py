@@ -15,6 +15,7 @@ directory; only when all ranks report success does rank 0 write meta.json there 
 directory into place, so a save that fails (or is killed) never replaces or damages an existing
 checkpoint, and a directory without meta.json is never mistaken for one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -34,7 +35,7 @@ LATEST = "latest"
 STEP_DIR = re.compile(r"step-(\d{8})")
 # files up to this size are hashed when a checkpoint is verified; bigger ones (sharded and engine
 # checkpoints of large models) are checked by size, and their loaders report what they find
-HASH_LIMIT_BYTES = 256 * 1024 ** 2
+HASH_LIMIT_BYTES = 256 * 1024**2
 
 
 def _failures() -> tuple:
@@ -49,6 +50,7 @@ def _failures() -> tuple:
 class Position:
     """Where training stands: optimizer steps done, the epoch in progress (0-based) and how many
     of its optimizer steps are done (which fixes the sampler position)."""
+
     step: int = 0
     epoch: int = 0
     step_in_epoch: int = 0
@@ -59,6 +61,7 @@ def step_name(step: int) -> str:
 
 
 # ---------------------------------------------------------------- finding
+
 
 def complete_checkpoints(directory: str) -> list[str]:
     """Checkpoint directories under `directory`, oldest first (only those with meta.json)."""
@@ -88,8 +91,10 @@ def resolve_resume(resume: str, directory: str) -> str | None:
         return None
     if resume == "auto":
         if not directory:
-            raise UserError("checkpoint.resume: auto needs checkpoint.dir (each run's own directory is new, so there "
-                            "is nothing to resume in it); set checkpoint.dir to a directory that outlives the job")
+            raise UserError(
+                "checkpoint.resume: auto needs checkpoint.dir (each run's own directory is new, so there "
+                "is nothing to resume in it); set checkpoint.dir to a directory that outlives the job"
+            )
         return latest(directory)  # nothing saved yet: the first run of a requeued job starts fresh
     if os.path.isfile(os.path.join(resume, META)):
         return resume
@@ -97,12 +102,15 @@ def resolve_resume(resume: str, directory: str) -> str | None:
         found = latest(resume)
         if found:
             return found
-        raise UserError(f"checkpoint.resume: {resume} holds no checkpoint (no {META} there, and no step-* "
-                        f"checkpoint directories inside)")
+        raise UserError(
+            f"checkpoint.resume: {resume} holds no checkpoint (no {META} there, and no step-* "
+            f"checkpoint directories inside)"
+        )
     raise UserError(f"checkpoint.resume: no such checkpoint: {resume}")
 
 
 # ---------------------------------------------------------------- verifying (before any process group)
+
 
 def read_meta(path: str) -> dict:
     file = os.path.join(path, META)
@@ -117,8 +125,10 @@ def read_meta(path: str) -> dict:
     if not isinstance(meta, dict) or any(k not in meta for k in needed):
         raise UserError(f"checkpoint: {file} is corrupt or not a vit-scale checkpoint's (needs {', '.join(needed)})")
     if meta["format_version"] > FORMAT_VERSION:
-        raise UserError(f"checkpoint: {file} has format version {meta['format_version']}; this vit-scale reads up to "
-                        f"{FORMAT_VERSION}")
+        raise UserError(
+            f"checkpoint: {file} has format version {meta['format_version']}; this vit-scale reads up to "
+            f"{FORMAT_VERSION}"
+        )
     return meta
 
 
@@ -128,13 +138,17 @@ def verify(path: str, meta: dict, expected: dict) -> None:
     seed, num_classes and lora (recipes/lora.describe)."""
     file = os.path.join(path, META)
     if meta["model"] != expected["model"] or meta["strategy"] != expected["strategy"]:
-        raise UserError(f"checkpoint: {file} is from model {meta['model']} under {meta['strategy']}; this run is "
-                        f"{expected['model']} under {expected['strategy']} (resume with the same model and strategy)")
+        raise UserError(
+            f"checkpoint: {file} is from model {meta['model']} under {meta['strategy']}; this run is "
+            f"{expected['model']} under {expected['strategy']} (resume with the same model and strategy)"
+        )
     # "none" for checkpoints written before LoRA existed, and for callers without adapters
     theirs, ours = meta.get("lora", "none"), expected.get("lora", "none")
     if theirs != ours:
-        raise UserError(f"checkpoint: {file} holds LoRA adapters {theirs}; this run has {ours} (finetune.lora); "
-                        f"resume with the same adapters")
+        raise UserError(
+            f"checkpoint: {file} holds LoRA adapters {theirs}; this run has {ours} (finetune.lora); "
+            f"resume with the same adapters"
+        )
     for name, facts in meta["files"].items():
         target = os.path.join(path, name)
         if not os.path.isfile(target):
@@ -144,12 +158,19 @@ def verify(path: str, meta: dict, expected: dict) -> None:
             raise UserError(f"checkpoint: {target} is corrupt ({size} bytes, {facts['size']} when saved)")
         if facts.get("sha256") and size <= HASH_LIMIT_BYTES and _sha256(target) != facts["sha256"]:
             raise UserError(f"checkpoint: {target} is corrupt (its sha256 differs from the one recorded at save)")
-    why = {"world_size": "ranks", "batch_size": "train.batch_size", "accumulation_steps": "finetune.accumulation_steps",
-           "seed": "train.seed", "num_classes": "classes in the dataset"}
+    why = {
+        "world_size": "ranks",
+        "batch_size": "train.batch_size",
+        "accumulation_steps": "finetune.accumulation_steps",
+        "seed": "train.seed",
+        "num_classes": "classes in the dataset",
+    }
     for key, name in why.items():
         if key in meta and meta[key] != expected[key]:
-            raise UserError(f"checkpoint: {file} was written with {meta[key]} {name}, this run has {expected[key]}; "
-                            f"the data order and the loss curve depend on it, so resume with {meta[key]}")
+            raise UserError(
+                f"checkpoint: {file} was written with {meta[key]} {name}, this run has {expected[key]}; "
+                f"the data order and the loss curve depend on it, so resume with {meta[key]}"
+            )
 
 
 def _sha256(path: str) -> str:
@@ -161,6 +182,7 @@ def _sha256(path: str) -> str:
 
 
 # ---------------------------------------------------------------- saving (collective)
+
 
 def save(strategy, directory: str, position: Position, facts: dict, keep: int) -> str:
     """Every rank calls this at the same step. Returns the checkpoint's path; raises (on every rank)
@@ -179,8 +201,10 @@ def save(strategy, directory: str, position: Position, facts: dict, keep: int) -
     dist.barrier()
     error = None
     try:
-        torch.save({"rng": _rng_state(world), "strategy": strategy.rank_state()},
-                   os.path.join(tmp, f"rank-{world.rank:05d}.pt"))
+        torch.save(
+            {"rng": _rng_state(world), "strategy": strategy.rank_state()},
+            os.path.join(tmp, f"rank-{world.rank:05d}.pt"),
+        )
         strategy.save_state(tmp)
     except _failures() as exc:  # reported to every rank below
         error = exc
@@ -217,13 +241,22 @@ def _finalise(tmp, final, directory, name, position, facts, strategy, keep) -> N
         for file in names:
             full = os.path.join(root, file)
             size = os.path.getsize(full)
-            files[os.path.relpath(full, tmp)] = {"size": size,
-                                                 "sha256": _sha256(full) if size <= HASH_LIMIT_BYTES else None}
-    meta = {"format_version": FORMAT_VERSION, "kind": "vit-scale fine-tuning checkpoint",
-            "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "step": position.step, "epoch": position.epoch, "step_in_epoch": position.step_in_epoch,
-            "checkpoint_format": strategy.checkpoint_format, "implementation": strategy.implementation,
-            **facts, "files": files}
+            files[os.path.relpath(full, tmp)] = {
+                "size": size,
+                "sha256": _sha256(full) if size <= HASH_LIMIT_BYTES else None,
+            }
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "kind": "vit-scale fine-tuning checkpoint",
+        "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "step": position.step,
+        "epoch": position.epoch,
+        "step_in_epoch": position.step_in_epoch,
+        "checkpoint_format": strategy.checkpoint_format,
+        "implementation": strategy.implementation,
+        **facts,
+        "files": files,
+    }
     _write_durably(os.path.join(tmp, META), json.dumps(meta, indent=1) + "\n")
     if os.path.exists(final):
         # the same step saved again (e.g. a signal right after a resume): swap only now that the
@@ -266,6 +299,7 @@ def _fsync_dir(path: str) -> None:
 
 # ---------------------------------------------------------------- loading (collective)
 
+
 def load(strategy, path: str, meta: dict) -> Position:
     """Restore model, optimizer, RNG states and loss scale on every rank; UserError names the file."""
     import torch
@@ -273,8 +307,10 @@ def load(strategy, path: str, meta: dict) -> Position:
     world = strategy.world
     fmt = meta.get("checkpoint_format", strategy.checkpoint_format)
     if fmt != strategy.checkpoint_format:
-        raise UserError(f"checkpoint: {os.path.join(path, META)} holds a {fmt} checkpoint; {strategy.label.label} "
-                        f"reads {strategy.checkpoint_format} ones")
+        raise UserError(
+            f"checkpoint: {os.path.join(path, META)} holds a {fmt} checkpoint; {strategy.label.label} "
+            f"reads {strategy.checkpoint_format} ones"
+        )
     file = strategy.state_path(path)
     with _names_file(file):
         strategy.load_state(path)
@@ -299,20 +335,25 @@ class _names_file:
         if exc is None or isinstance(exc, UserError) or not isinstance(exc, _failures()):
             return False
         text = " ".join(str(exc).split())[:400] or type(exc).__name__
-        raise UserError(f"checkpoint: cannot load {self.file} (corrupt, or not written for this model): "
-                        f"{text}") from None
+        raise UserError(
+            f"checkpoint: cannot load {self.file} (corrupt, or not written for this model): {text}"
+        ) from None
 
 
 # ---------------------------------------------------------------- RNG states
+
 
 def _rng_state(world) -> dict:
     import numpy as np
     import torch
 
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             # as plain lists: checkpoints load with weights_only=True, which refuses numpy arrays
-             "numpy": [kind, keys.tolist(), pos, has_gauss, gauss]}
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        # as plain lists: checkpoints load with weights_only=True, which refuses numpy arrays
+        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+    }
     if world.device_type != "cpu":
         state["cuda"] = torch.cuda.get_rng_state(world.device)
     return state

@@ -14,6 +14,7 @@ permutation per epoch, each rank a strided share) started part-way through an ep
 random augmentation is seeded per sample from (seed, epoch, image index), whichever loader worker
 happens to decode it.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,12 +30,13 @@ from vit_scale.errors import UserError
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 VAL_SPLIT_NAMES = ("val", "validation", "test")
 NORMALIZATION = {
-    "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),             # timm's ViT weights (augreg, in21k)
+    "inception": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),  # timm's ViT weights (augreg, in21k)
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
 
 
 # ---------------------------------------------------------------- sources: index -> PIL image, label
+
 
 class FolderSource:
     def __init__(self, paths: list[str], labels: list[int]):
@@ -85,8 +87,8 @@ class HFSource:
 @dataclass
 class Split:
     source: object
-    indices: list[int]      # positions in source that belong to this split
-    where: str              # for messages and the run record
+    indices: list[int]  # positions in source that belong to this split
+    where: str  # for messages and the run record
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -103,18 +105,27 @@ class Splits:
     format: str
 
     def describe(self) -> dict:
-        return {"format": self.format, "classes": len(self.classes), "train_images": len(self.train),
-                "val_images": len(self.val), "train": self.train.where, "val": self.val.where}
+        return {
+            "format": self.format,
+            "classes": len(self.classes),
+            "train_images": len(self.train),
+            "val_images": len(self.val),
+            "train": self.train.where,
+            "val": self.val.where,
+        }
 
 
 # ---------------------------------------------------------------- finding a dataset
+
 
 def load_splits(data, seed: int) -> Splits:
     """The train and validation splits `data` (a DataConfig) names; UserError for anything unusable."""
     path = data.path
     if not path:
-        raise UserError("data.path: no dataset given; set data.path to an image folder, CIFAR-10/100 python "
-                        "files or a Hugging Face dataset saved with save_to_disk")
+        raise UserError(
+            "data.path: no dataset given; set data.path to an image folder, CIFAR-10/100 python "
+            "files or a Hugging Face dataset saved with save_to_disk"
+        )
     if not os.path.exists(path):
         raise UserError(f"data.path: no such directory: {path} (nothing is downloaded at run time)")
     if not os.path.isdir(path):
@@ -123,9 +134,11 @@ def load_splits(data, seed: int) -> Splits:
     loader = {"imagefolder": _image_folder, "cifar10": _cifar10, "cifar100": _cifar100, "hf": _hugging_face}[fmt]
     splits = loader(data, path, seed)
     if len(splits.classes) < 2:
-        raise UserError(f"data.path: {splits.train.where} has {len(splits.classes)} class"
-                        f"{'' if len(splits.classes) == 1 else 'es'} ({', '.join(splits.classes)}); "
-                        f"fine-tuning needs at least 2")
+        raise UserError(
+            f"data.path: {splits.train.where} has {len(splits.classes)} class"
+            f"{'' if len(splits.classes) == 1 else 'es'} ({', '.join(splits.classes)}); "
+            f"fine-tuning needs at least 2"
+        )
     return splits
 
 
@@ -133,8 +146,7 @@ def detect_format(path: str) -> str:
     names = set(os.listdir(path))
     if "data_batch_1" in names or "cifar-10-batches-py" in names:
         return "cifar10"
-    if {"train", "test", "meta"} <= names and os.path.isfile(os.path.join(path, "meta")) \
-            or "cifar-100-python" in names:
+    if {"train", "test", "meta"} <= names and os.path.isfile(os.path.join(path, "meta")) or "cifar-100-python" in names:
         return "cifar100"
     if "dataset_dict.json" in names or "state.json" in names:
         return "hf"
@@ -144,8 +156,10 @@ def detect_format(path: str) -> str:
 def _carve(source, where: str, data, seed: int) -> tuple[Split, Split]:
     """Hold `val_fraction` of every class out of train, the same images on every rank and run."""
     if data.val_fraction <= 0:
-        raise UserError(f"data.val_split: {where} has no validation split and data.val_fraction is 0; "
-                        f"set data.val_fraction (e.g. 0.1) or add a validation split ({', '.join(VAL_SPLIT_NAMES)})")
+        raise UserError(
+            f"data.val_split: {where} has no validation split and data.val_fraction is 0; "
+            f"set data.val_fraction (e.g. 0.1) or add a validation split ({', '.join(VAL_SPLIT_NAMES)})"
+        )
     by_class: dict[int, list[int]] = {}
     for i, label in enumerate(source.labels):
         by_class.setdefault(label, []).append(i)
@@ -157,8 +171,10 @@ def _carve(source, where: str, data, seed: int) -> tuple[Split, Split]:
         n_val = min(len(members) - 1, max(1, round(data.val_fraction * len(members))))
         val += members[:n_val]
         train += members[n_val:]
-    return (Split(source, sorted(train), f"{where} (train part)"),
-            Split(source, sorted(val), f"{where} (val_fraction {data.val_fraction} held out)"))
+    return (
+        Split(source, sorted(train), f"{where} (train part)"),
+        Split(source, sorted(val), f"{where} (val_fraction {data.val_fraction} held out)"),
+    )
 
 
 def _val_name(data, available: list[str], where: str) -> str | None:
@@ -167,13 +183,16 @@ def _val_name(data, available: list[str], where: str) -> str | None:
         return None
     if data.val_split != "auto":
         if data.val_split not in available:
-            raise UserError(f"data.val_split: {where} has no split '{data.val_split}'; it has: "
-                            f"{', '.join(available) or 'none'} (or use auto / none)")
+            raise UserError(
+                f"data.val_split: {where} has no split '{data.val_split}'; it has: "
+                f"{', '.join(available) or 'none'} (or use auto / none)"
+            )
         return data.val_split
     return next((name for name in VAL_SPLIT_NAMES if name in available and name != data.train_split), None)
 
 
 # ---------------------------------------------------------------- image folder
+
 
 def _scan_classes(root: str) -> dict[str, list[str]]:
     """{class: sorted image paths} for every sub-folder of root that holds images."""
@@ -185,8 +204,11 @@ def _scan_classes(root: str) -> dict[str, list[str]]:
     for entry in entries:
         if entry.name.startswith(".") or not entry.is_dir():
             continue
-        images = sorted(f.path for f in os.scandir(entry.path)
-                        if f.is_file() and not f.name.startswith(".") and f.name.lower().endswith(IMAGE_EXTENSIONS))
+        images = sorted(
+            f.path
+            for f in os.scandir(entry.path)
+            if f.is_file() and not f.name.startswith(".") and f.name.lower().endswith(IMAGE_EXTENSIONS)
+        )
         if images:
             found[entry.name] = images
     return found
@@ -202,8 +224,10 @@ def _folder_source(per_class: dict[str, list[str]], classes: list[str]) -> Folde
 
 
 def _no_images(where: str) -> UserError:
-    return UserError(f"data.path: {where} holds no images in class folders (expected {where}/<class>/<image>, "
-                     f"one folder per class; image types: {' '.join(IMAGE_EXTENSIONS)})")
+    return UserError(
+        f"data.path: {where} holds no images in class folders (expected {where}/<class>/<image>, "
+        f"one folder per class; image types: {' '.join(IMAGE_EXTENSIONS)})"
+    )
 
 
 def _image_folder(data, path: str, seed: int) -> Splits:
@@ -218,8 +242,9 @@ def _image_folder(data, path: str, seed: int) -> Splits:
         raise _no_images(train_dir)
     classes = sorted(train_classes)
     if len(classes) < 2:
-        raise UserError(f"data.path: {train_dir} has 1 class ({classes[0]}); fine-tuning needs at least 2 "
-                        f"class folders")
+        raise UserError(
+            f"data.path: {train_dir} has 1 class ({classes[0]}); fine-tuning needs at least 2 class folders"
+        )
     train_source = _folder_source(train_classes, classes)
     val_name = None if train_dir == path else _val_name(data, [d for d in subdirs if d != data.train_split], path)
     if train_dir == path and data.val_split not in ("auto", "none"):
@@ -233,14 +258,21 @@ def _image_folder(data, path: str, seed: int) -> Splits:
         raise _no_images(val_dir)
     unknown = sorted(set(val_classes) - set(classes))
     if unknown:
-        raise UserError(f"data.path: {val_dir} has classes that {train_dir} lacks: {', '.join(unknown[:5])}"
-                        f"{' ...' if len(unknown) > 5 else ''}")
+        raise UserError(
+            f"data.path: {val_dir} has classes that {train_dir} lacks: {', '.join(unknown[:5])}"
+            f"{' ...' if len(unknown) > 5 else ''}"
+        )
     val_source = _folder_source(val_classes, classes)
-    return Splits(Split(train_source, list(range(len(train_source))), train_dir),
-                  Split(val_source, list(range(len(val_source))), val_dir), classes, "imagefolder")
+    return Splits(
+        Split(train_source, list(range(len(train_source))), train_dir),
+        Split(val_source, list(range(len(val_source))), val_dir),
+        classes,
+        "imagefolder",
+    )
 
 
 # ---------------------------------------------------------------- CIFAR (python version)
+
 
 def _unpickle(path: str) -> dict:
     try:
@@ -263,14 +295,26 @@ def _cifar_arrays(batches: list[str], label_key: bytes):
     return np.ascontiguousarray(np.concatenate(images)), labels
 
 
-def _cifar(data, path: str, seed: int, name: str, folder: str, train_files: list[str], test_file: str,
-           meta_file: str, label_key: bytes, names_key: bytes) -> Splits:
+def _cifar(
+    data,
+    path: str,
+    seed: int,
+    name: str,
+    folder: str,
+    train_files: list[str],
+    test_file: str,
+    meta_file: str,
+    label_key: bytes,
+    names_key: bytes,
+) -> Splits:
     root = os.path.join(path, folder) if os.path.isdir(os.path.join(path, folder)) else path
     for file in [*train_files, test_file, meta_file]:
         if not os.path.isfile(os.path.join(root, file)):
-            raise UserError(f"data.path: {root} is not {name}'s python version: {file} is missing (extract "
-                            f"{folder.split('-batches')[0].replace('-python', '')}-python.tar.gz there; nothing is "
-                            f"downloaded at run time)")
+            raise UserError(
+                f"data.path: {root} is not {name}'s python version: {file} is missing (extract "
+                f"{folder.split('-batches')[0].replace('-python', '')}-python.tar.gz there; nothing is "
+                f"downloaded at run time)"
+            )
     meta = _unpickle(os.path.join(root, meta_file))
     classes = [n.decode() if isinstance(n, bytes) else str(n) for n in meta.get(names_key, [])]
     images, labels = _cifar_arrays([os.path.join(root, f) for f in train_files], label_key)
@@ -282,39 +326,68 @@ def _cifar(data, path: str, seed: int, name: str, folder: str, train_files: list
         train, val = _carve(train_source, root, data, seed)
         return Splits(train, val, classes, name.lower().replace("-", ""))
     test_images, test_labels = _cifar_arrays([os.path.join(root, test_file)], label_key)
-    return Splits(Split(train_source, list(range(len(labels))), os.path.join(root, "train")),
-                  Split(ArraySource(test_images, test_labels), list(range(len(test_labels))),
-                        os.path.join(root, test_file)), classes, name.lower().replace("-", ""))
+    return Splits(
+        Split(train_source, list(range(len(labels))), os.path.join(root, "train")),
+        Split(ArraySource(test_images, test_labels), list(range(len(test_labels))), os.path.join(root, test_file)),
+        classes,
+        name.lower().replace("-", ""),
+    )
 
 
 def _cifar10(data, path, seed):
-    return _cifar(data, path, seed, "CIFAR-10", "cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)],
-                  "test_batch", "batches.meta", b"labels", b"label_names")
+    return _cifar(
+        data,
+        path,
+        seed,
+        "CIFAR-10",
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        "test_batch",
+        "batches.meta",
+        b"labels",
+        b"label_names",
+    )
 
 
 def _cifar100(data, path, seed):
-    return _cifar(data, path, seed, "CIFAR-100", "cifar-100-python", ["train"], "test", "meta",
-                  b"fine_labels", b"fine_label_names")
+    return _cifar(
+        data,
+        path,
+        seed,
+        "CIFAR-100",
+        "cifar-100-python",
+        ["train"],
+        "test",
+        "meta",
+        b"fine_labels",
+        b"fine_label_names",
+    )
 
 
 # ---------------------------------------------------------------- Hugging Face datasets (save_to_disk)
+
 
 def _hugging_face(data, path: str, seed: int) -> Splits:
     try:
         import datasets
     except ImportError:
-        raise UserError("data.format: hf needs the datasets package, which is not installed "
-                        "(pip install datasets, with a constraints file pinning torch)") from None
+        raise UserError(
+            "data.format: hf needs the datasets package, which is not installed "
+            "(pip install datasets, with a constraints file pinning torch)"
+        ) from None
     try:
         loaded = datasets.load_from_disk(path)
-    except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; all mean "not a saved dataset"
-        raise UserError(f"data.path: {path} is not a Hugging Face dataset saved with save_to_disk: "
-                        f"{' '.join(str(exc).split())[:300]}") from None
+    except Exception as exc:
+        raise UserError(
+            f"data.path: {path} is not a Hugging Face dataset saved with save_to_disk: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from None
     if isinstance(loaded, datasets.DatasetDict):
         available = list(loaded)
         if data.train_split not in loaded:
-            raise UserError(f"data.train_split: {path} has no split '{data.train_split}'; it has: "
-                            f"{', '.join(available)}")
+            raise UserError(
+                f"data.train_split: {path} has no split '{data.train_split}'; it has: {', '.join(available)}"
+            )
         train_ds = loaded[data.train_split]
         val_name = _val_name(data, [s for s in available if s != data.train_split], path)
         val_ds = loaded[val_name] if val_name else None
@@ -332,9 +405,12 @@ def _hugging_face(data, path: str, seed: int) -> Splits:
         if key not in val_ds.column_names:
             raise UserError(f"data.path: split '{val_name}' of {path} has no column '{key}'")
     val_labels = [int(v) for v in val_ds[label_key]]
-    return Splits(Split(train_source, list(range(len(labels))), f"{path} [{data.train_split}]"),
-                  Split(HFSource(val_ds, image_key, val_labels), list(range(len(val_labels))),
-                        f"{path} [{val_name}]"), classes, "hf")
+    return Splits(
+        Split(train_source, list(range(len(labels))), f"{path} [{data.train_split}]"),
+        Split(HFSource(val_ds, image_key, val_labels), list(range(len(val_labels))), f"{path} [{val_name}]"),
+        classes,
+        "hf",
+    )
 
 
 def _hf_columns(data, ds, path: str) -> tuple[str, str]:
@@ -351,14 +427,19 @@ def _hf_columns(data, ds, path: str) -> tuple[str, str]:
         named = [c for c in usual if c in columns]
         if typed or named:
             return (typed or named)[0]
-        raise UserError(f"data.{key}: cannot tell which column of {path} holds the "
-                        f"{key.split('_')[0]}s among {', '.join(columns)}; set data.{key}")
+        raise UserError(
+            f"data.{key}: cannot tell which column of {path} holds the "
+            f"{key.split('_')[0]}s among {', '.join(columns)}; set data.{key}"
+        )
 
-    return (pick("image_key", data.image_key, datasets.Image, ("image", "img")),
-            pick("label_key", data.label_key, datasets.ClassLabel, ("label", "labels", "fine_label")))
+    return (
+        pick("image_key", data.image_key, datasets.Image, ("image", "img")),
+        pick("label_key", data.label_key, datasets.ClassLabel, ("label", "labels", "fine_label")),
+    )
 
 
 # ---------------------------------------------------------------- transforms
+
 
 class _ToRGB:
     """A named callable rather than a lambda, so transforms pickle into spawned loader workers."""
@@ -376,8 +457,9 @@ def build_transform(data, img_size: int, train: bool):
     bicubic = T.InterpolationMode.BICUBIC
     ops = [_ToRGB()]
     if train and data.augment != "none":
-        ops.append(T.RandomResizedCrop(img_size, scale=(data.crop_scale_min, 1.0), interpolation=bicubic,
-                                       antialias=True))
+        ops.append(
+            T.RandomResizedCrop(img_size, scale=(data.crop_scale_min, 1.0), interpolation=bicubic, antialias=True)
+        )
         if data.augment == "standard":
             ops.append(T.RandomHorizontalFlip())
     else:
@@ -392,8 +474,9 @@ def build_transform(data, img_size: int, train: bool):
 
 # ---------------------------------------------------------------- datasets and samplers
 
+
 def sample_seed(seed: int, epoch: int, index: int) -> int:
-    return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % (2 ** 63)
+    return ((seed * 1_000_003 + epoch) * 10_000_019 + index) % (2**63)
 
 
 class ImageDataset:
@@ -427,8 +510,7 @@ class ResumableDistributedSampler(DistributedSampler):
     start part-way through an epoch: a resumed run skips what the checkpointed run already used."""
 
     def __init__(self, size: int, rank: int, world_size: int, seed: int, shuffle: bool = True):
-        super().__init__(range(size), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
-                         drop_last=True)
+        super().__init__(range(size), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=True)
         self.start = 0
 
     def set_position(self, epoch: int, start: int = 0) -> None:
@@ -437,7 +519,7 @@ class ResumableDistributedSampler(DistributedSampler):
         self.start = start
 
     def __iter__(self):
-        for index in list(super().__iter__())[self.start:]:
+        for index in list(super().__iter__())[self.start :]:
             yield (self.epoch, index, True)
 
     def __len__(self) -> int:
@@ -490,6 +572,14 @@ def make_loader(dataset: ImageDataset, sampler, batch_size: int, workers: int, p
 
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["vit_scale.recipes.loader_worker"])
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, drop_last=drop_last, persistent_workers=False,
-                      worker_init_fn=_quiet_worker if workers > 0 else None, multiprocessing_context=context)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=drop_last,
+        persistent_workers=False,
+        worker_init_fn=_quiet_worker if workers > 0 else None,
+        multiprocessing_context=context,
+    )

@@ -5,6 +5,7 @@ see datasets.ShardedEvalSampler); the sums and the confusion matrix are all-redu
 rank ends with the same figures. The loss is plain cross-entropy (no label smoothing), so it
 is comparable across runs whatever their training settings.
 """
+
 from __future__ import annotations
 
 import csv
@@ -17,7 +18,7 @@ class EvalResult:
     top1: float
     top5: float
     images: int
-    confusion: list[list[int]]     # confusion[true][predicted]
+    confusion: list[list[int]]  # confusion[true][predicted]
 
     def per_class(self) -> list[tuple[int, int, float | None]]:
         """(support, correct, accuracy or None when the class has no images) for every class."""
@@ -46,10 +47,14 @@ def evaluate(strategy, loader, num_classes: int, device) -> EvalResult:
             losses = F.cross_entropy(logits, labels, reduction="none")
             top = logits.topk(k, dim=1).indices
             hits = top == labels[:, None]
-            sums += torch.stack([torch.where(valid, losses, 0.0).sum().double(),
-                                 (hits[:, 0] & valid).sum().double(),
-                                 (hits.any(dim=1) & valid).sum().double(),
-                                 valid.sum().double()])
+            sums += torch.stack(
+                [
+                    torch.where(valid, losses, 0.0).sum().double(),
+                    (hits[:, 0] & valid).sum().double(),
+                    (hits.any(dim=1) & valid).sum().double(),
+                    valid.sum().double(),
+                ]
+            )
             cells = labels[valid] * num_classes + top[valid, 0]
             confusion += torch.bincount(cells, minlength=num_classes * num_classes)
     finally:
@@ -63,6 +68,7 @@ def evaluate(strategy, loader, num_classes: int, device) -> EvalResult:
 
 
 # ---------------------------------------------------------------- files (rank 0, at the end)
+
 
 def write_confusion_csv(path: str, result: EvalResult, classes: list[str]) -> None:
     with open(path, "w", newline="") as f:
@@ -104,8 +110,15 @@ def plot_confusion(path: str, result: EvalResult, classes: list[str], title: str
         for i in range(n):
             for j in range(n):
                 if counts[i, j]:
-                    ax.text(j, i, str(counts[i, j]), ha="center", va="center", fontsize=7,
-                            color="white" if recall[i, j] > 0.5 else "black")
+                    ax.text(
+                        j,
+                        i,
+                        str(counts[i, j]),
+                        ha="center",
+                        va="center",
+                        fontsize=7,
+                        color="white" if recall[i, j] > 0.5 else "black",
+                    )
     ax.set_xlabel("predicted")
     ax.set_ylabel("true")
     ax.set_title(f"{title}\n{result.images} images, top-1 {result.top1 * 100:.2f}%")

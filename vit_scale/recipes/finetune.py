@@ -12,6 +12,7 @@ limit) after saving a checkpoint: requeue the job with checkpoint.resume=auto an
 The benchmark loop (vit_scale.recipes.train) stays as it is; this loop adds a real input pipeline,
 a learning-rate schedule, gradient accumulation and clipping, evaluation and checkpoints.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,13 +24,15 @@ import sys
 import time
 from dataclasses import dataclass, replace
 
-from vit_scale.recipes import checkpoint as ckpt, lora
 from vit_scale.config import Config, parse_command_line
 from vit_scale.errors import UserError
 from vit_scale.launch.world import World
+from vit_scale.recipes import checkpoint as ckpt
+from vit_scale.recipes import lora
 from vit_scale.record.end import EndRecord
 from vit_scale.run.meter import StepMeter
-from vit_scale.run.session import RunSession, main as session_main, say
+from vit_scale.run.session import RunSession, say
+from vit_scale.run.session import main as session_main
 from vit_scale.run.stopping import SaveThenStop
 from vit_scale.text import plural
 
@@ -40,8 +43,13 @@ TEST_SIGNAL_ENV = "VIT_SCALE_TEST_SIGNAL_AT_STEP"
 
 
 def _parse_args(argv):
-    return parse_command_line(argv, "vit-scale finetune", __doc__.split("\n\n")[0], "configs/finetune/",
-                              "data.path=DIR model=vit_micro strategy=FULL_SHARD finetune.epochs=5")
+    return parse_command_line(
+        argv,
+        "vit-scale finetune",
+        __doc__.split("\n\n")[0],
+        "configs/finetune/",
+        "data.path=DIR model=vit_micro strategy=FULL_SHARD finetune.epochs=5",
+    )
 
 
 def learning_rate(step: int, total: int, base: float, warmup: int, min_lr: float) -> float:
@@ -54,9 +62,10 @@ def learning_rate(step: int, total: int, base: float, warmup: int, min_lr: float
 
 # ---------------------------------------------------------------- inputs, checked before any process group
 
+
 @dataclass
 class Inputs:
-    splits: object                      # datasets.Splits
+    splits: object  # datasets.Splits
     pretrained_state: dict | None
     head_replaced: bool
     resume_path: str | None
@@ -66,29 +75,34 @@ class Inputs:
 def check_inputs(cfg: Config, world: World) -> Inputs:
     """Everything a user can get wrong, found on every rank before any collective: a bad dataset,
     pretrained file or checkpoint is a one-line error and exit code 2 on every rank."""
-    from vit_scale.recipes import datasets
     from vit_scale.distributed.base import META_INIT_ABOVE_PARAMS
     from vit_scale.models import build_model, count_params, get_spec
+    from vit_scale.recipes import datasets
 
     splits = datasets.load_splits(cfg.data, cfg.train.seed)
     cfg.train.num_classes = len(splits.classes)  # the dataset decides; the resolved config records it
     per_rank = len(splits.train) // world.world_size
     micro_batches = per_rank // cfg.train.batch_size
     if micro_batches // cfg.finetune.accumulation_steps < 1:
-        raise UserError(f"train.batch_size: {splits.train.where} has {len(splits.train)} training images, "
-                        f"{per_rank} per rank on {plural(world.world_size, 'rank')}: too few for one step of "
-                        f"{cfg.train.batch_size} x {cfg.finetune.accumulation_steps} (accumulation) per rank")
+        raise UserError(
+            f"train.batch_size: {splits.train.where} has {len(splits.train)} training images, "
+            f"{per_rank} per rank on {plural(world.world_size, 'rank')}: too few for one step of "
+            f"{cfg.train.batch_size} x {cfg.finetune.accumulation_steps} (accumulation) per rank"
+        )
     spec = get_spec(cfg.model)
     state, head_replaced = None, False
     if cfg.finetune.pretrained:
         params = count_params(cfg.model, cfg.train.num_classes)
         if cfg.train.init == "meta" or (cfg.train.init == "auto" and params > META_INIT_ABOVE_PARAMS):
-            raise UserError(f"finetune.pretrained: {cfg.model} would be built on the meta device (train.init="
-                            f"{cfg.train.init}), which cannot take pretrained weights yet; set train.init=device")
+            raise UserError(
+                f"finetune.pretrained: {cfg.model} would be built on the meta device (train.init="
+                f"{cfg.train.init}), which cannot take pretrained weights yet; set train.init=device"
+            )
         from vit_scale.recipes import pretrained
 
-        state, head_replaced = pretrained.prepare(cfg.finetune.pretrained,
-                                                  build_model(spec, cfg.train.num_classes, device="meta"))
+        state, head_replaced = pretrained.prepare(
+            cfg.finetune.pretrained, build_model(spec, cfg.train.num_classes, device="meta")
+        )
     resume_path = ckpt.resolve_resume(cfg.checkpoint.resume, cfg.checkpoint.dir)
     meta = None
     if resume_path:
@@ -99,12 +113,20 @@ def check_inputs(cfg: Config, world: World) -> Inputs:
 
 def _checkpoint_facts(cfg: Config, world: World) -> dict:
     """What a checkpoint records about its run, and a resumed run must match."""
-    return {"model": cfg.model, "strategy": cfg.strategy, "world_size": world.world_size,
-            "batch_size": cfg.train.batch_size, "accumulation_steps": cfg.finetune.accumulation_steps,
-            "seed": cfg.train.seed, "num_classes": cfg.train.num_classes, "lora": lora.describe(cfg.finetune.lora)}
+    return {
+        "model": cfg.model,
+        "strategy": cfg.strategy,
+        "world_size": world.world_size,
+        "batch_size": cfg.train.batch_size,
+        "accumulation_steps": cfg.finetune.accumulation_steps,
+        "seed": cfg.train.seed,
+        "num_classes": cfg.train.num_classes,
+        "lora": lora.describe(cfg.finetune.lora),
+    }
 
 
 # ---------------------------------------------------------------- the run
+
 
 class FinetuneRun(RunSession):
     """The fine-tuning recipe: real data, a schedule, accumulation, evaluation, checkpoints; and
@@ -132,20 +154,26 @@ class FinetuneRun(RunSession):
         super().prepare()
         self.checkpoint_dir = self.cfg.checkpoint.dir or os.path.join(self.run_dir, "checkpoints")
         facts = self.inputs.splits.describe()
-        say(self.world, f"  data: {facts['format']} {facts['classes']} classes, {facts['train_images']} train images "
-                        f"({facts['train']}), {facts['val_images']} validation ({facts['val']})")
+        say(
+            self.world,
+            f"  data: {facts['format']} {facts['classes']} classes, {facts['train_images']} train images "
+            f"({facts['train']}), {facts['val_images']} validation ({facts['val']})",
+        )
         if self.cfg.finetune.pretrained:
-            say(self.world, f"  pretrained: {self.cfg.finetune.pretrained}"
-                            f"{' (classifier head replaced)' if self.inputs.head_replaced else ''}")
+            say(
+                self.world,
+                f"  pretrained: {self.cfg.finetune.pretrained}"
+                f"{' (classifier head replaced)' if self.inputs.head_replaced else ''}",
+            )
 
     # ------------------------------------------------------------ training
 
     def train(self) -> None:
         import torch.nn.functional as F
 
-        from vit_scale.recipes import datasets
         from vit_scale.distributed.base import ModelFactory
         from vit_scale.models import count_params, get_spec
+        from vit_scale.recipes import datasets
 
         cfg, world, ft = self.cfg, self.world, self.cfg.finetune
         spec = get_spec(cfg.model)
@@ -166,23 +194,35 @@ class FinetuneRun(RunSession):
             base_factory.state = None
         if lora.enabled(ft.lora):
             self.lora_facts = facts = factory.facts
-            say(world, f"  LoRA {lora.describe(ft.lora)}: {facts['adapted_layers']} layers adapted, "
-                       f"{facts['trainable_params'] / 1e6:.3f}M of {facts['total_params'] / 1e6:.2f}M parameters train "
-                       f"({100 * facts['trainable_params'] / facts['total_params']:.2f}%: adapters and head)")
+            say(
+                world,
+                f"  LoRA {lora.describe(ft.lora)}: {facts['adapted_layers']} layers adapted, "
+                f"{facts['trainable_params'] / 1e6:.3f}M of {facts['total_params'] / 1e6:.2f}M parameters train "
+                f"({100 * facts['trainable_params'] / facts['total_params']:.2f}%: adapters and head)",
+            )
 
         splits, data = self.inputs.splits, cfg.data
-        self.train_set = datasets.ImageDataset(splits.train, datasets.build_transform(data, spec.img_size, True),
-                                               cfg.train.seed, train=True)
-        val_set = datasets.ImageDataset(splits.val, datasets.build_transform(data, spec.img_size, False),
-                                        cfg.train.seed, train=False)
-        self.sampler = datasets.ResumableDistributedSampler(len(self.train_set), world.rank, world.world_size,
-                                                            cfg.train.seed)
+        self.train_set = datasets.ImageDataset(
+            splits.train, datasets.build_transform(data, spec.img_size, True), cfg.train.seed, train=True
+        )
+        val_set = datasets.ImageDataset(
+            splits.val, datasets.build_transform(data, spec.img_size, False), cfg.train.seed, train=False
+        )
+        self.sampler = datasets.ResumableDistributedSampler(
+            len(self.train_set), world.rank, world.world_size, cfg.train.seed
+        )
         pin = data.pin_memory and world.device_type != "cpu"
-        self.train_loader = datasets.make_loader(self.train_set, self.sampler, cfg.train.batch_size, data.workers,
-                                                 pin, drop_last=True)
+        self.train_loader = datasets.make_loader(
+            self.train_set, self.sampler, cfg.train.batch_size, data.workers, pin, drop_last=True
+        )
         self.eval_loader = datasets.make_loader(
-            val_set, datasets.ShardedEvalSampler(len(val_set), world.rank, world.world_size),
-            ft.eval_batch_size or cfg.train.batch_size, data.workers, pin, drop_last=False)
+            val_set,
+            datasets.ShardedEvalSampler(len(val_set), world.rank, world.world_size),
+            ft.eval_batch_size or cfg.train.batch_size,
+            data.workers,
+            pin,
+            drop_last=False,
+        )
         accum, batch = ft.accumulation_steps, cfg.train.batch_size
         self.steps_per_epoch = self.sampler.num_samples // batch // accum
         self.total_steps = ft.steps or ft.epochs * self.steps_per_epoch
@@ -190,8 +230,11 @@ class FinetuneRun(RunSession):
 
         if self.inputs.resume_path:
             self.position = ckpt.load(self.strategy, self.inputs.resume_path, self.inputs.resume_meta)
-            say(world, f"  resumed from {self.inputs.resume_path}: step {self.position.step}, epoch "
-                       f"{self.position.epoch + 1}, {self.position.step_in_epoch}/{self.steps_per_epoch} steps into it")
+            say(
+                world,
+                f"  resumed from {self.inputs.resume_path}: step {self.position.step}, epoch "
+                f"{self.position.epoch + 1}, {self.position.step_in_epoch}/{self.steps_per_epoch} steps into it",
+            )
         smoothing = ft.label_smoothing
         self.criterion = lambda logits, labels: F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
         untimed = min(cfg.train.warmup_steps, max(0, self.total_steps - self.position.step - 1))
@@ -249,11 +292,20 @@ class FinetuneRun(RunSession):
         loss_value = (loss_sum / accum).item()
         pos.step, pos.step_in_epoch = step, pos.step_in_epoch + 1
         warmup = self.meter.book(
-            step, loss_value, data_time + compute_time,
-            {"epoch": pos.epoch + 1, "lr": lr, "grad_norm": grad_norm, "step_time_s": compute_time,
-             "data_time_s": data_time, "images_per_s": self.images_per_step / compute_time},
+            step,
+            loss_value,
+            data_time + compute_time,
+            {
+                "epoch": pos.epoch + 1,
+                "lr": lr,
+                "grad_norm": grad_norm,
+                "step_time_s": compute_time,
+                "data_time_s": data_time,
+                "images_per_s": self.images_per_step / compute_time,
+            },
             f"epoch {pos.epoch + 1}  lr {lr:.2e}  data {data_time * 1e3:6.1f} ms  compute {compute_time * 1e3:7.1f} ms  "
-            f"{self.images_per_step / (data_time + compute_time):9.1f} img/s")
+            f"{self.images_per_step / (data_time + compute_time):9.1f} img/s",
+        )
         if not warmup:
             self.data_times.append(data_time)
 
@@ -261,8 +313,9 @@ class FinetuneRun(RunSession):
             self._signal_myself()
         # the ranks agree, every step, on whether to stop: a signal may reach only some of them
         received = self.signals.received is not None
-        flags = torch.tensor([int(received), int(not math.isfinite(loss_value))], dtype=torch.int32,
-                             device=world.device)
+        flags = torch.tensor(
+            [int(received), int(not math.isfinite(loss_value))], dtype=torch.int32, device=world.device
+        )
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         signalled, diverged = bool(flags[0]), bool(flags[1])
 
@@ -273,8 +326,11 @@ class FinetuneRun(RunSession):
         if signalled:
             # the signal this rank received, or the usual one when it reached another rank only
             self.stop_signal = (self.signals.received if received else None) or signal.SIGUSR1
-            say(world, f"  {signal.Signals(self.stop_signal).name if received else 'a signal on another rank'}: "
-                       f"stopping after step {step}")
+            say(
+                world,
+                f"  {signal.Signals(self.stop_signal).name if received else 'a signal on another rank'}: "
+                f"stopping after step {step}",
+            )
             if cfg.checkpoint.on_signal:
                 self._save("signal")
             return True
@@ -297,18 +353,39 @@ class FinetuneRun(RunSession):
         self.final_eval = result
         self.best_top1 = max(self.best_top1 or 0.0, result.top1)
         if self.recorder:
-            self.recorder.event("eval", {"epoch": epoch, "step": self.position.step, "loss": result.loss,
-                                                 "top1": result.top1, "top5": result.top5, "images": result.images,
-                                                 "eval_time_s": seconds})
-        say(self.world, f"  eval  epoch {epoch}  loss {result.loss:.4f}  top-1 {result.top1 * 100:6.2f}%  "
-                        f"top-5 {result.top5 * 100:6.2f}%  ({result.images} images, {seconds:.1f} s)")
+            self.recorder.event(
+                "eval",
+                {
+                    "epoch": epoch,
+                    "step": self.position.step,
+                    "loss": result.loss,
+                    "top1": result.top1,
+                    "top5": result.top5,
+                    "images": result.images,
+                    "eval_time_s": seconds,
+                },
+            )
+        say(
+            self.world,
+            f"  eval  epoch {epoch}  loss {result.loss:.4f}  top-1 {result.top1 * 100:6.2f}%  "
+            f"top-5 {result.top5 * 100:6.2f}%  ({result.images} images, {seconds:.1f} s)",
+        )
 
     def _save(self, reason: str) -> None:
         pos = self.position
-        facts = {**_checkpoint_facts(self.cfg, self.world), "family": self.label.family, "reason": reason,
-                 "total_steps": self.total_steps, "classes": self.inputs.splits.classes,
-                 "sampler": {"epoch": pos.epoch, "start_sample_per_rank":
-                             pos.step_in_epoch * self.cfg.finetune.accumulation_steps * self.cfg.train.batch_size}}
+        facts = {
+            **_checkpoint_facts(self.cfg, self.world),
+            "family": self.label.family,
+            "reason": reason,
+            "total_steps": self.total_steps,
+            "classes": self.inputs.splits.classes,
+            "sampler": {
+                "epoch": pos.epoch,
+                "start_sample_per_rank": pos.step_in_epoch
+                * self.cfg.finetune.accumulation_steps
+                * self.cfg.train.batch_size,
+            },
+        }
         t0 = time.perf_counter()
         self.saved = ckpt.save(self.strategy, self.checkpoint_dir, replace(pos), facts, self.cfg.checkpoint.keep)
         say(self.world, f"  checkpoint ({reason}) {self.saved} in {time.perf_counter() - t0:.1f} s")
@@ -331,12 +408,19 @@ class FinetuneRun(RunSession):
         if stopped:
             name = signal.Signals(self.stop_signal).name
             status = "timeout"
-            error = (f"stopped by {name} after step {self.position.step} of {self.total_steps}; "
-                     + (f"checkpoint saved: {self.saved}; resume with checkpoint.resume=auto (or this path)"
-                        if self.saved and self.cfg.checkpoint.on_signal else "no checkpoint saved"))
+            error = f"stopped by {name} after step {self.position.step} of {self.total_steps}; " + (
+                f"checkpoint saved: {self.saved}; resume with checkpoint.resume=auto (or this path)"
+                if self.saved and self.cfg.checkpoint.on_signal
+                else "no checkpoint saved"
+            )
         elif not agree:
-            status, error = "diverged", (f"replicas differ at the end: parameter checksums "
-                                         f"{sorted({round(c[0], 6) for c in checksums})} across ranks")
+            status, error = (
+                "diverged",
+                (
+                    f"replicas differ at the end: parameter checksums "
+                    f"{sorted({round(c[0], 6) for c in checksums})} across ranks"
+                ),
+            )
         elif self.diverged_at is not None:
             status, error = "diverged", f"loss was not finite at step {self.diverged_at}"
         end = self._end(status, error, None, peaks=peaks, replicas_agree=agree, replica_checksums=checksums)
@@ -348,19 +432,33 @@ class FinetuneRun(RunSession):
         """The end record with fine-tuning's keys after the common ones (docs/run_record.md, "Fine-tuning runs")."""
         data = None
         if self.data_times:
-            data = {"mean": statistics.fmean(self.data_times), "max": max(self.data_times),
-                    "fraction": sum(self.data_times) / sum(self.meter.result().step_times)}
+            data = {
+                "mean": statistics.fmean(self.data_times),
+                "max": max(self.data_times),
+                "fraction": sum(self.data_times) / sum(self.meter.result().step_times),
+            }
         result = self.final_eval
         extra = {
-            "step": self.position.step, "total_steps": self.total_steps, "epoch": self.position.epoch + 1,
+            "step": self.position.step,
+            "total_steps": self.total_steps,
+            "epoch": self.position.epoch + 1,
             "data_time_s": data,
-            "eval": ({"loss": result.loss, "top1": result.top1, "top5": result.top5, "images": result.images}
-                     if result else None),
-            "best_top1": self.best_top1, "checkpoint": self.saved, "lora": self.lora_facts,
-            "resumed_from": ({"path": self.inputs.resume_path, "step": self.inputs.resume_meta["step"]}
-                             if self.inputs.resume_path else None),
-            "requeue": bool(self.stop_signal is not None and self.saved and self.cfg.checkpoint.on_signal
-                            and status == "timeout"),
+            "eval": (
+                {"loss": result.loss, "top1": result.top1, "top5": result.top5, "images": result.images}
+                if result
+                else None
+            ),
+            "best_top1": self.best_top1,
+            "checkpoint": self.saved,
+            "lora": self.lora_facts,
+            "resumed_from": (
+                {"path": self.inputs.resume_path, "step": self.inputs.resume_meta["step"]}
+                if self.inputs.resume_path
+                else None
+            ),
+            "requeue": bool(
+                self.stop_signal is not None and self.saved and self.cfg.checkpoint.on_signal and status == "timeout"
+            ),
         }
         return self.end_record(status, error, failed_rank, extra=extra, **figures)
 
@@ -372,32 +470,47 @@ class FinetuneRun(RunSession):
     def summary_lines(self, end: EndRecord) -> list[str]:
         step = end.get("step")
         where = f" at step {step}/{end.get('total_steps')}" if step is not None else ""
-        lines = [f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(self.world.world_size, 'rank')}: "
-                 f"{end.status.upper()}{where}"]
+        lines = [
+            f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(self.world.world_size, 'rank')}: "
+            f"{end.status.upper()}{where}"
+        ]
         if end.get("eval"):
             e = end.get("eval")
-            lines.append(f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  "
-                         f"loss {e['loss']:.4f}  ({e['images']} images; best top-1 {end.get('best_top1') * 100:.2f}%)")
+            lines.append(
+                f"  validation: top-1 {e['top1'] * 100:.2f}%  top-5 {e['top5'] * 100:.2f}%  "
+                f"loss {e['loss']:.4f}  ({e['images']} images; best top-1 {end.get('best_top1') * 100:.2f}%)"
+            )
         if end.get("lora"):
             f = end.get("lora")
-            lines.append(f"  LoRA r={f['rank']}: {f['trainable_params']:,} of {f['total_params']:,} parameters trained "
-                         f"({100 * f['trainable_params'] / f['total_params']:.2f}%)")
+            lines.append(
+                f"  LoRA r={f['rank']}: {f['trainable_params']:,} of {f['total_params']:,} parameters trained "
+                f"({100 * f['trainable_params'] / f['total_params']:.2f}%)"
+            )
         data = end.get("data_time_s")
         if data:
-            lines.append(f"  waiting for data: {data['fraction'] * 100:.1f}% of the step time"
-                         + ("  (input-bound: raise data.workers)" if data["fraction"] > 0.2 else ""))
+            lines.append(
+                f"  waiting for data: {data['fraction'] * 100:.1f}% of the step time"
+                + ("  (input-bound: raise data.workers)" if data["fraction"] > 0.2 else "")
+            )
         return lines
 
     def _write_eval_files(self) -> dict:
         from vit_scale.recipes.evaluate import plot_confusion, write_confusion_csv, write_per_class_csv
 
         classes = self.inputs.splits.classes
-        files = {"confusion_matrix_csv": "confusion_matrix.csv", "confusion_matrix_png": "confusion_matrix.png",
-                 "per_class_accuracy_csv": "per_class_accuracy.csv"}
+        files = {
+            "confusion_matrix_csv": "confusion_matrix.csv",
+            "confusion_matrix_png": "confusion_matrix.png",
+            "per_class_accuracy_csv": "per_class_accuracy.csv",
+        }
         write_confusion_csv(os.path.join(self.run_dir, files["confusion_matrix_csv"]), self.final_eval, classes)
         write_per_class_csv(os.path.join(self.run_dir, files["per_class_accuracy_csv"]), self.final_eval, classes)
-        plot_confusion(os.path.join(self.run_dir, files["confusion_matrix_png"]), self.final_eval, classes,
-                       f"{self.cfg.model} {self.cfg.strategy}, step {self.position.step}")
+        plot_confusion(
+            os.path.join(self.run_dir, files["confusion_matrix_png"]),
+            self.final_eval,
+            classes,
+            f"{self.cfg.model} {self.cfg.strategy}, step {self.position.step}",
+        )
         return files
 
 
@@ -408,8 +521,10 @@ def check_inputs_of_strategy(cfg: Config, world: World, family) -> tuple:
         from vit_scale.distributed import allowed_text, labels_where
 
         can = labels_where(lambda cls, label: cls.supports_finetune)
-        raise UserError(f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
-                        f"fine-tuning support); allowed: {allowed_text(can)}")
+        raise UserError(
+            f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
+            f"fine-tuning support); allowed: {allowed_text(can)}"
+        )
     lora.check(cfg, world, family)
     return (check_inputs(cfg, world),)
 

@@ -7,6 +7,7 @@ DDP fine-tuning run stuck at an epoch's first batch until rank 0's collective ti
 server is a fresh single-threaded process; it imports this module once, and every worker is forked
 from it with torch, torchvision (through the CPU shim) and the dataset code already loaded.
 """
+
 from vit_scale.compat import ensure_torchvision_importable
 
 ensure_torchvision_importable()

@@ -7,6 +7,7 @@ wrappers see ordinary parameters, some of them frozen: DDP leaves those out of i
 shards them like the rest, FSDP1 needs use_orig_params=true to flatten frozen and trainable
 parameters into one unit, DeepSpeed's ZeRO optimizers keep state only for trainable ones.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -48,15 +49,21 @@ def check(cfg, world, family) -> None:
         from vit_scale.distributed import allowed_text, labels_where
 
         can = labels_where(lambda cls, label: cls.trains_lora(label))
-        raise UserError(f"finetune.lora.rank: {cfg.strategy} does not train LoRA adapters ({family.lora_why}); "
-                        f"allowed: {allowed_text(can)}")
+        raise UserError(
+            f"finetune.lora.rank: {cfg.strategy} does not train LoRA adapters ({family.lora_why}); "
+            f"allowed: {allowed_text(can)}"
+        )
     layout = family.layout(cfg, parse_strategy(cfg.strategy), world.world_size, world.local_world_size)
     if layout.implementation == "fsdp1" and not cfg.fsdp.use_orig_params:
-        raise UserError("finetune.lora.rank: FSDP1 flattens each Block's parameters into one tensor, which cannot mix "
-                        "LoRA's frozen and trainable ones; set fsdp.use_orig_params=true (or fsdp.version=2)")
+        raise UserError(
+            "finetune.lora.rank: FSDP1 flattens each Block's parameters into one tensor, which cannot mix "
+            "LoRA's frozen and trainable ones; set fsdp.use_orig_params=true (or fsdp.version=2)"
+        )
     if init_mode(cfg.train.init, count_params(cfg.model, cfg.train.num_classes)) == "meta":
-        raise UserError(f"finetune.lora.rank: adapters are added to a model built on the device, and train.init="
-                        f"{cfg.train.init} builds {cfg.model} on the meta device; set train.init=device")
+        raise UserError(
+            f"finetune.lora.rank: adapters are added to a model built on the device, and train.init="
+            f"{cfg.train.init} builds {cfg.model} on the meta device; set train.init=device"
+        )
     if importlib.util.find_spec("peft") is None:
         raise UserError(f"finetune.lora.rank: LoRA needs peft, which is not installed; {INSTALL}")
 
@@ -76,17 +83,29 @@ def add_adapters(model, lora_cfg) -> dict:
     ensure_torchvision_importable()  # peft imports transformers, which imports torchvision
     import peft
 
-    config = peft.LoraConfig(r=lora_cfg.rank, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
-                             target_modules=target_pattern(lora_cfg), bias="none")
+    config = peft.LoraConfig(
+        r=lora_cfg.rank,
+        lora_alpha=lora_cfg.alpha,
+        lora_dropout=lora_cfg.dropout,
+        target_modules=target_pattern(lora_cfg),
+        bias="none",
+    )
     peft.inject_adapter_in_model(config, model)  # also freezes every parameter that is not an adapter's
     for p in model.head.parameters():
         p.requires_grad_(True)
     adapted = sum(1 for m in model.modules() if isinstance(m, peft.tuners.lora.LoraLayer))
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    return {"rank": lora_cfg.rank, "alpha": lora_cfg.alpha, "dropout": lora_cfg.dropout,
-            "targets": targets(lora_cfg), "adapted_layers": adapted, "trainable_params": trainable,
-            "total_params": total, "peft": peft.__version__}
+    return {
+        "rank": lora_cfg.rank,
+        "alpha": lora_cfg.alpha,
+        "dropout": lora_cfg.dropout,
+        "targets": targets(lora_cfg),
+        "adapted_layers": adapted,
+        "trainable_params": trainable,
+        "total_params": total,
+        "peft": peft.__version__,
+    }
 
 
 class LoraFactory:

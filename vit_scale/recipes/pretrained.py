@@ -10,6 +10,7 @@ model keeps its freshly initialised head. Anything else that does not fit is an 
 The file is read once per rank before any process group (so a bad file is a one-line error on
 every rank), and the prepared tensors are copied into the model when the strategy builds it.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,14 +31,18 @@ def _read(path: str) -> dict:
         raise UserError(f"finetune.pretrained: no such file: {path} (nothing is downloaded at run time)")
     try:
         state = load_state_dict(path, use_ema=True, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch, safetensors and pickle each raise their own
-        raise UserError(f"finetune.pretrained: cannot read {path} as a torch or safetensors checkpoint: "
-                        f"{' '.join(str(exc).split())[:300]}") from None
+    except Exception as exc:
+        raise UserError(
+            f"finetune.pretrained: cannot read {path} as a torch or safetensors checkpoint: "
+            f"{' '.join(str(exc).split())[:300]}"
+        ) from None
     import torch
 
     if not isinstance(state, dict) or not state or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise UserError(f"finetune.pretrained: {path} holds no state dict (expected tensors by parameter name, "
-                        f"bare or under 'state_dict' or 'model')")
+        raise UserError(
+            f"finetune.pretrained: {path} holds no state dict (expected tensors by parameter name, "
+            f"bare or under 'state_dict' or 'model')"
+        )
     return state
 
 
@@ -52,9 +57,10 @@ def prepare(path: str, model) -> tuple[dict, bool]:
     state = _read(path)
     try:
         state = checkpoint_filter_fn(state, model)
-    except Exception as exc:  # noqa: BLE001
-        raise UserError(f"finetune.pretrained: {path} cannot be adapted to this ViT: "
-                        f"{' '.join(str(exc).split())[:300]}") from None
+    except Exception as exc:
+        raise UserError(
+            f"finetune.pretrained: {path} cannot be adapted to this ViT: {' '.join(str(exc).split())[:300]}"
+        ) from None
     expected = model.state_dict()
     head_replaced = False
     for key in [k for k in state if k.startswith(HEAD_PREFIX)]:
@@ -72,8 +78,10 @@ def prepare(path: str, model) -> tuple[dict, bool]:
             parts.append(f"{len(unexpected)} unexpected (e.g. {', '.join(unexpected[:3])})")
         if wrong:
             k = wrong[0]
-            parts.append(f"{len(wrong)} of another shape (e.g. {k}: {tuple(state[k].shape)} in the file, "
-                         f"{tuple(expected[k].shape)} in the model)")
+            parts.append(
+                f"{len(wrong)} of another shape (e.g. {k}: {tuple(state[k].shape)} in the file, "
+                f"{tuple(expected[k].shape)} in the model)"
+            )
         raise UserError(f"finetune.pretrained: {path} does not fit this model: {'; '.join(parts)}")
     return state, head_replaced
 

@@ -5,6 +5,7 @@ between nodes, and the bus bandwidth of each collective within and across nodes.
 record's reader because both are what the analysis reads of a study directory: `vit-scale check`
 writes the file, this reads it, and the analysis may import only what lies below the check.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,16 +30,20 @@ def read_check_file(path: str) -> dict | None:
 
 
 def verdict(check: dict) -> str:
-    broken = [line for line in check.get("lines") or [] if line.get("needed") and line.get("status") in
-              ("fail", "refused")]
+    broken = [
+        line for line in check.get("lines") or [] if line.get("needed") and line.get("status") in ("fail", "refused")
+    ]
     return "ready" if not broken else f"{len(broken)} broken"
 
 
 def versions(check: dict) -> str:
     v = (check.get("facts") or {}).get("versions") or {}
     parts = [f"torch {v['torch']}"] if v.get("torch") else []
-    parts += [f"{name} {v[key]}" for key, name in (("cuda", "CUDA"), ("hip", "HIP"), ("nccl", "NCCL/RCCL"),
-                                                    ("driver", "driver")) if v.get(key)]
+    parts += [
+        f"{name} {v[key]}"
+        for key, name in (("cuda", "CUDA"), ("hip", "HIP"), ("nccl", "NCCL/RCCL"), ("driver", "driver"))
+        if v.get(key)
+    ]
     return ", ".join(parts)
 
 
@@ -46,8 +51,10 @@ def transport(check: dict) -> str:
     t = check.get("transport") or {}
     observed = ", ".join(t.get("observed") or []) or "unknown"
     networks = ", ".join(t.get("between_nodes") or t.get("networks") or [])
-    return f"{observed}{f' ({networks})' if networks and networks != observed else ''}, expected " \
-           f"{' or '.join(t.get('expected') or []) or '?'}"
+    return (
+        f"{observed}{f' ({networks})' if networks and networks != observed else ''}, expected "
+        f"{' or '.join(t.get('expected') or []) or '?'}"
+    )
 
 
 def bandwidth_rows(check: dict) -> list[dict]:
@@ -75,8 +82,10 @@ def headline(check: dict) -> str:
     where = "across nodes" if widest and widest["scope"] == "world" else "within a node"
     bw = f", all_reduce busbw {widest['busbw_gbs']:.3g} GB/s {where}" if widest else ""
     software = versions(check)
-    return f"{verdict(check)} ({check.get('time_iso', '?')}): {software + '; ' if software else ''}transport " \
-           f"{transport(check)}{bw}"
+    return (
+        f"{verdict(check)} ({check.get('time_iso', '?')}): {software + '; ' if software else ''}transport "
+        f"{transport(check)}{bw}"
+    )
 
 
 def checks_of(directory: str) -> list[tuple[int, dict]]:

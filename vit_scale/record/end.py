@@ -5,6 +5,7 @@ schema's required end keys (schema.py) are these fields' names. A recipe's own k
 benchmark's `compile` and `profile`, fine-tuning's position, evaluation and checkpoint) follow
 them in `extra`, in the recipe's order. Torch-free: the analysis and the schema read it too.
 """
+
 from __future__ import annotations
 
 import dataclasses

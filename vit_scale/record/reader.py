@@ -11,17 +11,19 @@ Nothing here raises on a bad file: each file becomes either a RunRecord or a Ski
 a reason a user can act on. The one exception to "go on with what can be read" is a schema newer
 than this reader knows, which the caller must surface (see Collection.unknown_schema).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Optional
 
 from vit_scale.record.writer import METRICS_FILE, STATUSES
 from vit_scale.record.writer import SCHEMA_VERSION as SUPPORTED_SCHEMA
+
 INCOMPLETE = "incomplete"  # a start record but no end record: the process was killed outright
 
 # (dotted key in the start record, what the analysis needs it for); a start record without one
@@ -41,14 +43,14 @@ _TAIL_BLOCK = 16 * 1024
 
 @dataclass
 class RunRecord:
-    path: str                       # the metrics.jsonl
+    path: str  # the metrics.jsonl
     start: dict
-    end: Optional[dict]             # None when the run has no end record
-    status: str                     # end.status, or INCOMPLETE
+    end: dict | None  # None when the run has no end record
+    status: str  # end.status, or INCOMPLETE
     mtime: float
     notes: list = field(default_factory=list)  # what the reader had to work around, for the report
-    last_step: Optional[int] = None            # only for runs without an end record
-    partial_ips: Optional[float] = None        # mean images/s over the timed steps logged so far
+    last_step: int | None = None  # only for runs without an end record
+    partial_ips: float | None = None  # mean images/s over the timed steps logged so far
     rank_errors: list = field(default_factory=list)  # rank<k>.error.json contents
 
     @property
@@ -66,7 +68,7 @@ class Skipped:
 class Collection:
     inputs: list
     runs: list = field(default_factory=list)
-    skipped: list = field(default_factory=list)         # files or directories that gave no run
+    skipped: list = field(default_factory=list)  # files or directories that gave no run
     unknown_schema: list = field(default_factory=list)  # Skipped entries whose schema is too new
     seconds: float = 0.0
 
@@ -85,7 +87,8 @@ class _UnknownSchema(Exception):
 
 # ------------------------------------------------------------------------------------ finding
 
-def find_metrics_files(root: str, skipped: list, seen_dirs: Optional[set] = None) -> Iterator[str]:
+
+def find_metrics_files(root: str, skipped: list, seen_dirs: set | None = None) -> Iterator[str]:
     """Every metrics.jsonl under root (or root itself when it is such a file), skipping
     directories (and files) already in seen_dirs.
 
@@ -101,8 +104,13 @@ def find_metrics_files(root: str, skipped: list, seen_dirs: Optional[set] = None
         return
     found = pruned = 0
     # followlinks: studies are often assembled from symlinked run trees; seen_dirs breaks cycles.
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True, onerror=lambda e: skipped.append(
-            Skipped(getattr(e, "filename", None) or root, f"cannot list directory: {e.strerror or e}"))):
+    for dirpath, dirnames, filenames in os.walk(
+        root,
+        followlinks=True,
+        onerror=lambda e: skipped.append(
+            Skipped(getattr(e, "filename", None) or root, f"cannot list directory: {e.strerror or e}")
+        ),
+    ):
         try:
             st = os.stat(dirpath)
             ident = (st.st_dev, st.st_ino)  # one stat, where realpath would lstat every component
@@ -124,6 +132,7 @@ def find_metrics_files(root: str, skipped: list, seen_dirs: Optional[set] = None
 
 
 # ------------------------------------------------------------------------------------ reading
+
 
 def _loads(line: bytes):
     try:
@@ -147,8 +156,10 @@ def _check_start(start) -> None:
     if not isinstance(schema, int) or isinstance(schema, bool):
         raise _Skip(f"start record has no integer 'schema' (got {schema!r})")
     if schema > SUPPORTED_SCHEMA:
-        raise _UnknownSchema(f"schema {schema} is newer than this analysis reads (up to {SUPPORTED_SCHEMA}); "
-                             f"update the analysis to read it")
+        raise _UnknownSchema(
+            f"schema {schema} is newer than this analysis reads (up to {SUPPORTED_SCHEMA}); "
+            f"update the analysis to read it"
+        )
     if schema < 1:
         raise _Skip(f"schema {schema} is not a released schema (this analysis reads 1 to {SUPPORTED_SCHEMA})")
     for key, typ in REQUIRED_START_KEYS:
@@ -166,13 +177,13 @@ def _last_line(f, data_start: int, size: int) -> bytes:
         tail = f.read(size - lo).rstrip()
         cut = tail.rfind(b"\n")
         if cut >= 0:
-            return tail[cut + 1:]
+            return tail[cut + 1 :]
         if lo == data_start:
             return tail
         block *= 4
 
 
-def _scan_steps(f, data_start: int, rec: RunRecord) -> Optional[dict]:
+def _scan_steps(f, data_start: int, rec: RunRecord) -> dict | None:
     """Read every line after the start record of a run whose last line is not an end record.
 
     Returns an end record if one turns up before trailing garbage, so a run whose file was
@@ -293,7 +304,7 @@ def read_run(path: str) -> RunRecord:
     return rec
 
 
-def read_run_dir(run_dir: str) -> Optional[RunRecord]:
+def read_run_dir(run_dir: str) -> RunRecord | None:
     """One run directory's record, or None when it has none that can be read."""
     try:
         return read_run(os.path.join(run_dir, METRICS_FILE))
@@ -301,13 +312,13 @@ def read_run_dir(run_dir: str) -> Optional[RunRecord]:
         return None
 
 
-def start_and_end(run_dir: str) -> tuple[Optional[dict], Optional[dict]]:
+def start_and_end(run_dir: str) -> tuple[dict | None, dict | None]:
     """(start, end) of one run directory; None for a part it lacks or that cannot be read."""
     rec = read_run_dir(run_dir)
     return (rec.start, rec.end) if rec else (None, None)
 
 
-def collect(paths: Iterable[str], progress: Optional[Callable[[int, float], None]] = None) -> Collection:
+def collect(paths: Iterable[str], progress: Callable[[int, float], None] | None = None) -> Collection:
     """Every run under the given directories. progress(n_read, seconds) is called now and then."""
     t0 = time.perf_counter()
     paths = list(paths)

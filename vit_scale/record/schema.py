@@ -1,5 +1,6 @@
 """JSON Schema of the run record (docs/run_record.md), used by the tests to check every record
 they make, and available to users who write their own readers."""
+
 from __future__ import annotations
 
 from vit_scale.record.end import END_KEYS
@@ -7,53 +8,131 @@ from vit_scale.record.writer import STATUSES
 
 NUM = {"type": ["number", "null"]}
 STR = {"type": ["string", "null"]}
-STATS = {"type": ["object", "null"], "required": ["mean", "std", "min", "max", "median"],
-         "properties": {k: {"type": "number"} for k in ("mean", "std", "min", "max", "median")}}
-OVER_RANKS = {"type": "object", "required": ["max", "mean", "per_rank"],
-              "properties": {"max": {"type": "number"}, "mean": {"type": "number"},
-                             "per_rank": {"type": "array", "items": {"type": "number"}}}}
+STATS = {
+    "type": ["object", "null"],
+    "required": ["mean", "std", "min", "max", "median"],
+    "properties": {k: {"type": "number"} for k in ("mean", "std", "min", "max", "median")},
+}
+OVER_RANKS = {
+    "type": "object",
+    "required": ["max", "mean", "per_rank"],
+    "properties": {
+        "max": {"type": "number"},
+        "mean": {"type": "number"},
+        "per_rank": {"type": "array", "items": {"type": "number"}},
+    },
+}
 
 START = {
     "type": "object",
-    "required": ["event", "time", "schema", "run_id", "study", "time_iso", "config", "model", "strategy", "world",
-                 "batch", "launcher", "slurm", "hosts", "versions", "git_revision", "plan"],
+    "required": [
+        "event",
+        "time",
+        "schema",
+        "run_id",
+        "study",
+        "time_iso",
+        "config",
+        "model",
+        "strategy",
+        "world",
+        "batch",
+        "launcher",
+        "slurm",
+        "hosts",
+        "versions",
+        "git_revision",
+        "plan",
+    ],
     "properties": {
-        "event": {"const": "start"}, "time": {"type": "number"}, "schema": {"const": 1},
-        "run_id": {"type": "string"}, "study": {"type": "string"},
+        "event": {"const": "start"},
+        "time": {"type": "number"},
+        "schema": {"const": 1},
+        "run_id": {"type": "string"},
+        "study": {"type": "string"},
         "config": {"type": "object", "required": ["model", "strategy", "train"]},
-        "model": {"type": "object", "required": ["name", "params", "flops_per_image", "img_size", "patch_size",
-                                                 "embed_dim", "depth", "num_heads", "mlp_dim", "num_classes"],
-                  "properties": {"params": {"type": "integer", "minimum": 1},
-                                 "flops_per_image": {"type": "integer", "minimum": 1}}},
-        "strategy": {"type": "object",
-                     "required": ["label", "family", "implementation", "shard_group_size", "replicate_group_size",
-                                  "options", "notes"],
-                     "properties": {"family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]},
-                                    "options": {"type": "object"}, "notes": {"type": "array"}}},
-        "world": {"type": "object",
-                  "required": ["world_size", "nodes", "ranks_per_node", "device_type", "device_name",
-                               "device_memory_gib", "backend", "peak_tflops_per_device", "peak_tflops_source"],
-                  "properties": {"world_size": {"type": "integer", "minimum": 1},
-                                 "nodes": {"type": "integer", "minimum": 1},
-                                 "device_type": {"enum": ["cuda", "rocm", "cpu"]},
-                                 "backend": {"enum": ["nccl", "gloo"]},
-                                 "peak_tflops_per_device": NUM, "device_memory_gib": NUM}},
+        "model": {
+            "type": "object",
+            "required": [
+                "name",
+                "params",
+                "flops_per_image",
+                "img_size",
+                "patch_size",
+                "embed_dim",
+                "depth",
+                "num_heads",
+                "mlp_dim",
+                "num_classes",
+            ],
+            "properties": {
+                "params": {"type": "integer", "minimum": 1},
+                "flops_per_image": {"type": "integer", "minimum": 1},
+            },
+        },
+        "strategy": {
+            "type": "object",
+            "required": [
+                "label",
+                "family",
+                "implementation",
+                "shard_group_size",
+                "replicate_group_size",
+                "options",
+                "notes",
+            ],
+            "properties": {
+                "family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]},
+                "options": {"type": "object"},
+                "notes": {"type": "array"},
+            },
+        },
+        "world": {
+            "type": "object",
+            "required": [
+                "world_size",
+                "nodes",
+                "ranks_per_node",
+                "device_type",
+                "device_name",
+                "device_memory_gib",
+                "backend",
+                "peak_tflops_per_device",
+                "peak_tflops_source",
+            ],
+            "properties": {
+                "world_size": {"type": "integer", "minimum": 1},
+                "nodes": {"type": "integer", "minimum": 1},
+                "device_type": {"enum": ["cuda", "rocm", "cpu"]},
+                "backend": {"enum": ["nccl", "gloo"]},
+                "peak_tflops_per_device": NUM,
+                "device_memory_gib": NUM,
+            },
+        },
         "batch": {"type": "object", "required": ["per_device", "global"]},
         "launcher": {"enum": ["torchrun", "srun", "mpi", "single"]},
         "slurm": {"type": ["object", "null"]},
         "hosts": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "versions": {"type": "object", "required": ["python", "torch", "timm", "deepspeed", "colossalai", "cuda",
-                                                    "hip", "nccl"]},
-        "git_revision": STR, "plan": {"type": ["object", "null"]},
+        "versions": {
+            "type": "object",
+            "required": ["python", "torch", "timm", "deepspeed", "colossalai", "cuda", "hip", "nccl"],
+        },
+        "git_revision": STR,
+        "plan": {"type": ["object", "null"]},
     },
 }
 
 STEP = {
     "type": "object",
     "required": ["event", "time", "step", "loss", "step_time_s", "images_per_s", "warmup"],
-    "properties": {"event": {"const": "step"}, "step": {"type": "integer", "minimum": 1}, "loss": NUM,
-                   "step_time_s": {"type": "number", "exclusiveMinimum": 0},
-                   "images_per_s": {"type": "number", "exclusiveMinimum": 0}, "warmup": {"type": "boolean"}},
+    "properties": {
+        "event": {"const": "step"},
+        "step": {"type": "integer", "minimum": 1},
+        "loss": NUM,
+        "step_time_s": {"type": "number", "exclusiveMinimum": 0},
+        "images_per_s": {"type": "number", "exclusiveMinimum": 0},
+        "warmup": {"type": "boolean"},
+    },
 }
 
 END = {
@@ -62,39 +141,76 @@ END = {
     "properties": {
         "event": {"const": "end"},
         "status": {"enum": list(STATUSES)},
-        "error": STR, "failed_rank": {"type": ["integer", "null"]},
-        "steps_done": {"type": "integer", "minimum": 0}, "timed_steps": {"type": "integer", "minimum": 0},
-        "wall_time_s": NUM, "images_per_s": STATS, "images_per_s_per_device": NUM,
-        "memory": {"type": ["object", "null"], "required": ["device_kind", "window"],
-                   "properties": {"device_kind": {"enum": ["cuda", "rocm", "cpu"]},
-                                  "window": {"enum": ["timed_steps", "whole_run"]},
-                                  "peak_allocated_gib": OVER_RANKS, "peak_reserved_gib": OVER_RANKS,
-                                  "peak_rss_gib": OVER_RANKS}},
-        "tflops_per_device": NUM, "mfu": NUM, "replicas_agree": {"type": ["boolean", "null"]},
-        "replica_checksums": {"type": ["array", "null"]}, "final_loss": NUM,
-        "compile": {"type": ["object", "null"],
-                    "required": ["first_step_s", "graphs", "graphs_in_window", "recompiled_in_window"]},
+        "error": STR,
+        "failed_rank": {"type": ["integer", "null"]},
+        "steps_done": {"type": "integer", "minimum": 0},
+        "timed_steps": {"type": "integer", "minimum": 0},
+        "wall_time_s": NUM,
+        "images_per_s": STATS,
+        "images_per_s_per_device": NUM,
+        "memory": {
+            "type": ["object", "null"],
+            "required": ["device_kind", "window"],
+            "properties": {
+                "device_kind": {"enum": ["cuda", "rocm", "cpu"]},
+                "window": {"enum": ["timed_steps", "whole_run"]},
+                "peak_allocated_gib": OVER_RANKS,
+                "peak_reserved_gib": OVER_RANKS,
+                "peak_rss_gib": OVER_RANKS,
+            },
+        },
+        "tflops_per_device": NUM,
+        "mfu": NUM,
+        "replicas_agree": {"type": ["boolean", "null"]},
+        "replica_checksums": {"type": ["array", "null"]},
+        "final_loss": NUM,
+        "compile": {
+            "type": ["object", "null"],
+            "required": ["first_step_s", "graphs", "graphs_in_window", "recompiled_in_window"],
+        },
         # fine-tuning with finetune.lora.rank > 0
-        "lora": {"type": ["object", "null"],
-                 "required": ["rank", "alpha", "dropout", "targets", "adapted_layers", "trainable_params",
-                              "total_params", "peft"],
-                 "properties": {"trainable_params": {"type": "integer", "minimum": 1},
-                                "total_params": {"type": "integer", "minimum": 1}}},
+        "lora": {
+            "type": ["object", "null"],
+            "required": [
+                "rank",
+                "alpha",
+                "dropout",
+                "targets",
+                "adapted_layers",
+                "trainable_params",
+                "total_params",
+                "peft",
+            ],
+            "properties": {
+                "trainable_params": {"type": "integer", "minimum": 1},
+                "total_params": {"type": "integer", "minimum": 1},
+            },
+        },
     },
     # an ok run has every figure
     "if": {"properties": {"status": {"const": "ok"}}},
-    "then": {"properties": {"images_per_s": {"type": "object"}, "memory": {"type": "object"},
-                            "replicas_agree": {"const": True}, "error": {"type": "null"}}},
+    "then": {
+        "properties": {
+            "images_per_s": {"type": "object"},
+            "memory": {"type": "object"},
+            "replicas_agree": {"const": True},
+            "error": {"type": "null"},
+        }
+    },
 }
 
 EVAL = {
     "type": "object",
     "required": ["event", "time", "epoch", "step", "loss", "top1", "top5", "images"],
-    "properties": {"event": {"const": "eval"}, "epoch": {"type": "integer", "minimum": 1},
-                   "step": {"type": "integer", "minimum": 0}, "loss": {"type": "number", "minimum": 0},
-                   "top1": {"type": "number", "minimum": 0, "maximum": 1},
-                   "top5": {"type": "number", "minimum": 0, "maximum": 1},
-                   "images": {"type": "integer", "minimum": 1}},
+    "properties": {
+        "event": {"const": "eval"},
+        "epoch": {"type": "integer", "minimum": 1},
+        "step": {"type": "integer", "minimum": 0},
+        "loss": {"type": "number", "minimum": 0},
+        "top1": {"type": "number", "minimum": 0, "maximum": 1},
+        "top5": {"type": "number", "minimum": 0, "maximum": 1},
+        "images": {"type": "integer", "minimum": 1},
+    },
 }
 
 BY_EVENT = {"start": START, "step": STEP, "end": END, "eval": EVAL}

@@ -1,5 +1,6 @@
 """What software ran, and on what host CPU: recorded in every run so a figure can be traced to its
 stack and a report can say what the machine was."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -16,22 +17,31 @@ def _version(dist: str) -> str | None:
 
 
 def software_versions() -> dict:
-    from vit_scale.launch.world import launched_by
-
     import torch
+
+    from vit_scale.launch.world import launched_by
 
     nccl = None
     if torch.cuda.is_available():
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
-        except Exception:  # noqa: BLE001 - a build without NCCL/RCCL simply has none to report
+        except Exception:
             nccl = None
-    return {"python": platform.python_version(), "torch": torch.__version__, "timm": _version("timm"),
-            "deepspeed": _version("deepspeed"), "colossalai": _version("colossalai"),
-            "cuda": torch.version.cuda, "hip": torch.version.hip, "nccl": nccl,
-            # not software, but rank 0's host facts a report needs (a GPU run's world.device_name
-            # names the GPU, not the host), and what really started the ranks
-            "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "launched_by": launched_by()}
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "timm": _version("timm"),
+        "deepspeed": _version("deepspeed"),
+        "colossalai": _version("colossalai"),
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "nccl": nccl,
+        # not software, but rank 0's host facts a report needs (a GPU run's world.device_name
+        # names the GPU, not the host), and what really started the ranks
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "launched_by": launched_by(),
+    }
 
 
 def cpu_model() -> str | None:
@@ -57,16 +67,22 @@ def git_revision() -> str | None:
     """
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # <root>/vit_scale/record/
     try:
-        top = subprocess.run(["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True,
-                             timeout=10)
+        top = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10
+        )
         if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
             return None
-        out = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if out.returncode != 0:
             return None
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None

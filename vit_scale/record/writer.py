@@ -5,6 +5,7 @@ Every line is flushed as it is written, so a run killed mid-way still leaves its
 steps it finished. Exactly one end record is written, whichever of the training loop, an error
 handler or the signal watcher gets there first.
 """
+
 from __future__ import annotations
 
 import json
@@ -52,7 +53,7 @@ class RunRecorder:
         self._file = open(self.path, "x", buffering=1)
         self._lock = threading.Lock()
         self.ended = False
-        self.listeners = []   # called with (event, payload) after each line: tracking.backend
+        self.listeners = []  # called with (event, payload) after each line: tracking.backend
 
     def _write(self, event: str, payload: dict) -> None:
         line = json.dumps(_clean({"event": event, "time": time.time(), **payload}), allow_nan=False)

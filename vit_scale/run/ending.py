@@ -5,6 +5,7 @@ summary lines that state them.
 `EndRecord` shape; the recipes and the session only say what differs (the status, the memory
 over every rank at a clean end, the replica check, the recipe's own keys).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -29,29 +30,55 @@ def images_per_s(step_times: list[float], images_per_step: int, window_s: float 
     if not per_step:
         return None
     mean = len(step_times) * images_per_step / window_s if window_s else statistics.fmean(per_step)
-    return {"mean": mean, "std": statistics.pstdev(per_step), "min": min(per_step), "max": max(per_step),
-            "median": statistics.median(per_step)}
+    return {
+        "mean": mean,
+        "std": statistics.pstdev(per_step),
+        "min": min(per_step),
+        "max": max(per_step),
+        "median": statistics.median(per_step),
+    }
 
 
-def end_record(status: str, error: str | None, failed_rank: int | None, figures, *, device_type: str,
-               world_size: int, flops_per_image: int, peak_tflops: float | None,
-               peaks: list[dict] | None = None, rates: bool = True, replicas_agree: bool | None = None,
-               replica_checksums: list | None = None, extra: dict | None = None) -> EndRecord:
+def end_record(
+    status: str,
+    error: str | None,
+    failed_rank: int | None,
+    figures,
+    *,
+    device_type: str,
+    world_size: int,
+    flops_per_image: int,
+    peak_tflops: float | None,
+    peaks: list[dict] | None = None,
+    rates: bool = True,
+    replicas_agree: bool | None = None,
+    replica_checksums: list | None = None,
+    extra: dict | None = None,
+) -> EndRecord:
     """The end record. `figures`: the meter's result, None before the loop started. `peaks`: every
     rank's memory peak (a clean end gathers them); by default this rank's alone. `rates`: whether
     TFLOP/s and MFU are stated (the benchmark states them only at a clean end)."""
     if figures is None:
         return EndRecord(status, error, failed_rank, extra=dict(extra or {}))
     ips = images_per_s(figures.step_times, figures.images_per_step, figures.window_s)
-    tflops = (flops_per_image * ips["mean"] / world_size / 1e12 if rates and ips and flops_per_image else None)
+    tflops = flops_per_image * ips["mean"] / world_size / 1e12 if rates and ips and flops_per_image else None
     return EndRecord(
-        status, error, failed_rank, steps_done=figures.steps_done, timed_steps=len(figures.step_times),
-        wall_time_s=time.perf_counter() - figures.started_at, images_per_s=ips,
+        status,
+        error,
+        failed_rank,
+        steps_done=figures.steps_done,
+        timed_steps=len(figures.step_times),
+        wall_time_s=time.perf_counter() - figures.started_at,
+        images_per_s=ips,
         images_per_s_per_device=ips["mean"] / world_size if ips else None,
         memory=memory_summary(device_type, peaks or [figures.memory], figures.memory_window),
-        tflops_per_device=tflops, mfu=tflops / peak_tflops if tflops is not None and peak_tflops else None,
-        replicas_agree=replicas_agree, replica_checksums=replica_checksums, final_loss=figures.last_loss,
-        extra=dict(extra or {}))
+        tflops_per_device=tflops,
+        mfu=tflops / peak_tflops if tflops is not None and peak_tflops else None,
+        replicas_agree=replicas_agree,
+        replica_checksums=replica_checksums,
+        final_loss=figures.last_loss,
+        extra=dict(extra or {}),
+    )
 
 
 def figure_lines(end: EndRecord) -> list[str]:
@@ -59,11 +86,16 @@ def figure_lines(end: EndRecord) -> list[str]:
     lines = []
     ips = end.images_per_s
     if ips:
-        lines.append(f"  images/s {ips['mean']:.1f} ± {ips['std']:.1f} "
-                     f"({end.images_per_s_per_device:.1f} per device) over {end.timed_steps} timed steps")
+        lines.append(
+            f"  images/s {ips['mean']:.1f} ± {ips['std']:.1f} "
+            f"({end.images_per_s_per_device:.1f} per device) over {end.timed_steps} timed steps"
+        )
     mem = end.memory or {}
-    for key, label in (("peak_allocated_gib", "peak allocated"), ("peak_reserved_gib", "peak reserved"),
-                       ("peak_rss_gib", "peak RSS")):
+    for key, label in (
+        ("peak_allocated_gib", "peak allocated"),
+        ("peak_reserved_gib", "peak reserved"),
+        ("peak_rss_gib", "peak RSS"),
+    ):
         if key in mem:
             lines.append(f"  {label} per rank: max {mem[key]['max']:.2f} GiB, mean {mem[key]['mean']:.2f} GiB")
     if end.tflops_per_device is not None:

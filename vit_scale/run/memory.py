@@ -3,9 +3,10 @@
 GPUs: the caching allocator's max allocated and max reserved bytes. CPU: peak resident set
 size (VmHWM); writing 5 to /proc/self/clear_refs resets it so warm-up is left out.
 """
+
 from __future__ import annotations
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class MemoryProbe:
@@ -47,8 +48,10 @@ class MemoryProbe:
             return {"peak_rss_gib": _peak_rss_bytes() / GIB}
         import torch
 
-        return {"peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
-                "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB}
+        return {
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+        }
 
 
 def _peak_rss_bytes() -> int:

@@ -22,6 +22,7 @@ is: "wall" (the benchmark: the wall time from its opening to the end of the loop
 (fine-tuning: the sum of the timed steps' own times, since evaluations and checkpoints happen in
 between); either way the slowest rank's.
 """
+
 from __future__ import annotations
 
 import collections
@@ -34,15 +35,16 @@ from dataclasses import dataclass
 @dataclass
 class Figures:
     """What a meter has measured so far."""
-    images_per_step: int             # over every rank
-    steps_done: int                  # steps booked by this run (a resumed run counts from its resume)
+
+    images_per_step: int  # over every rank
+    steps_done: int  # steps booked by this run (a resumed run counts from its resume)
     last_step: int | None
     last_loss: float | None
-    nonfinite_step: int | None       # the first booked step whose loss was not finite
-    step_times: list[float]          # the timed steps' durations, warm-up left out
-    started_at: float                # time.perf_counter() when the loop started: wall_time_s counts from here
-    window_s: float | None           # the timed window's length; None while a wall window is open
-    memory: dict | None              # this rank's peak over the memory window
+    nonfinite_step: int | None  # the first booked step whose loss was not finite
+    step_times: list[float]  # the timed steps' durations, warm-up left out
+    started_at: float  # time.perf_counter() when the loop started: wall_time_s counts from here
+    window_s: float | None  # the timed window's length; None while a wall window is open
+    memory: dict | None  # this rank's peak over the memory window
     memory_window: str
 
 
@@ -76,11 +78,11 @@ class StepMeter:
         self.steps_booked = 0
         self.last_step = self.last_loss = self.nonfinite_step = None
         self.step_times: list[float] = []
-        self.first_step_s = None    # train.compile: the first step holds the compilation
+        self.first_step_s = None  # train.compile: the first step holds the compilation
         self.graphs_at_open = None  # graphs torch.compile had made when the timed window opened
         self.graphs_before = compiled_graphs()  # the count is the process's: several runs may share one
         self.opened_at = None
-        self.closed_s = None        # the window's length on the slowest rank, once closed
+        self.closed_s = None  # the window's length on the slowest rank, once closed
 
     # ------------------------------------------------------------ the window
 
@@ -123,17 +125,32 @@ class StepMeter:
             return None
         now = compiled_graphs()
         in_window = now - self.graphs_at_open if self.graphs_at_open is not None else None
-        return {"first_step_s": self.first_step_s, "graphs": now - self.graphs_before, "graphs_in_window": in_window,
-                "recompiled_in_window": bool(in_window) if in_window is not None else None}
+        return {
+            "first_step_s": self.first_step_s,
+            "graphs": now - self.graphs_before,
+            "graphs_in_window": in_window,
+            "recompiled_in_window": bool(in_window) if in_window is not None else None,
+        }
 
     def result(self) -> Figures:
         """The figures so far. Before `window_s()` closed the window, a "steps" window's length is
         this rank's own sum and a "wall" window's is unknown (None): no collectives here, since an
         interrupted run may call it from the signal watcher."""
-        window_s = self.closed_s if self.closed_s is not None else (
-            sum(self.step_times) if self.window == "steps" else None)
-        return Figures(self.images_per_step, self.steps_booked, self.last_step, self.last_loss, self.nonfinite_step, list(self.step_times),
-                       self.started_at, window_s, self.probe.peak(), self.probe.window)
+        window_s = (
+            self.closed_s if self.closed_s is not None else (sum(self.step_times) if self.window == "steps" else None)
+        )
+        return Figures(
+            self.images_per_step,
+            self.steps_booked,
+            self.last_step,
+            self.last_loss,
+            self.nonfinite_step,
+            list(self.step_times),
+            self.started_at,
+            window_s,
+            self.probe.peak(),
+            self.probe.window,
+        )
 
     # ------------------------------------------------------------ booking
 
@@ -151,8 +168,10 @@ class StepMeter:
         if self.recorder and step % self.train.log_every == 0:
             self.recorder.step({"step": step, "loss": loss, **record, "warmup": warmup})
         if self.world.is_main and (step % self.train.print_every == 0 or step == self.total_steps):
-            print(f"  step {step:>6}/{self.total_steps}  loss {loss:.4f}  {progress}"
-                  f"{'  (warm-up)' if warmup else ''}", flush=True)
+            print(
+                f"  step {step:>6}/{self.total_steps}  loss {loss:.4f}  {progress}{'  (warm-up)' if warmup else ''}",
+                flush=True,
+            )
         return warmup
 
 

@@ -3,6 +3,7 @@
 Matched by a substring of the device name torch reports. A GCD of an MI250X is one device to
 torch, so its entry is half the MI250X package figure. Override with `system.peak_tflops`.
 """
+
 from __future__ import annotations
 
 # name substring -> {precision: TFLOP/s}; fp32 is the plain (non-TF32) vector/matrix figure, tf32

@@ -5,6 +5,7 @@ figures are taken before the profiler starts, so no figure of the run includes i
 Each recorded step is wrapped in a `vit_scale.step#<k>` range: the analysis (analysis/traces.py)
 splits the trace into steps by these marks.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -55,5 +56,9 @@ def record_traces(session, run_step, steps: int, ranks_text: str) -> dict:
             torch.cuda.synchronize()
     names = [None] * world.world_size
     dist.all_gather_object(names, name)
-    return {"steps": steps, "ranks": ranks, "traces": [n for n in names if n],
-            "seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "steps": steps,
+        "ranks": ranks,
+        "traces": [n for n in names if n],
+        "seconds": round(time.perf_counter() - started, 3),
+    }

@@ -5,6 +5,7 @@ for that replica; every rank's figure is gathered and compared. Identical replic
 bit-identical sums (same shard layout, same reduction order), so the tolerance is tight.
 This is what catches a strategy that silently stops synchronising.
 """
+
 from __future__ import annotations
 
 RELATIVE_TOLERANCE = 1e-9

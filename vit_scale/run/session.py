@@ -12,6 +12,7 @@ end, the exit code and the exit itself (MPI included).
 Exit codes: 0 ok, 1 failed, 2 bad input, 3 oom, 4 diverged, 5 timeout (a signal), 6 skipped,
 and for a recipe that saves on a signal, 7: stopped after saving a checkpoint (requeue).
 """
+
 from __future__ import annotations
 
 import os
@@ -72,7 +73,7 @@ class RunSession:
     says `train` (the loop), `finish` (the end record after it) and, where it has keys of its own,
     `interrupted_end` and `summary_lines`."""
 
-    command = "vit-scale"            # how the summary names the command
+    command = "vit-scale"  # how the summary names the command
 
     def __init__(self, cfg: Config, world: World, signals: InterruptOnSignal | None = None):
         self.cfg, self.world = cfg, world
@@ -81,7 +82,7 @@ class RunSession:
         self.signals = signals or InterruptOnSignal()
         self.recorder: RunRecorder | None = None
         self.run_dir = ""
-        self.meter: StepMeter | None = None   # made by the loop (`new_meter`)
+        self.meter: StepMeter | None = None  # made by the loop (`new_meter`)
         self.model_info: dict = {}
         self.peak_tflops = None
         self.plan = None
@@ -103,8 +104,10 @@ class RunSession:
     def summary_lines(self, end: EndRecord) -> list[str]:
         """The summary's head line and a recipe's own lines after it."""
         world = self.world
-        return [f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(world.world_size, 'rank')} "
-                f"({plural(world.nodes, 'node')}, {world.device_type}): {end.status.upper()}"]
+        return [
+            f"{self.command}: {self.cfg.model} {self.cfg.strategy} on {plural(world.world_size, 'rank')} "
+            f"({plural(world.nodes, 'node')}, {world.device_type}): {end.status.upper()}"
+        ]
 
     # ------------------------------------------------------------ the parts a recipe calls
 
@@ -115,10 +118,17 @@ class RunSession:
 
     def end_record(self, status: str, error=None, failed_rank=None, **kwargs) -> EndRecord:
         """The end record from the meter's figures (vit_scale.run.ending.end_record takes the rest)."""
-        return end_record(status, error, failed_rank, self.meter.result() if self.meter else None,
-                          device_type=self.world.device_type, world_size=self.world.world_size,
-                          flops_per_image=self.model_info.get("flops_per_image", 0), peak_tflops=self.peak_tflops,
-                          **kwargs)
+        return end_record(
+            status,
+            error,
+            failed_rank,
+            self.meter.result() if self.meter else None,
+            device_type=self.world.device_type,
+            world_size=self.world.world_size,
+            flops_per_image=self.model_info.get("flops_per_image", 0),
+            peak_tflops=self.peak_tflops,
+            **kwargs,
+        )
 
     @property
     def step_times(self) -> list[float]:
@@ -178,11 +188,17 @@ class RunSession:
         peak = peak_tflops(device, arithmetic, cfg.system.peak_tflops)
         self.peak_tflops = peak[0]
         memory = device_memory_gib(world.device_type, world.device_index)
-        self.recorder.start(start_record(cfg, world, self.strategy, run_id, hosts, self.model_info, device, memory,
-                                         peak, self._plan(memory)))
-        say(world, f"{self.command}: {cfg.model} ({self.model_info['params'] / 1e6:.1f}M params) "
-                   f"{cfg.strategy} on {plural(world.world_size, 'rank')}, {plural(world.nodes, 'node')}, "
-                   f"{world.device_type} [{world.launcher}] -> {self.run_dir}")
+        self.recorder.start(
+            start_record(
+                cfg, world, self.strategy, run_id, hosts, self.model_info, device, memory, peak, self._plan(memory)
+            )
+        )
+        say(
+            world,
+            f"{self.command}: {cfg.model} ({self.model_info['params'] / 1e6:.1f}M params) "
+            f"{cfg.strategy} on {plural(world.world_size, 'rank')}, {plural(world.nodes, 'node')}, "
+            f"{world.device_type} [{world.launcher}] -> {self.run_dir}",
+        )
 
     def _plan(self, device_memory_gib):
         try:
@@ -191,7 +207,7 @@ class RunSession:
             return None
         try:
             self.plan = predict_for_run(self.cfg, self.world, device_memory_gib)
-        except Exception as exc:  # noqa: BLE001 - a planner bug must not cost the run
+        except Exception as exc:
             say(self.world, f"{self.command}: warning: no memory plan: {one_line(exc)}")
             self.plan = None
         return self.plan
@@ -205,8 +221,9 @@ class RunSession:
 
         verdict = [None]
         if self.world.is_main and self.plan and self.plan.get("fits") is False:
-            verdict = [f"does not fit: predicted {self.plan['memory_gib']:.3g} GiB > "
-                       f"{self.plan['device_memory_gib']:.3g} GiB"]
+            verdict = [
+                f"does not fit: predicted {self.plan['memory_gib']:.3g} GiB > {self.plan['device_memory_gib']:.3g} GiB"
+            ]
         dist.broadcast_object_list(verdict, src=0)
         if verdict[0] is None:
             return None
@@ -250,10 +267,13 @@ class RunSession:
         use_venv_tools()
         try:
             self.prepare()
-        except Exception as exc:  # noqa: BLE001 - e.g. a rendezvous that never completes
+        except Exception as exc:
             if world.is_main:
-                print(f"{self.command}: rank {world.rank}: could not start the run: {one_line(exc)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"{self.command}: rank {world.rank}: could not start the run: {one_line(exc)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             return 1
         skipped = self._skip_if_not_fits(keep_process_group)
         if skipped is not None:
@@ -261,8 +281,9 @@ class RunSession:
 
         def on_stuck(signum):
             if self.recorder:
-                self._write_end(self.interrupted("timeout" if signum is not None else "failed",
-                                                 self.signals.stuck_error(signum)))
+                self._write_end(
+                    self.interrupted("timeout" if signum is not None else "failed", self.signals.stuck_error(signum))
+                )
 
         # what rank 0's watcher polls to learn that another rank failed (other ranks poll nothing)
         peer_failure = (lambda: bool(rank_errors(self.run_dir))) if world.is_main else None
@@ -281,7 +302,7 @@ class RunSession:
                 print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)
                 end = self.interrupted("failed", str(exc))
             code = exc.exit_code
-        except Exception as exc:  # noqa: BLE001 - any failure becomes a record, not a traceback wall
+        except Exception as exc:
             status = classify(exc)
             code = EXIT_CODES[status]
             if not world.is_main:

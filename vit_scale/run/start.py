@@ -1,4 +1,5 @@
 """The start record: what a run is, written by rank 0 before the first step (docs/run_record.md)."""
+
 from __future__ import annotations
 
 import time
@@ -29,22 +30,45 @@ def kernels_prebuilt(cfg, world) -> dict:
         return {"unknown": f"{type(exc).__name__}: {exc}"}
 
 
-def start_record(cfg, world, strategy, run_id: str, hosts: list[str], model_info: dict, device: str,
-                 device_memory_gib, peak: tuple, plan) -> dict:
+def start_record(
+    cfg,
+    world,
+    strategy,
+    run_id: str,
+    hosts: list[str],
+    model_info: dict,
+    device: str,
+    device_memory_gib,
+    peak: tuple,
+    plan,
+) -> dict:
     """The start record's payload; `peak`: (TFLOP/s per device, where the figure comes from)."""
     from vit_scale.record.versions import git_revision, software_versions
 
     return {
-        "run_id": run_id, "study": cfg.output.study,
+        "run_id": run_id,
+        "study": cfg.output.study,
         "time_iso": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "config": cfg.to_dict(), "model": model_info,
+        "config": cfg.to_dict(),
+        "model": model_info,
         "strategy": strategy.describe(),
-        "world": {"world_size": world.world_size, "nodes": world.nodes,
-                  "ranks_per_node": world.local_world_size, "device_type": world.device_type,
-                  "device_name": device, "device_memory_gib": device_memory_gib,
-                  "backend": world.backend, "peak_tflops_per_device": peak[0], "peak_tflops_source": peak[1]},
+        "world": {
+            "world_size": world.world_size,
+            "nodes": world.nodes,
+            "ranks_per_node": world.local_world_size,
+            "device_type": world.device_type,
+            "device_name": device,
+            "device_memory_gib": device_memory_gib,
+            "backend": world.backend,
+            "peak_tflops_per_device": peak[0],
+            "peak_tflops_source": peak[1],
+        },
         "batch": {"per_device": cfg.train.batch_size, "global": cfg.train.batch_size * world.world_size},
-        "launcher": world.launcher, "slurm": slurm_facts(), "hosts": hosts,
-        "versions": software_versions(), "git_revision": git_revision(), "plan": plan,
+        "launcher": world.launcher,
+        "slurm": slurm_facts(),
+        "hosts": hosts,
+        "versions": software_versions(),
+        "git_revision": git_revision(),
+        "plan": plan,
         "kernels_prebuilt": kernels_prebuilt(cfg, world),
     }

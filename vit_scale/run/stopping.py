@@ -6,6 +6,7 @@ step, the ranks agree to stop, save a checkpoint and leave. Under both, the watc
 run whose main thread stays stuck after the grace period (a collective with a dead peer), and
 rank 0's watcher polls for a peer's failure.
 """
+
 from __future__ import annotations
 
 from vit_scale.launch.signals import SignalWatcher
@@ -52,5 +53,7 @@ class SaveThenStop(InterruptOnSignal):
     def stuck_error(self, signum) -> str:
         if not signum:
             return "a peer rank failed"
-        return ("stopped by a signal and still blocked (in a collective or a save) after "
-                f"checkpoint.signal_grace_s={self.grace_s}")
+        return (
+            "stopped by a signal and still blocked (in a collective or a save) after "
+            f"checkpoint.signal_grace_s={self.grace_s}"
+        )

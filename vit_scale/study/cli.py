@@ -8,6 +8,7 @@ bad input is refused before any module is loaded).
 
 Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input, 143 stopped.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,8 @@ OWN_OPTIONS = ("--config", "--system", "--out", "--report", "--run-time-limit", 
 STUDY_OPTIONS = {option: key for key, (option, _) in STUDY_KEYS.items() if option}
 # the plugin comparison's names for two of them
 STUDY_OPTIONS.update({"--model": "models", "--batch-sizes": "batch_size"})
-PROG = "vit-scale study"     # the name messages start with, unless --prog names the job script
-GRACE_S = int(os.environ.get("VIT_SCALE_STEP_GRACE_S", "60"))   # after one rank ends badly
+PROG = "vit-scale study"  # the name messages start with, unless --prog names the job script
+GRACE_S = int(os.environ.get("VIT_SCALE_STEP_GRACE_S", "60"))  # after one rank ends badly
 
 USAGE = """usage: sbatch [-N NODES] [sbatch options] jobs/weak_scaling.sh [options]
        bash jobs/weak_scaling.sh [options]     (no Slurm: this machine's GPUs, or emulated CPU nodes)
@@ -87,7 +88,7 @@ class Options:
     def __init__(self):
         self.flags: set = set()
         self.own: dict = {}
-        self.cli: dict = {}       # study key -> value
+        self.cli: dict = {}  # study key -> value
         self.sets: list = []
         self.help = False
 
@@ -106,8 +107,18 @@ def parse(argv: list) -> Options:
         elif opt in STUDY_OPTIONS:
             opts.cli[STUDY_OPTIONS[opt]] = value
         else:
-            allowed = " ".join(["--config", *[o for o in STUDY_OPTIONS if o not in ("--model", "--batch-sizes")],
-                                "--system", "--out", "--report", "--run-time-limit", *FLAGS[:-1], "--help"])
+            allowed = " ".join(
+                [
+                    "--config",
+                    *[o for o in STUDY_OPTIONS if o not in ("--model", "--batch-sizes")],
+                    "--system",
+                    "--out",
+                    "--report",
+                    "--run-time-limit",
+                    *FLAGS[:-1],
+                    "--help",
+                ]
+            )
             raise UserError(f"unknown option '{opt}'; allowed: {allowed}")
     return opts
 
@@ -116,8 +127,9 @@ def usage() -> str:
     from vit_scale.distributed import all_labels
     from vit_scale.models import MODELS
 
-    return USAGE.format(models=" ".join(MODELS), strategies=" ".join(all_labels()),
-                        systems=" ".join(systems.known_systems()))
+    return USAGE.format(
+        models=" ".join(MODELS), strategies=" ".join(all_labels()), systems=" ".join(systems.known_systems())
+    )
 
 
 class StudyRun:
@@ -137,17 +149,26 @@ class StudyRun:
         self.one_machine = not self.in_slurm and self.system.one_rank_per_gpu and not self.system.needs_slurm
         if self.system.needs_slurm and not self.in_slurm and not self.dry_run and not self.analysis_only:
             elsewhere = [s for s in systems.known_systems() if not systems.read_system(s).needs_slurm]
-            raise UserError(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/weak_scaling.sh, or "
-                            f"salloc); without Slurm allowed: {', '.join(elsewhere)}")
+            raise UserError(
+                f"--system: {name} runs inside a Slurm allocation (sbatch jobs/weak_scaling.sh, or "
+                f"salloc); without Slurm allowed: {', '.join(elsewhere)}"
+            )
         limit = opts.own.get("--run-time-limit")
         self.time_limit = minutes(limit, "--run-time-limit") if limit is not None else None
         ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:
             self.alloc_nodes = systems.allocation_size()
-        self.plan = make_plan(study_file(opts.own.get("--config"), self.system), opts.cli, opts.sets, self.system,
-                              ranks_per_node, self.alloc_nodes, one_machine=self.one_machine,
-                              analysis_only=self.analysis_only)
+        self.plan = make_plan(
+            study_file(opts.own.get("--config"), self.system),
+            opts.cli,
+            opts.sets,
+            self.system,
+            ranks_per_node,
+            self.alloc_nodes,
+            one_machine=self.one_machine,
+            analysis_only=self.analysis_only,
+        )
         # launch through Slurm inside an allocation, and in a dry run of a system that has no other way
         self.use_slurm = self.in_slurm or (self.dry_run and self.system.needs_slurm)
         launcher = self.plan.launcher
@@ -155,8 +176,10 @@ class StudyRun:
             import shutil
 
             if shutil.which("mpirun") is None:
-                raise UserError("--launcher: mpi without Slurm needs mpirun (apt-get install openmpi-bin); "
-                                "allowed here: srun, torchrun")
+                raise UserError(
+                    "--launcher: mpi without Slurm needs mpirun (apt-get install openmpi-bin); "
+                    "allowed here: srun, torchrun"
+                )
         self.out = os.path.abspath(opts.own.get("--out", "runs"))
         self.study_dir = os.path.join(self.out, self.plan.name)
         self.report = opts.own.get("--report") or os.path.join("report", self.plan.name)
@@ -172,8 +195,11 @@ class StudyRun:
         gpus = gpus or systems.gpus_here()
         if not gpus:
             where = "this allocation" if self.in_slurm else "this machine"
-            fix = ("submit with --gpus-per-node=N or give --ranks-per-node" if self.in_slurm else
-                   "run it on a machine with NVIDIA GPUs (nvidia-smi lists them) or give --ranks-per-node")
+            fix = (
+                "submit with --gpus-per-node=N or give --ranks-per-node"
+                if self.in_slurm
+                else "run it on a machine with NVIDIA GPUs (nvidia-smi lists them) or give --ranks-per-node"
+            )
             raise UserError(f"--system: {self.system.name} runs one rank per GPU, but {where} shows none; {fix}")
         return gpus
 
@@ -181,18 +207,26 @@ class StudyRun:
 
     def header(self) -> None:
         p, total = self.plan, len(self.plan.runs)
-        size = (f"GPUs {','.join(map(str, p.rank_counts))}" if self.one_machine
-                else f"nodes {','.join(map(str, p.nodes))}")
+        size = (
+            f"GPUs {','.join(map(str, p.rank_counts))}" if self.one_machine else f"nodes {','.join(map(str, p.nodes))}"
+        )
         strategies = "strategy" if len(p.strategies) == 1 else "strategies"
-        print(f"vit-scale study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} "
-              f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
-              f" x {size})")
+        print(
+            f"vit-scale study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} "
+            f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
+            f" x {size})"
+        )
         kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, p.ranks_per_node * max(p.nodes))
         job = os.environ.get("SLURM_JOB_ID")
-        where = (f"up to {p.ranks_per_node} GPUs on this machine" if self.one_machine
-                 else f"{p.ranks_per_node} rank{'s' if p.ranks_per_node > 1 else ''} per node")
-        print(f"  {where}, launcher: {launchers.describe(kind, self.system, p.ranks_per_node)}"
-              + (f", job {job} on {os.environ.get('SLURM_JOB_NODELIST', '')}" if job else ""))
+        where = (
+            f"up to {p.ranks_per_node} GPUs on this machine"
+            if self.one_machine
+            else f"{p.ranks_per_node} rank{'s' if p.ranks_per_node > 1 else ''} per node"
+        )
+        print(
+            f"  {where}, launcher: {launchers.describe(kind, self.system, p.ranks_per_node)}"
+            + (f", job {job} on {os.environ.get('SLURM_JOB_NODELIST', '')}" if job else "")
+        )
         print(f"  settings: {' '.join(p.common)}")
         print(f"  records: {self.study_dir}   logs: {os.path.join(self.study_dir, 'logs')}")
         if self.dry_run:
@@ -216,7 +250,7 @@ class StudyRun:
             code = check_first(self, supervisor)
             if code:
                 return code
-        forecast(self)   # predict: true: the predicted table and figure before the first run
+        forecast(self)  # predict: true: the predicted table and figure before the first run
         started, failed, done = time.monotonic(), 0, 0
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
@@ -224,23 +258,37 @@ class StudyRun:
             if supervisor and supervisor.interrupted:
                 break
             label = f"[{index}/{len(p.runs)}] {run.model} {run.strategy} " + (
-                f"{run.ranks} GPU{'s' if run.ranks > 1 else ''}" if self.one_machine
-                else f"n{run.nodes} ({run.ranks} rank{'s' if run.ranks > 1 else ''})")
+                f"{run.ranks} GPU{'s' if run.ranks > 1 else ''}"
+                if self.one_machine
+                else f"n{run.nodes} ({run.ranks} rank{'s' if run.ranks > 1 else ''})"
+            )
             if run.variant != "-":
                 label += " " + run.variant.replace(",", " ")
             parent = os.path.join(self.study_dir, run.model, run.strategy, f"n{run.nodes}")
             kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
             earlier = None if self.force else find_ok(parent, run.settings)
             if earlier and unattended(earlier, ledger, logs):
-                print(f"{label}: {earlier} says ok, but it has no ledger row: its study was killed before the run "
-                      f"ended, which then ran unattended; running it again", flush=True)
+                print(
+                    f"{label}: {earlier} says ok, but it has no ledger row: its study was killed before the run "
+                    f"ended, which then ran unattended; running it again",
+                    flush=True,
+                )
                 earlier = None
             if earlier:
                 print(f"{label} ... ok earlier, skipped (--force runs it again): {earlier}", flush=True)
                 if not self.dry_run and not ledger.has_run(earlier):
-                    ledger.add(model=run.model, strategy=run.strategy, variant=run.variant, nodes=run.nodes,
-                               ranks=run.ranks, launcher=kind, status="ok", images_per_s=run_result(earlier)[1],
-                               seconds=0, run_dir=earlier)
+                    ledger.add(
+                        model=run.model,
+                        strategy=run.strategy,
+                        variant=run.variant,
+                        nodes=run.nodes,
+                        ranks=run.ranks,
+                        launcher=kind,
+                        status="ok",
+                        images_per_s=run_result(earlier)[1],
+                        seconds=0,
+                        run_dir=earlier,
+                    )
                 done += 1
                 continue
             run_id = f"{stamp}-{tag}.{index}"
@@ -252,13 +300,22 @@ class StudyRun:
             if self.use_slurm and not self.in_slurm:  # a dry run far from the system: found when the job runs
                 addr, port = "{address of the first node}", "{a free port}"
             launch = launchers.build(
-                kind, self.python, run.settings + run.system_settings +
-                [f"output.dir={self.out}", f"output.study={p.name}", f"output.run_id={run_id}"],
-                system=self.system, nodes=run.nodes, ranks_per_node=run.ranks_per_node,
-                nodelist=",".join(nodes_here[:run.nodes]), master_addr=addr, master_port=port,
+                kind,
+                self.python,
+                run.settings
+                + run.system_settings
+                + [f"output.dir={self.out}", f"output.study={p.name}", f"output.run_id={run_id}"],
+                system=self.system,
+                nodes=run.nodes,
+                ranks_per_node=run.ranks_per_node,
+                nodelist=",".join(nodes_here[: run.nodes]),
+                master_addr=addr,
+                master_port=port,
                 time_limit_min=math.ceil(self.time_limit) if self.use_slurm and self.time_limit else None,
                 grace_s=GRACE_S,
-                rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.{index}", as_root=os.geteuid() == 0)
+                rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.{index}",
+                as_root=os.geteuid() == 0,
+            )
             if self.dry_run:
                 print(label)
                 if len(launch.commands) > 1:
@@ -277,7 +334,8 @@ class StudyRun:
             status, ips, error = run_result(run_dir)
             if outcome.timed_out and status in ("none", "failed"):
                 error = f"stopped after --run-time-limit {self.time_limit:g} min" + (
-                    "; its processes did not end on SIGTERM and were killed" if outcome.killed else "")
+                    "; its processes did not end on SIGTERM and were killed" if outcome.killed else ""
+                )
                 end_for_the_record(run_dir, "timeout", error)
                 status = "timeout"
             elif status == "none":
@@ -293,9 +351,20 @@ class StudyRun:
                 print(f"{status.upper()} (exit {outcome.code}, {seconds} s): {error[:300]}")
                 print(f"      log: {log}")
             sys.stdout.flush()
-            ledger.add(model=run.model, strategy=run.strategy, variant=run.variant, nodes=run.nodes,
-                       ranks=run.ranks, launcher=kind, exit_code=outcome.code, status=status, images_per_s=ips,
-                       seconds=seconds, run_dir=run_dir if os.path.isdir(run_dir) else "-", log=log)
+            ledger.add(
+                model=run.model,
+                strategy=run.strategy,
+                variant=run.variant,
+                nodes=run.nodes,
+                ranks=run.ranks,
+                launcher=kind,
+                exit_code=outcome.code,
+                status=status,
+                images_per_s=ips,
+                seconds=seconds,
+                run_dir=run_dir if os.path.isdir(run_dir) else "-",
+                log=log,
+            )
             done += 1
         if self.dry_run:
             return 0
@@ -325,8 +394,11 @@ class StudyRun:
                 if line.startswith(("  ", "vit-scale prepare:")) or "FAILED" in line:
                     print(f"  {line.rstrip()}")
         if outcome.code != 0:
-            print(f"{self.prog}: some kernels could not be built (see {log}); the runs that need them build or fail "
-                  f"on their own", file=sys.stderr)
+            print(
+                f"{self.prog}: some kernels could not be built (see {log}); the runs that need them build or fail "
+                f"on their own",
+                file=sys.stderr,
+            )
         sys.stdout.flush()
 
     def make_node_dirs(self) -> None:
@@ -342,12 +414,16 @@ class StudyRun:
         print()
         interrupted = supervisor is not None and supervisor.interrupted
         if interrupted:
-            print(f"Study '{p.name}' interrupted after {done} of {len(p.runs)} runs. Submit the same command again "
-                  f"to resume: runs recorded as ok are skipped.")
+            print(
+                f"Study '{p.name}' interrupted after {done} of {len(p.runs)} runs. Submit the same command again "
+                f"to resume: runs recorded as ok are skipped."
+            )
         elif not self.analysis_only:
             total = len(p.runs)
-            print(f"Study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} in "
-                  f"{int(elapsed) // 60}m{int(elapsed) % 60}s, {failed} failed.")
+            print(
+                f"Study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} in "
+                f"{int(elapsed) // 60}m{int(elapsed) % 60}s, {failed} failed."
+            )
         else:
             print(f"Study '{p.name}': the runs recorded in {self.study_dir}")
         rows = ledger.rows()
@@ -358,7 +434,7 @@ class StudyRun:
         checks = checks_of(self.study_dir)
         mine = [(n, c) for n, c in checks if n == max(p.nodes or [0])] if not self.analysis_only else checks
         earlier = read_check(self.study_dir) if not checks else None
-        if earlier:   # a directory from before checks were kept per node count
+        if earlier:  # a directory from before checks were kept per node count
             mine = [(0, earlier)]
         for nodes, check in mine:
             print(f"  check:       {f'n{nodes}: ' if len(checks) > 1 else ''}{headline(check)}")
@@ -374,8 +450,9 @@ class StudyRun:
         log = os.path.join(self.study_dir, "logs", "analysis.log")
         os.makedirs(os.path.dirname(log), exist_ok=True)
         with open(log, "w") as f:
-            code = subprocess.call([sys.executable, script, self.study_dir, "--out", self.report],
-                                   stdout=f, stderr=subprocess.STDOUT)
+            code = subprocess.call(
+                [sys.executable, script, self.study_dir, "--out", self.report], stdout=f, stderr=subprocess.STDOUT
+            )
         if code != 0:
             print(f"{self.prog}: the analysis failed; see {log}", file=sys.stderr)
             with open(log) as f:

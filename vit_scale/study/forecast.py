@@ -9,6 +9,7 @@ every point's model, batch and precision), else the counted FLOPs over the profi
 prediction cannot be made (a CPU profile has no peak and nothing ran yet) one line says why and the
 study goes on. A dry run prints the table and writes nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,15 @@ from vit_scale.study.plan import merge
 
 KEY = "predict"
 # settings the plan takes as its own options, or that do not change a step (steps, the skip rule)
-OWN = ("model", "strategy", "train.batch_size", "train.precision", "train.activation_checkpointing",
-       "train.steps", "train.warmup_steps")
+OWN = (
+    "model",
+    "strategy",
+    "train.batch_size",
+    "train.precision",
+    "train.activation_checkpointing",
+    "train.steps",
+    "train.warmup_steps",
+)
 
 
 def wanted(study) -> bool:
@@ -43,14 +51,26 @@ def plan_argv(study) -> tuple[list, str]:
 
     p = study.plan
     first = p.runs[0]
-    trainer = TrainConfig()   # what a run that does not set them gets
+    trainer = TrainConfig()  # what a run that does not set them gets
     same = [r for r in p.runs if r.variant == first.variant]
     shared = [s for s in first.settings if all(s in r.settings for r in same)]
     values = dict(s.split("=", 1) for s in first.settings)
-    argv = ["--system", study.system.name, "--model", ",".join(p.models), "--strategy", ",".join(p.strategies),
-            "--nodes", ",".join(map(str, p.nodes)), "--gpus-per-node", str(p.ranks_per_node),
-            "--batch-size", values.get("train.batch_size", str(trainer.batch_size)),
-            "--precision", values.get("train.precision", trainer.precision)]
+    argv = [
+        "--system",
+        study.system.name,
+        "--model",
+        ",".join(p.models),
+        "--strategy",
+        ",".join(p.strategies),
+        "--nodes",
+        ",".join(map(str, p.nodes)),
+        "--gpus-per-node",
+        str(p.ranks_per_node),
+        "--batch-size",
+        values.get("train.batch_size", str(trainer.batch_size)),
+        "--precision",
+        values.get("train.precision", trainer.precision),
+    ]
     if values.get("train.activation_checkpointing", str(trainer.activation_checkpointing)).lower() in TRUE:
         argv.append("--activation-checkpointing")
     for setting in shared:

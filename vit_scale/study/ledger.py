@@ -1,5 +1,6 @@
 """The study's ledger (OUT/STUDY/study_runs.tsv: one line per run attempted or found done), an
 earlier ok run with the same settings (resume), and the table printed at the end."""
+
 from __future__ import annotations
 
 import csv
@@ -11,8 +12,22 @@ import time
 from vit_scale.record.reader import read_run_dir, start_and_end
 from vit_scale.record.writer import EXIT_CODES, METRICS_FILE
 
-COLUMNS = ("time", "job", "model", "strategy", "variant", "nodes", "ranks", "launcher", "exit_code", "status",
-           "images_per_s", "seconds", "run_dir", "log")
+COLUMNS = (
+    "time",
+    "job",
+    "model",
+    "strategy",
+    "variant",
+    "nodes",
+    "ranks",
+    "launcher",
+    "exit_code",
+    "status",
+    "images_per_s",
+    "seconds",
+    "run_dir",
+    "log",
+)
 STATUS_OF_CODE = {code: status for status, code in EXIT_CODES.items()}
 STATUS_OF_CODE[2] = "bad-input"
 
@@ -62,8 +77,11 @@ def run_result(run_dir: str) -> tuple[str, str, str]:
     if end is None:
         return "none", "-", "the run started but wrote no end record" if start else "no run record"
     ips = (end.get("images_per_s") or {}).get("mean")
-    return (str(end.get("status", "failed")), f"{ips:.1f}" if ips is not None else "-",
-            " ".join(str(end.get("error") or "").split()))
+    return (
+        str(end.get("status", "failed")),
+        f"{ips:.1f}" if ips is not None else "-",
+        " ".join(str(end.get("error") or "").split()),
+    )
 
 
 def end_for_the_record(run_dir: str, status: str, error: str) -> bool:
@@ -73,14 +91,28 @@ def end_for_the_record(run_dir: str, status: str, error: str) -> bool:
     rec = read_run_dir(run_dir)
     if rec is None or rec.end is not None:
         return False
-    start, steps = rec.start, rec.last_step or 0   # steps are numbered from 1: the last is how many
+    start, steps = rec.start, rec.last_step or 0  # steps are numbered from 1: the last is how many
     path = rec.path
     now = time.time()
-    line = {"event": "end", "time": now, "status": status, "error": error, "failed_rank": None,
-            "steps_done": steps, "timed_steps": 0, "wall_time_s": round(now - float(start.get("time", now)), 3),
-            "images_per_s": None, "images_per_s_per_device": None, "memory": None, "tflops_per_device": None,
-            "mfu": None, "replicas_agree": None, "replica_checksums": None, "final_loss": None,
-            "written_by": "vit-scale study: the run was stopped before it wrote its end record"}
+    line = {
+        "event": "end",
+        "time": now,
+        "status": status,
+        "error": error,
+        "failed_rank": None,
+        "steps_done": steps,
+        "timed_steps": 0,
+        "wall_time_s": round(now - float(start.get("time", now)), 3),
+        "images_per_s": None,
+        "images_per_s_per_device": None,
+        "memory": None,
+        "tflops_per_device": None,
+        "mfu": None,
+        "replicas_agree": None,
+        "replica_checksums": None,
+        "final_loss": None,
+        "written_by": "vit-scale study: the run was stopped before it wrote its end record",
+    }
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
     return True
@@ -103,8 +135,7 @@ def _same_value(recorded, wanted: str) -> bool:
         wanted_value = yaml.safe_load(wanted)
     except yaml.YAMLError:
         wanted_value = wanted
-    if isinstance(recorded, (int, float)) and isinstance(wanted_value, (int, float)) \
-            and not isinstance(recorded, bool):
+    if isinstance(recorded, (int, float)) and isinstance(wanted_value, (int, float)) and not isinstance(recorded, bool):
         return float(recorded) == float(wanted_value)
     return recorded == wanted_value or str(recorded) == wanted
 
@@ -154,8 +185,10 @@ def summary(rows: list[dict], per: str = "n") -> list[str]:
         table.append(row)
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     fixed = len(header) - len(sizes)
-    out = ["  " + "  ".join(cell.ljust(w) if i < fixed else cell.rjust(w)
-                            for i, (cell, w) in enumerate(zip(r, widths))) for r in table]
+    out = [
+        "  " + "  ".join(cell.ljust(w) if i < fixed else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+        for r in table
+    ]
     counts: dict = {}
     for row in latest.values():
         counts[row["status"]] = counts.get(row["status"], 0) + 1

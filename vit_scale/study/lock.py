@@ -21,6 +21,7 @@ from here (another machine, no Slurm job) is named, with the command that remove
 A takeover goes through a guard file; a guard left by a study that died in its takeover is aged
 by this study's own clock, never by a file's mtime, which another machine's clock stamped.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,9 +41,24 @@ from vit_scale.errors import UserError
 LOCK_DIR = ".vit-scale-locks"
 # squeue states (%T) in which a job's processes can no longer hold anything; any other (RUNNING,
 # COMPLETING, SUSPENDED, STOPPED ...) counts as holding. PENDING: requeued, its old start is gone.
-ENDED_STATES = {"PENDING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-                "DEADLINE", "OUT_OF_MEMORY", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT", "REVOKED"}
-ATTEMPTS = 50          # x RETRY_S: how long a lock that changes hands under us is tried again
+ENDED_STATES = {
+    "PENDING",
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SPECIAL_EXIT",
+    "REVOKED",
+}
+ATTEMPTS = 50  # x RETRY_S: how long a lock that changes hands under us is tried again
 RETRY_S = 0.1
 TAKEOVER_STALE_S = 60  # a takeover guard seen this long (our own clock) was left by a study that died in its takeover
 
@@ -66,7 +82,7 @@ def proc_stat(pid: int) -> tuple[str, str] | None:
     text = _read_text(f"/proc/{pid}/stat")
     if not text:
         return None
-    fields = text[text.rfind(")") + 1:].split()   # the command name may hold spaces and parentheses
+    fields = text[text.rfind(")") + 1 :].split()  # the command name may hold spaces and parentheses
     return fields[0], fields[19]
 
 
@@ -93,13 +109,26 @@ def this_process(command: str) -> dict:
     job = os.environ.get("SLURM_JOB_ID")
     slurm = None
     if job:
-        slurm = {"job_id": job, "step_id": os.environ.get("SLURM_STEP_ID", "batch"),
-                 "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
-                 "cluster": os.environ.get("SLURM_CLUSTER_NAME", ""), "node": os.environ.get("SLURMD_NODENAME", "")}
-    return {"version": 1, "token": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
-            "process_start": stat[1] if stat else None, "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
-            "pid_namespace": _pid_namespace(), "user": _user(), "command": command,
-            "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "slurm": slurm}
+        slurm = {
+            "job_id": job,
+            "step_id": os.environ.get("SLURM_STEP_ID", "batch"),
+            "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0),
+            "cluster": os.environ.get("SLURM_CLUSTER_NAME", ""),
+            "node": os.environ.get("SLURMD_NODENAME", ""),
+        }
+    return {
+        "version": 1,
+        "token": uuid.uuid4().hex,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "process_start": stat[1] if stat else None,
+        "boot_id": _read_text("/proc/sys/kernel/random/boot_id"),
+        "pid_namespace": _pid_namespace(),
+        "user": _user(),
+        "command": command,
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "slurm": slurm,
+    }
 
 
 def describe(holder: dict) -> str:
@@ -118,12 +147,13 @@ def describe(holder: dict) -> str:
 
 # ----------------------------------------------------------------------------- is the holder there
 
+
 def _same_kernel(holder: dict, me: dict) -> bool:
     """Whether a pid in the record means the same process here: same boot of the same kernel and
     same pid namespace (containers on one host share the boot but not the pids)."""
     if holder.get("boot_id") and me["boot_id"]:
         return holder["boot_id"] == me["boot_id"] and holder.get("pid_namespace") == me["pid_namespace"]
-    return holder.get("host") == me["host"]   # no /proc here (macOS): the host name is all there is
+    return holder.get("host") == me["host"]  # no /proc here (macOS): the host name is all there is
 
 
 def _process_state(holder: dict) -> tuple[str, str]:
@@ -135,10 +165,10 @@ def _process_state(holder: dict) -> tuple[str, str]:
     except ProcessLookupError:
         return "gone", "has ended"
     except PermissionError:
-        pass   # another user's process: it exists
+        pass  # another user's process: it exists
     stat = proc_stat(pid)
     if stat is None:
-        return "held", "is running"   # no /proc: the pid exists, which is all that can be told
+        return "held", "is running"  # no /proc: the pid exists, which is all that can be told
     state, start = stat
     if state in ("Z", "X"):
         return "gone", "has ended"
@@ -165,8 +195,9 @@ def _slurm_job_state(slurm: dict) -> tuple[str, str]:
     if cluster and here and cluster != here:
         return "unknown", f"is a job of Slurm cluster {cluster}, which cannot be checked from {here}"
     try:
-        proc = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True,
-                              timeout=30)
+        proc = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=30
+        )
     except FileNotFoundError:
         return "unknown", "is a Slurm job that cannot be checked here: no squeue"
     except subprocess.SubprocessError:
@@ -200,6 +231,7 @@ def holder_state(holder: dict, me: dict) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------- taking and leaving
 
+
 def _write_new(path: str, record: dict) -> bool:
     """Create `path` holding `record`, only if it does not exist; True if this call created it."""
     tmp = f"{path}.{record['host']}.{record['pid']}.{uuid.uuid4().hex[:8]}.tmp"
@@ -208,7 +240,7 @@ def _write_new(path: str, record: dict) -> bool:
     try:
         os.link(tmp, path)
     except OSError as exc:
-        if exc.errno in (errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP):   # no hard links on this filesystem
+        if exc.errno in (errno.EPERM, errno.ENOSYS, errno.EOPNOTSUPP):  # no hard links on this filesystem
             return _create_exclusive(path, record)
         # an NFS reply lost on the way reports a link that was made as failed (EEXIST on the retry)
         if os.stat(tmp).st_nlink == 2:
@@ -265,7 +297,7 @@ def _take_over(path: str, stale: dict, me: dict, guards: dict) -> str:
     if not _write_new(guard, me):
         held = _read_lock(guard)
         if held is None:
-            return "lost"   # gone meanwhile: try again at once
+            return "lost"  # gone meanwhile: try again at once
         token = held.get("token") or json.dumps(held, sort_keys=True)
         seen = guards.setdefault(token, time.monotonic())
         if holder_state(held, me)[0] == "gone" or time.monotonic() - seen > TAKEOVER_STALE_S:
@@ -278,7 +310,7 @@ def _take_over(path: str, stale: dict, me: dict, guards: dict) -> str:
     try:
         current = _read_lock(path)
         if current is not None and current.get("token") != stale.get("token"):
-            return "lost"   # another study took it over first
+            return "lost"  # another study took it over first
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         return "taken" if _write_new(path, me) else "lost"
@@ -304,9 +336,9 @@ def take(path: str, me: dict) -> dict | None:
             return None
         held = _read_lock(path)
         if held is None:
-            continue   # released between the two calls
+            continue  # released between the two calls
         if not held and unreadable < 10:
-            unreadable += 1   # created with O_EXCL and not written yet (a filesystem without links)
+            unreadable += 1  # created with O_EXCL and not written yet (a filesystem without links)
             time.sleep(RETRY_S)
             continue
         state, why = holder_state(held, me)
@@ -340,8 +372,11 @@ def locks_of(path: str, holder: dict) -> list:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".lock"))
     except OSError:
         return [path]
-    found = [os.path.join(folder, n) for n in names
-             if (_read_lock(os.path.join(folder, n)) or {}).get("token") == holder.get("token")]
+    found = [
+        os.path.join(folder, n)
+        for n in names
+        if (_read_lock(os.path.join(folder, n)) or {}).get("token") == holder.get("token")
+    ]
     return found or [path]
 
 
@@ -360,8 +395,12 @@ class StudyLock:
         """A study's locks; a dry run and --analysis-only start no run, so they take none."""
         if study.dry_run or study.analysis_only or not study.plan.runs:
             return contextlib.nullcontext()
-        return cls(study.study_dir, [(run.model, run.nodes) for run in study.plan.runs],
-                   " ".join([prog, shlex.join(argv)]), prog)
+        return cls(
+            study.study_dir,
+            [(run.model, run.nodes) for run in study.plan.runs],
+            " ".join([prog, shlex.join(argv)]),
+            prog,
+        )
 
     def __enter__(self):
         taken_over: dict = {}
@@ -380,8 +419,11 @@ class StudyLock:
             self._leave()
             raise UserError(f"--out: cannot lock {self.study_dir}: {exc.strerror} ({exc.filename})") from None
         for old in taken_over.values():
-            print(f"{self.prog}: took over {self.study_dir} from {describe(old)}, which {old['why']}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{self.prog}: took over {self.study_dir} from {describe(old)}, which {old['why']}",
+                file=sys.stderr,
+                flush=True,
+            )
         return self
 
     def __exit__(self, *exc):
@@ -400,10 +442,14 @@ class StudyLock:
 
     def _refusal(self, refused: Refused) -> str:
         if not refused.holder:
-            return (f"{self.study_dir}: {refused.path} is not a lock this version can read; if no study runs there: "
-                    f"rm {shlex.quote(refused.path)}; or use another --out")
+            return (
+                f"{self.study_dir}: {refused.path} is not a lock this version can read; if no study runs there: "
+                f"rm {shlex.quote(refused.path)}; or use another --out"
+            )
         text = f"{self.study_dir} is in use by {describe(refused.holder)}, which {refused.why}"
         if refused.state == "held":
             return text + "; wait for it to end (or stop it), or use another --out"
-        return text + f"; if it has ended: rm {' '.join(map(shlex.quote, locks_of(refused.path, refused.holder)))}" \
-                      f"; or use another --out"
+        return (
+            text + f"; if it has ended: rm {' '.join(map(shlex.quote, locks_of(refused.path, refused.holder)))}"
+            f"; or use another --out"
+        )

@@ -1,5 +1,6 @@
 """A study file and the command line's options -> the runs of the study, each checked against
 the trainer's own tables of models and strategies before anything starts."""
+
 from __future__ import annotations
 
 import itertools
@@ -32,7 +33,7 @@ STUDY_KEYS = {
     "use_orig_params": ("--use-orig-params", "fsdp.use_orig_params"),
     "skip_if_not_fits": ("--skip-if-not-fits", "plan.skip_if_not_fits"),
     "launcher": ("--launcher", None),
-    "predict": ("--predict", None),      # vit_scale/study/forecast.py: the predicted curves before the runs
+    "predict": ("--predict", None),  # vit_scale/study/forecast.py: the predicted curves before the runs
     "set": ("--set", None),
     "settings": (None, None),
     "description": (None, None),
@@ -41,15 +42,28 @@ STUDY_KEYS = {
 ALIASES = {"model": "models", "batch_sizes": "batch_size"}
 # several values make a grid: each combination is one more run (Figure 1 of seed 003; batch size
 # is the axis of the plugin comparison)
-GRID_KEYS = ("batch_size", "precision", "activation_checkpointing", "fsdp_version", "backward_prefetch",
-             "limit_all_gathers", "forward_prefetch", "use_orig_params")
+GRID_KEYS = (
+    "batch_size",
+    "precision",
+    "activation_checkpointing",
+    "fsdp_version",
+    "backward_prefetch",
+    "limit_all_gathers",
+    "forward_prefetch",
+    "use_orig_params",
+)
 CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
     "fsdp_version": ("1", "2"),
     "backward_prefetch": ("none", "pre", "post"),
 }
-BOOLEAN_KEYS = ("activation_checkpointing", "limit_all_gathers", "forward_prefetch", "use_orig_params",
-                "skip_if_not_fits")
+BOOLEAN_KEYS = (
+    "activation_checkpointing",
+    "limit_all_gathers",
+    "forward_prefetch",
+    "use_orig_params",
+    "skip_if_not_fits",
+)
 LAUNCHERS = ("srun", "torchrun", "mpi")
 DEFAULTS = {"batch_size": 32, "steps": 30, "warmup_steps": 5, "nodes": "ladder", "gpu_counts": "ladder"}
 
@@ -60,9 +74,9 @@ class PlannedRun:
     strategy: str
     nodes: int
     ranks_per_node: int
-    variant: str              # the modifiers that vary within the study, "-" when none do
-    settings: list            # trainer KEY=VALUE that make this measurement what it is
-    system_settings: list     # trainer KEY=VALUE about the system (peak TFLOP/s), not part of identity
+    variant: str  # the modifiers that vary within the study, "-" when none do
+    settings: list  # trainer KEY=VALUE that make this measurement what it is
+    system_settings: list  # trainer KEY=VALUE about the system (peak TFLOP/s), not part of identity
 
     @property
     def ranks(self) -> int:
@@ -74,12 +88,12 @@ class Study:
     name: str
     models: list
     strategies: list
-    nodes: list               # node counts; with one machine and no Slurm, [1]
-    rank_counts: list         # GPU counts on one machine without Slurm (the ladder), else []
+    nodes: list  # node counts; with one machine and no Slurm, [1]
+    rank_counts: list  # GPU counts on one machine without Slurm (the ladder), else []
     launcher: str
-    common: list              # trainer KEY=VALUE for every run
-    grid: str                 # the modifiers with several values, for the header
-    ranks_per_node: int       # on one machine without Slurm: the GPUs found
+    common: list  # trainer KEY=VALUE for every run
+    grid: str  # the modifiers with several values, for the header
+    ranks_per_node: int  # on one machine without Slurm: the GPUs found
     runs: list = field(default_factory=list)
 
 
@@ -107,8 +121,9 @@ def merge(study_file: str, cli: dict, sets: list) -> tuple[dict, dict]:
     for item in sets:
         name, eq, val = item.partition("=")
         if not eq or not name:
-            raise UserError(f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true), "
-                            f"got '{item}'")
+            raise UserError(
+                f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true), got '{item}'"
+            )
         extra[name] = val
     values["set"] = extra
     for key, value in cli.items():
@@ -116,8 +131,16 @@ def merge(study_file: str, cli: dict, sets: list) -> tuple[dict, dict]:
     return values, origin
 
 
-def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: int, alloc_nodes: int,
-              one_machine: bool = False, analysis_only: bool = False) -> Study:
+def make_plan(
+    study_file: str,
+    cli: dict,
+    sets: list,
+    system,
+    ranks_per_node: int,
+    alloc_nodes: int,
+    one_machine: bool = False,
+    analysis_only: bool = False,
+) -> Study:
     """`one_machine`: a GPU machine without Slurm, where the ladder is over GPUs (`ranks_per_node`
     is then the number of GPUs found). `alloc_nodes`: the allocation's size, 0 = not in one."""
     from vit_scale.distributed import parse_strategy
@@ -156,31 +179,41 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         per_node = 0 if one_machine else ranks_per_node
         if g and per_node and per_node % g:
             fitting = [str(d) for d in range(1, per_node + 1) if per_node % d == 0]
-            raise UserError(f"{where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
-                            f"system {system.name} runs {per_node} ranks per node; allowed: "
-                            f"HYBRID_<g>GPU with g in {', '.join(fitting)}")
+            raise UserError(
+                f"{where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
+                f"system {system.name} runs {per_node} ranks per node; allowed: "
+                f"HYBRID_<g>GPU with g in {', '.join(fitting)}"
+            )
 
     rank_counts: list[int] = []
     if analysis_only:
         nodes = []
     elif one_machine:
         if "nodes" in cli and as_list(cli["nodes"]) != ["1"]:
-            raise UserError(f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
-                            f"(this machine; --gpu-counts gives the GPU counts)")
+            raise UserError(
+                f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
+                f"(this machine; --gpu-counts gives the GPU counts)"
+            )
         nodes = [1]
         rank_counts = counts(values["gpu_counts"], where("gpu_counts"), ranks_per_node, "GPU")
         if rank_counts[-1] > ranks_per_node:
-            raise UserError(f"{where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's "
-                            f"{ranks_per_node}; allowed: 1 to {ranks_per_node}")
+            raise UserError(
+                f"{where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's "
+                f"{ranks_per_node}; allowed: 1 to {ranks_per_node}"
+            )
     else:
         if str(values["nodes"]).strip() == "ladder" and not alloc_nodes:
-            raise UserError(f"{where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
-                            f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
-                            f"submit_sweep.sh")
+            raise UserError(
+                f"{where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
+                f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
+                f"submit_sweep.sh"
+            )
         nodes = counts(values["nodes"], where("nodes"), alloc_nodes, "node")
         if alloc_nodes and nodes[-1] > alloc_nodes:
-            raise UserError(f"{where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
-                            f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})")
+            raise UserError(
+                f"{where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
+                f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})"
+            )
 
     steps = whole_number("steps", 2)
     warmup = whole_number("warmup_steps", 0)
@@ -188,13 +221,16 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         # a short smoke test (--steps 4) over a study file's warm-up keeps most of its steps timed
         warmup = max(1, steps // 4)
     if warmup >= steps:
-        raise UserError(f"{where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
-                        f"so that some steps are timed")
+        raise UserError(
+            f"{where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
+            f"so that some steps are timed"
+        )
 
     launcher = str(values.get("launcher") or system.launcher or "srun")
     if launcher not in system.launchers:
-        raise UserError(f"{where('launcher')}: '{launcher}' is not allowed on {system.name}; "
-                        f"allowed: {', '.join(system.launchers)}")
+        raise UserError(
+            f"{where('launcher')}: '{launcher}' is not allowed on {system.name}; allowed: {', '.join(system.launchers)}"
+        )
 
     # precision may also be a table: strategy -> precision, with `default` for the rest (the
     # plugin comparison runs each plugin at the precision the seeds used)
@@ -203,11 +239,14 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
         precision_of = {str(k): str(v) for k, v in values.pop("precision").items()}
         for key, value in precision_of.items():
             if value not in CHOICES["precision"]:
-                raise UserError(f"{where('precision')}: {value!r} for {key} is not allowed; "
-                                f"allowed: {', '.join(CHOICES['precision'])}")
+                raise UserError(
+                    f"{where('precision')}: {value!r} for {key} is not allowed; "
+                    f"allowed: {', '.join(CHOICES['precision'])}"
+                )
     per_strategy = values.get("settings") or {}
     if not isinstance(per_strategy, dict) or not all(
-            isinstance(v, list) and all("=" in str(x) for x in v) for v in per_strategy.values() if v is not None):
+        isinstance(v, list) and all("=" in str(x) for x in v) for v in per_strategy.values() if v is not None
+    ):
         raise UserError(f"{study_file}: settings must map a strategy to a list of key=value")
 
     grid: list[tuple[str, list[str]]] = []
@@ -237,20 +276,31 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
     for key, value in (values.get("set") or {}).items():
         value = normalise_bool(value) if isinstance(value, bool) else str(value)
         if not re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", str(key)) or re.search(r"\s", value):
-            raise UserError(f"--set: '{key}={value}' is not allowed; allowed: a dotted trainer key and a value "
-                            f"without spaces, e.g. fsdp.use_orig_params=true")
+            raise UserError(
+                f"--set: '{key}={value}' is not allowed; allowed: a dotted trainer key and a value "
+                f"without spaces, e.g. fsdp.use_orig_params=true"
+            )
         if key.split(".")[0] == "output":
             raise UserError(f"--set: {key} is chosen by the study; use --out and --study instead")
         common.append(f"{key}={value}")
 
     varying = {key for key, items in grid if len(items) > 1}
-    study = Study(name, models, strategies, nodes, rank_counts, launcher, common,
-                  " ".join(f"{k}={','.join(v)}" for k, v in grid if len(v) > 1), ranks_per_node)
+    study = Study(
+        name,
+        models,
+        strategies,
+        nodes,
+        rank_counts,
+        launcher,
+        common,
+        " ".join(f"{k}={','.join(v)}" for k, v in grid if len(v) > 1),
+        ranks_per_node,
+    )
     shapes = [(1, g) for g in rank_counts] if one_machine else [(n, ranks_per_node) for n in nodes]
     for model in models:
         for label in strategies:
             for combo in itertools.product(*[items for _, items in grid]):
-                variant = dict(zip([key for key, _ in grid], combo))   # batch_size always among them
+                variant = dict(zip([key for key, _ in grid], combo))  # batch_size always among them
                 if precision_of and "precision" not in variant:
                     variant["precision"] = precision_of.get(label, precision_of.get("default", "fp32"))
                 settings = [f"model={model}", f"strategy={label}"]
@@ -260,8 +310,17 @@ def make_plan(study_file: str, cli: dict, sets: list, system, ranks_per_node: in
                 system_settings = [f"system.peak_tflops={peak}"] if peak is not None else []
                 shown = ",".join(f"{k}={v}" for k, v in variant.items() if k in varying) or "-"
                 for n, per_node in shapes:
-                    study.runs.append(PlannedRun(model, label, n, per_node, shown,
-                                                 settings + [f"system.ranks_per_node={per_node}"], system_settings))
+                    study.runs.append(
+                        PlannedRun(
+                            model,
+                            label,
+                            n,
+                            per_node,
+                            shown,
+                            settings + [f"system.ranks_per_node={per_node}"],
+                            system_settings,
+                        )
+                    )
     if not one_machine and launcher in ("srun", "mpi"):
         refuse_qgz_under_one_gpu_per_task(study.runs, system, where("strategies"))
     return study
@@ -271,8 +330,11 @@ def gpus_per_task(srun_flags: str) -> int | None:
     """The GPUs each task sees under these srun flags (--gpus-per-task=N), None when they do not say."""
     words = srun_flags.split()
     for i, word in enumerate(words):
-        value = word.partition("=")[2] if word.startswith("--gpus-per-task=") else (
-            words[i + 1] if word == "--gpus-per-task" and i + 1 < len(words) else None)
+        value = (
+            word.partition("=")[2]
+            if word.startswith("--gpus-per-task=")
+            else (words[i + 1] if word == "--gpus-per-task" and i + 1 < len(words) else None)
+        )
         if value is not None:
             return int(value) if value.isdigit() else None
     return None
@@ -290,16 +352,18 @@ def refuse_qgz_under_one_gpu_per_task(runs: list, system, option: str) -> None:
     for run in runs:
         if run.strategy != "ZEROPP":
             continue
-        qgz = True   # the trainer's default (config.DeepSpeedConfig); the last setting wins, as in the trainer
+        qgz = True  # the trainer's default (config.DeepSpeedConfig); the last setting wins, as in the trainer
         for setting in run.settings:
             key, _, value = str(setting).partition("=")
             if key == "deepspeed.quantized_gradients":
                 qgz = value.lower() in TRUE
         if qgz and qgz_refusal(True, visible, run.ranks_per_node, run.nodes):
-            raise UserError(f"{option}: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on "
-                            f"{system.name}, whose srun_flags give each rank {visible} GPU (--gpus-per-task="
-                            f"{visible}) while {run.ranks_per_node} ranks share a node, so DeepSpeed would group "
-                            f"the wrong ranks; allowed: --set deepspeed.quantized_gradients=false (qwZ and hpZ stay)")
+            raise UserError(
+                f"{option}: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on "
+                f"{system.name}, whose srun_flags give each rank {visible} GPU (--gpus-per-task="
+                f"{visible}) while {run.ranks_per_node} ranks share a node, so DeepSpeed would group "
+                f"the wrong ranks; allowed: --set deepspeed.quantized_gradients=false (qwZ and hpZ stay)"
+            )
 
 
 def run_arithmetic(precision: str, settings: list, system) -> str:

@@ -5,6 +5,7 @@ and before the first run, under the study's supervisor so that a signal to the s
 Its check.json is kept per node count, OUT/STUDY/check-n<N>.json: the jobs of jobs/submit_sweep.sh
 share the study directory, one node count each, and each one's check belongs beside its points.
 OUT/STUDY/check.json is a copy of the latest, what one allocation's study has always shown."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,10 @@ def check_first(study, supervisor) -> int:
         shutil.copyfile(path, tmp)
         os.replace(tmp, os.path.join(study.study_dir, "check.json"))
     if code == 1:
-        print(f"{study.prog}: the check found the system not ready (the lines above; {path}); no run was started",
-              file=sys.stderr)
+        print(
+            f"{study.prog}: the check found the system not ready (the lines above; {path}); no run was started",
+            file=sys.stderr,
+        )
     print(flush=True)
     return code
 
@@ -53,8 +56,26 @@ def check_argv(study, prog: str) -> list[str]:
     precisions = [s.split("=", 1)[1] for run in plan.runs for s in run.settings if s.startswith("train.precision=")]
     model = max(plan.models, key=lambda m: Shape.from_spec(MODELS[m]).params)
     nodes = max(plan.nodes or [1])
-    return ["--system", study.system.name, "--nodes", str(nodes),
-            "--ranks-per-node", str(plan.ranks_per_node), "--launcher", plan.launcher,
-            "--strategies", ",".join(plan.strategies), "--precision", ",".join(dict.fromkeys(precisions)) or "fp32",
-            "--model", model, "--quick", "--out", os.path.join(study.out, f"{plan.name}.check"),
-            "--json", check_path(study.study_dir, nodes), "--prog", prog]
+    return [
+        "--system",
+        study.system.name,
+        "--nodes",
+        str(nodes),
+        "--ranks-per-node",
+        str(plan.ranks_per_node),
+        "--launcher",
+        plan.launcher,
+        "--strategies",
+        ",".join(plan.strategies),
+        "--precision",
+        ",".join(dict.fromkeys(precisions)) or "fp32",
+        "--model",
+        model,
+        "--quick",
+        "--out",
+        os.path.join(study.out, f"{plan.name}.check"),
+        "--json",
+        check_path(study.study_dir, nodes),
+        "--prog",
+        prog,
+    ]

@@ -11,6 +11,7 @@ major version, and otherwise says in one line what to load and builds nothing. E
 every kernel is ready, 1 when one could not be built or the toolkit does not fit (the runs that
 need it will say why), 2 bad input.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ import os
 import sys
 import time
 
-PROG = "vit-scale prepare"     # the name its messages start with
+PROG = "vit-scale prepare"  # the name its messages start with
 
 
 def device_kind() -> str:
@@ -41,8 +42,12 @@ def main(argv=None, prog: str = PROG) -> int:
 
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", default="", help="comma-separated labels (default: every strategy)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda", "rocm"), default="auto",
-                        help="device kind to build for (default: what torch sees here)")
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda", "rocm"),
+        default="auto",
+        help="device kind to build for (default: what torch sees here)",
+    )
     args = parser.parse_args(argv)
     labels = [s for s in args.strategies.replace(",", " ").split() if s] or all_labels()
     labels = [label.replace("HYBRID_<g>GPU", "HYBRID_1GPU") for label in labels]
@@ -70,8 +75,11 @@ def main(argv=None, prog: str = PROG) -> int:
             lock = kernel.stale_lock()
             if lock:
                 os.remove(lock)
-                print(f"  {kernel.key}: removed a build lock nobody was working under ({lock}); a build "
-                      f"killed half-way leaves one, and every later build would wait on it", flush=True)
+                print(
+                    f"  {kernel.key}: removed a build lock nobody was working under ({lock}); a build "
+                    f"killed half-way leaves one, and every later build would wait on it",
+                    flush=True,
+                )
             before = kernel.built_at()
             started = time.monotonic()
             if before is None:
@@ -82,8 +90,11 @@ def main(argv=None, prog: str = PROG) -> int:
             what = "built" if before is None else "loaded, built before" if kernel.built_at() == before else "rebuilt"
             print(f"  {kernel.key}: {what} in {seconds:.1f} s", flush=True)
         except ImportError as exc:
-            print(f"  {kernel.key}: its package is not installed ({exc.name}); the strategies that need it "
-                  f"cannot run here", flush=True)
+            print(
+                f"  {kernel.key}: its package is not installed ({exc.name}); the strategies that need it "
+                f"cannot run here",
+                flush=True,
+            )
             failed += 1
         except Exception as exc:  # a compiler error: say which kernel, go on with the others
             print(f"  {kernel.key}: FAILED: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}", flush=True)

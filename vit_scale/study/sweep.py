@@ -8,6 +8,7 @@ the same sweep again resumes it (runs recorded ok are skipped).
 stdout holds only the job ids (study jobs, then the analysis job); a dry run prints every sbatch
 command and the srun lines of each job instead.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,8 +27,19 @@ from vit_scale.errors import UserError
 from vit_scale.study import cli as study_cli
 from vit_scale.study.plan import make_plan
 
-SWEEP_VALUES = ("--nodes", "--max-nodes", "--system", "--account", "--partition", "--qos", "--time",
-                "--analysis-time", "--gpus-per-node", "--logs", "--out")
+SWEEP_VALUES = (
+    "--nodes",
+    "--max-nodes",
+    "--system",
+    "--account",
+    "--partition",
+    "--qos",
+    "--time",
+    "--analysis-time",
+    "--gpus-per-node",
+    "--logs",
+    "--out",
+)
 SWEEP_FLAGS = ("--per-model", "--dry-run")
 PASSED_VALUES = ("--config", "--report", "--run-time-limit", "--ranks-per-node")
 # each job's study: --check checks that job's nodes first (its own OUT/STUDY/check-nN.json)
@@ -57,7 +69,7 @@ Study options (passed to every job): --config --study --models --strategies --ba
   --launcher --ranks-per-node --run-time-limit --force --report
   --check               each job checks its nodes first (vit-scale check --quick; OUT/STUDY/check-nN.json)"""
 
-PROG = "vit-scale sweep"     # the name messages start with, unless --prog names the job script
+PROG = "vit-scale sweep"  # the name messages start with, unless --prog names the job script
 
 
 def parse(argv):
@@ -75,7 +87,7 @@ def parse(argv):
             own[opt] = value
             passed += [opt, value]
         elif opt == "--models":
-            study["models"] = value      # each job gets its own --models
+            study["models"] = value  # each job gets its own --models
         elif opt == "--set":
             sets.append(value)
             passed += [opt, value]
@@ -83,8 +95,10 @@ def parse(argv):
             study[study_cli.STUDY_OPTIONS[opt]] = value
             passed += [opt, value]
         else:
-            raise UserError(f"unknown option '{opt}'; allowed: {' '.join(SWEEP_VALUES + SWEEP_FLAGS)} and the study "
-                            f"options of jobs/weak_scaling.sh (see --help)")
+            raise UserError(
+                f"unknown option '{opt}'; allowed: {' '.join(SWEEP_VALUES + SWEEP_FLAGS)} and the study "
+                f"options of jobs/weak_scaling.sh (see --help)"
+            )
     return own, passed, study, sets, flags
 
 
@@ -103,8 +117,9 @@ def sweep(argv, prog: str = PROG) -> int:
         print(USAGE)
         return 0
     dry_run = "--dry-run" in flags
-    name = own.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or (
-        "frontier" if systems.on_frontier() else "local")
+    name = (
+        own.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or ("frontier" if systems.on_frontier() else "local")
+    )
     system = systems.read_system(name)
     for option in ("--max-nodes", "--gpus-per-node", "--ranks-per-node"):
         if option in own:
@@ -112,20 +127,24 @@ def sweep(argv, prog: str = PROG) -> int:
     gpus = own.get("--gpus-per-node") or own.get("--ranks-per-node")
     if system.one_rank_per_gpu:
         if not gpus:
-            raise UserError(f"--gpus-per-node: {name} runs one rank per GPU, so say how many GPUs each node gets; "
-                            f"allowed: a whole number such as 4")
+            raise UserError(
+                f"--gpus-per-node: {name} runs one rank per GPU, so say how many GPUs each node gets; "
+                f"allowed: a whole number such as 4"
+            )
         ranks = int(gpus)
     else:
         ranks = int(gpus or system.ranks_per_node)
     if not dry_run and shutil.which("sbatch") is None:
-        raise UserError("--dry-run: sbatch is not on PATH, so nothing can be submitted here; "
-                        "allowed without Slurm: --dry-run")
+        raise UserError(
+            "--dry-run: sbatch is not on PATH, so nothing can be submitted here; allowed without Slurm: --dry-run"
+        )
 
     # the whole study, checked now: a bad model or strategy must fail here, not in the queue an hour later
     if "--nodes" in own:
         study["nodes"] = own["--nodes"]
-    plan = make_plan(study_file(own.get("--config"), system), study, sets, system, ranks,
-                     int(own.get("--max-nodes", 0)))
+    plan = make_plan(
+        study_file(own.get("--config"), system), study, sets, system, ranks, int(own.get("--max-nodes", 0))
+    )
 
     out = os.path.abspath(own.get("--out", "runs"))
     logs = os.path.abspath(own.get("--logs", "logs"))
@@ -159,11 +178,13 @@ def sweep(argv, prog: str = PROG) -> int:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(proc.stderr.strip() or f"sbatch exit code {proc.returncode}")
-        return proc.stdout.strip().split(";")[0]   # --parsable prints "id" or "id;cluster"
+        return proc.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
 
     groups = plan.models if "--per-model" in flags else [",".join(plan.models)]
-    say(f"Sweep of study '{plan.name}' on {name}: {len(plan.nodes)} node count(s) x {len(groups)} model group(s), "
-        f"then the analysis")
+    say(
+        f"Sweep of study '{plan.name}' on {name}: {len(plan.nodes)} node count(s) x {len(groups)} model group(s), "
+        f"then the analysis"
+    )
     job_ids = []
     for nodes in plan.nodes:
         for models in groups:
@@ -173,8 +194,10 @@ def sweep(argv, prog: str = PROG) -> int:
             try:
                 job_ids.append(submit(job_name, [f"--nodes={nodes}", *time_opt], args))
             except RuntimeError as exc:
-                print(f"{prog}: sbatch refused {job_name} ({exc}); jobs submitted so far: "
-                      f"{' '.join(job_ids) or 'none'}", file=sys.stderr)
+                print(
+                    f"{prog}: sbatch refused {job_name} ({exc}); jobs submitted so far: {' '.join(job_ids) or 'none'}",
+                    file=sys.stderr,
+                )
                 return 1
             if dry_run:
                 # what that job will run, step by step
@@ -187,20 +210,29 @@ def sweep(argv, prog: str = PROG) -> int:
             else:
                 say(f"submitted {job_name}: job {job_ids[-1]}")
     try:
-        analysis = submit(f"vit-{plan.name}-analysis",
-                          ["--nodes=1", f"--time={own.get('--analysis-time', '00:30:00')}",
-                           "--dependency=afterany:" + ":".join(job_ids)],
-                          [*job_args, "--analysis-only", *passed])
+        analysis = submit(
+            f"vit-{plan.name}-analysis",
+            [
+                "--nodes=1",
+                f"--time={own.get('--analysis-time', '00:30:00')}",
+                "--dependency=afterany:" + ":".join(job_ids),
+            ],
+            [*job_args, "--analysis-only", *passed],
+        )
     except RuntimeError as exc:
-        print(f"{prog}: sbatch refused the analysis job ({exc}); the study jobs {' '.join(job_ids)} are queued",
-              file=sys.stderr)
+        print(
+            f"{prog}: sbatch refused the analysis job ({exc}); the study jobs {' '.join(job_ids)} are queued",
+            file=sys.stderr,
+        )
         return 1
     if dry_run:
         say("dry run: nothing was submitted")
         return 0
     say(f"submitted vit-{plan.name}-analysis: job {analysis}, after jobs {' '.join(job_ids)} end")
-    say(f"job output: {logs}/   run records: {out}/{plan.name}   report: report/{plan.name} "
-        f"(once job {analysis} has run)")
+    say(
+        f"job output: {logs}/   run records: {out}/{plan.name}   report: report/{plan.name} "
+        f"(once job {analysis} has run)"
+    )
     print(" ".join(job_ids + [analysis]))
     return 0
 
