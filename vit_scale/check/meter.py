@@ -20,6 +20,7 @@ attributes (the benchmark's argparse namespace, or MeterSettings).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -279,4 +280,8 @@ def measure_alone(world, settings: MeterSettings, out_dir: str) -> dict:
     try:
         return measure(alone, settings, out_dir)
     finally:
+        # measure's DDP model sits in reference cycles and its Reducer holds this group: collected now, the group
+        # ends here rather than whenever the collector next runs (a gloo group ended there, with the GIL held, can
+        # deadlock against its worker thread)
+        gc.collect()
         dist.destroy_process_group()
