@@ -102,8 +102,8 @@ def _statistics_text(results: pd.DataFrame) -> str:
         "the order-statistic interval of the median (its own confidence, 95% to 99.2%, in brackets). The test: a "
         "margin is separated when the two 95% intervals do not overlap; equal points are called different in "
         "under 1% of cases with repeated runs and in about 1% to 4% between single runs of 15 correlated steps "
-        "(simulated), far stricter than a test at 5%. Overlapping intervals (within noise) may still hide a "
-        "real difference: not shown different is not shown equal."
+        "(simulated), far stricter than a test at 5%. Intervals that overlap may still hide a real difference: "
+        "within noise means not shown different, not shown equal."
     )
     if runs == [1]:
         return text + (
