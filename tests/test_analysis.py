@@ -524,12 +524,12 @@ def test_cli_end_to_end_without_torch(study, tmp_path):
     out = str(tmp_path / "report")
     before = _digest(study)
     probe = (
-        "import sys, runpy; sys.argv = ['analysis/weak_scaling.py', %r, '--out', %r, '--dpi', '60']; "
+        f"import sys, runpy; sys.argv = ['analysis/weak_scaling.py', {study!r}, '--out', {out!r}, '--dpi', '60']; "
         "code = 0\ntry:\n    runpy.run_path('analysis/weak_scaling.py', run_name='__main__')\n"
         "except SystemExit as e:\n    code = e.code\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm', 'deepspeed', 'colossalai'))\n"
         "print('FORBIDDEN', bad); sys.exit(code)"
-    ) % (study, out)
+    )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "FORBIDDEN []" in proc.stdout
@@ -1100,3 +1100,49 @@ def test_grid_and_single_device_bars_are_intervals(tmp_path):
     single = figures.plugin_comparison(df)
     assert single.extra["errorbars"] == {("plugin_comparison", "vit_base"): 15}  # CAI_DDP at 64 ran out of memory
     assert "error bars: the 95% CI of the median: batch medians within one run" in single.caption
+
+
+def test_report_states_the_test_and_each_interval_confidence(tmp_path):
+    """The best-run table heads its intervals "≥95% CI" and gives an order-statistic interval its own
+    confidence (6 runs: 96.9%); the report states how strict the non-overlap test is and that
+    overlapping intervals do not show two points equal."""
+    root = str(tmp_path / "runs")
+    for label, levels in (("DDP", [100.0, 101.0, 99.0, 102.0, 98.0, 100.5]), ("NO_SHARD", [99.5, 100.2] * 3)):
+        for i, level in enumerate(levels):
+            write_run(
+                root,
+                study="rep",
+                strategy=label,
+                ips=level,
+                steps=20,
+                warmup=5,
+                spread=0.01,
+                time=1.7e9 + 10 * i,
+                run_id=f"{label.lower()}-{i}",
+            )
+    out = tmp_path / "o"
+    assert main([root, "--out", str(out), "--quiet", "--no-plots"]) == 0
+    md = (out / "report.md").read_text()
+    assert "| images/s | ≥95% CI | runs |" in md
+    assert "| 100.2 | 98.0–102.0 (96.9%) | 6 |" in md
+    assert "| NO_SHARD | +0.4% (within noise) |" in md
+    assert "a margin is separated when the two 95% intervals do not overlap" in md
+    assert "equal points are called different in under 1% of cases with repeated runs" in md
+    assert "far stricter than a test at 5%" in md and "may still hide a real difference" in md
+    assert "they do not show the two equal either" in md
+
+
+def test_an_unbounded_efficiency_interval_is_worded_in_the_caption(tmp_path):
+    """DDP's base ran twice, at 10 and 100 images/s: its t interval reaches 0, so the efficiency at 2
+    nodes has no upper end. The cell reads ±∞ and the caption says why, never "0–inf%"."""
+    root = str(tmp_path / "runs")
+    for k, (nodes, ips) in enumerate(((1, 10.0), (1, 100.0), (2, 100.0))):
+        write_run(root, strategy="DDP", nodes=nodes, ips=ips, steps=11, warmup=2, run_id=f"ddp-{k}", time=1.7e9 + k)
+    df = table.build(records.collect([root])).results
+    assert math.isinf(_row(df, "vit_base", "DDP", 2)["efficiency_ci_high"])
+    plot = figures.efficiency(df)
+    assert plot.extra["intervals"]["vit_base"].loc["DDP", 2] == "±∞"
+    caption = " ".join(plot.caption.split())
+    low = _row(df, "vit_base", "DDP", 2)["efficiency_ci_low"]
+    assert f"DDP at 2 nodes (vit_base), {low * 100:.0f}% upward, unbounded: a point's interval reaches 0" in caption
+    assert "inf" not in caption

@@ -91,10 +91,10 @@ def widest_interval(runs: pd.DataFrame) -> str:
     if r["efficiency_ci_high"] <= r["efficiency_ci_low"]:
         return ""
     xcol, xname = tbl.x_axis(runs[runs["model"] == r["model"]])
-    return (
-        f"widest interval: {r['series']} at {int(r[xcol])} {xname} ({r['model']}), "
-        f"{r['efficiency_ci_low'] * 100:.0f}–{r['efficiency_ci_high'] * 100:.0f}%"
-    )
+    where = f"widest interval: {r['series']} at {int(r[xcol])} {xname} ({r['model']})"
+    if not math.isfinite(r["efficiency_ci_high"]):  # "0–inf%" would read as a typo
+        return f"{where}, {r['efficiency_ci_low'] * 100:.0f}% upward, unbounded: a point's interval reaches 0 images/s"
+    return f"{where}, {r['efficiency_ci_low'] * 100:.0f}–{r['efficiency_ci_high'] * 100:.0f}%"
 
 
 def _grid(matrices: dict, n_models: int, width: float, label_w: float, shared: bool, row_h: float) -> tuple:
