@@ -16,6 +16,7 @@ from vit_scale.planning.step_time import (
     Compute,
     Unit,
     _buckets,
+    _ds_buckets,
     _unit_plan,
     predict_curve,
     predict_step,
@@ -292,6 +293,37 @@ def test_zero2_gathers_parameters_after_the_step():
     assert len(p.after_step) == 1
     b = predict_step(sc, FLAT, Compute.measured(0.03, 0.01, "test")).breakdown
     assert b.step_s >= 0.04 + p.after_step[0].seconds - 1e-12
+
+
+@pytest.mark.parametrize("strategy", ["ZERO1", "ZERO2"])
+def test_zero12_all_reduce_each_bucket(strategy):
+    """ZeRO-1/2 with the trainer's reduce_scatter=True and DeepSpeed's default
+    use_multi_rank_bucket_allreduce: each bucket goes average_tensor -> allreduce_and_scatter ->
+    allreduce_bucket, a full all-reduce over the 4 ranks: S x 2 x 3/4 / 1 GB/s per bucket, and the plan's
+    bytes count 2 x 3/4 x 2 B x P of all-reduce, no reduce-scatter."""
+    sc = Scenario(model="vit_micro", strategy=strategy, nodes=1, gpus_per_node=4, device_memory_gib=None)
+    p = _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.01, "test"))
+    buckets = _ds_buckets(sc.shape, 2, sc.deepspeed.reduce_bucket_size)
+    colls = [c for u in p.units for c in u.after_backward]
+    assert sorted(c.seconds for c in colls) == pytest.approx(sorted(s * 2 * 3 / 4 / 1e9 for _, s in buckets))
+    got = communication.predict(sc, layout(sc))
+    assert got["reduce_scatter"] == {"intra": 0, "inter": 0}
+    assert got["all_reduce"]["intra"] == round(2 * 3 / 4 * 2 * sc.shape.params)
+
+
+def test_deepspeed_bucket_empties_before_the_gradient_that_overflows_it():
+    """DeepSpeed's rule (stage_1_and_2.py / stage3.py reduce_independent_p_g_buckets_and_remove_grads:
+    `if bucket.elements + param.numel() > reduce_bucket_size` reduce, then add): vit_micro, 40,000-element
+    buckets, 2 B gradients, reverse parameter order. The head's bias (1,000) is reduced alone when the
+    head's weight (64,000) arrives, by that weight's hook (the head, unit L+1 = 5); the weight, over the
+    cap, alone when the final norm's weight arrives (still unit 5). torch's rule (close once the cap is
+    reached) would put bias and weight in one 130,000 B bucket instead."""
+    sc = Scenario(model="vit_micro", strategy="ZERO2")
+    buckets = _ds_buckets(sc.shape, 2, 40_000)
+    assert buckets[:2] == [(5, 2_000), (5, 128_000)]
+    assert sum(b for _, b in buckets) == 2 * sc.shape.params
+    assert buckets[-1][0] == 0 and all(b <= 2 * 40_000 for _, b in buckets[2:])
+    assert _buckets(sc, sc.shape, 2, 80_000, 80_000)[0] == (5, 130_000)
 
 
 # ---------------------------------------------------------------- the prediction as a whole

@@ -99,7 +99,11 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         ds = sc.deepspeed
         stage = int(lay.sharding[-1])
         if stage < 3:
-            ledger.add("reduce_scatter", c * P, W)
+            # the trainer's reduce_scatter=True and DeepSpeed's default use_multi_rank_bucket_allreduce
+            # take each gradient bucket through deepspeed/runtime/zero/stage_1_and_2.py average_tensor ->
+            # allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks -> allreduce_bucket: a full
+            # all-reduce over the data-parallel group, each rank then keeping its partition's slice
+            ledger.add("all_reduce", c * P, W)
             ledger.add("all_gather", c * P, W)  # updated parameters after the step
         else:
             gathered = P - shape.small_tensor_params(ds.param_persistence_threshold)
@@ -144,7 +148,7 @@ def _fsdp_unit_sizes(shape: Shape, lay: Layout, g: int) -> tuple[int, int]:
 
 
 def _fsdp2_padded(tensors, g: int) -> int:
-    return sum(-(-s[0] // g) * g * (n // s[0]) for s, n in zip(tensors, _numels(tensors)))
+    return sum(-(-s[0] // g) * g * (n // s[0]) for s, n in zip(tensors, _numels(tensors), strict=True))
 
 
 def _fsdp_root_regathers(lay: Layout) -> bool:

@@ -29,6 +29,7 @@ MIB = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 PREFETCH_MODES = ("pre", "post", "none")
+PAST = {"all_reduce": "all-reduced", "reduce_scatter": "reduce-scattered"}
 
 
 # ---------------------------------------------------------------- compute
@@ -268,7 +269,7 @@ def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, ca
     root = shape.root_tensors()
     units = [0] * 4 + [1 + b for b in range(L) for _ in shape.block_tensors()] + [L + 1] * (len(root) - 4)
     out, size, last, limit = [], 0.0, None, first_cap
-    for t, unit in zip(reversed(tensors), reversed(units)):
+    for t, unit in zip(reversed(tensors), reversed(units), strict=True):
         numel = 1
         for d in t:
             numel *= d
@@ -279,6 +280,31 @@ def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, ca
             size, limit = 0.0, cap
     if size > 0:
         out.append((last, size))
+    return out
+
+
+def _ds_buckets(shape: Shape, grad_bytes: float, elements: int) -> list[tuple[int, float]]:
+    """Gradient buckets as DeepSpeed fills them (deepspeed/runtime/zero/stage_1_and_2.py
+    reduce_independent_p_g_buckets_and_remove_grads, stage3.py reduce_independent_p_g_buckets_and_remove_grads:
+    `if bucket.elements + param.numel() > reduce_bucket_size` reduce the bucket, then add the param):
+    a bucket is emptied BEFORE the gradient that would overflow it joins, by that gradient's hook, so
+    it is tied to the unit of that next gradient; the rest goes in the epilogue after the backward
+    (the stem, unit 0). (unit, bytes), in backward order. Units: 0 stem, 1..L Blocks, L+1 head."""
+    L = shape.L
+    tensors = shape.module_order_tensors()
+    root = shape.root_tensors()
+    units = [0] * 4 + [1 + b for b in range(L) for _ in shape.block_tensors()] + [L + 1] * (len(root) - 4)
+    out, count = [], 0
+    for t, unit in zip(reversed(tensors), reversed(units), strict=True):
+        numel = 1
+        for d in t:
+            numel *= d
+        if count + numel > elements and count > 0:
+            out.append((unit, count * grad_bytes))
+            count = 0
+        count += numel
+    if count > 0:
+        out.append((0, count * grad_bytes))
     return out
 
 
@@ -344,13 +370,17 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
         if lay.family == "deepspeed":
             elements = sc.deepspeed.reduce_bucket_size
             overlap = sc.deepspeed.overlap_comm
-            reduce = "reduce_scatter"
+            # reduce_scatter=True (the trainer) with use_multi_rank_bucket_allreduce=True (the default):
+            # average_tensor -> allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks ->
+            # allreduce_bucket, one all-reduce of the whole bucket over the data-parallel group
+            reduce = "all_reduce"
             name = f"DeepSpeed ZeRO-{lay.sharding[-1]}"
+            buckets = _ds_buckets(shape, c, elements)
         else:
             elements, overlap = CAI_REDUCE_BUCKET, True
             reduce = "all_reduce" if sc.colossalai.zero_stage == 1 else "reduce_scatter"
             name = f"LowLevelZero stage {sc.colossalai.zero_stage}"
-        buckets = _buckets(sc, shape, c, elements * c, elements * c)
+            buckets = _buckets(sc, shape, c, elements * c, elements * c)
         if not overlap:
             buckets = [(0, sum(s for _, s in buckets))]  # reduced after the backward (reduce_gradients)
         _attach(units, buckets, world_coll(reduce))
@@ -359,9 +389,9 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
             units,
             after_step=(gather,) if gather else (),
             rules=[
-                f"{name}: gradients reduced in buckets of {elements:,} elements during the backward"
+                f"{name}: gradients {PAST[reduce]} in buckets of {elements:,} elements during the backward"
                 if overlap
-                else f"{name}: gradients reduced after the backward (overlap_comm off)",
+                else f"{name}: gradients {PAST[reduce]} after the backward (overlap_comm off)",
                 "the updated parameters all-gathered after the optimizer step, exposed",
             ],
         )
@@ -496,7 +526,7 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     # bucket and __reduce_and_partition_ipg_grads reduce-scatters it (on reduce_and_partition_stream, the
     # same data-parallel group) once reduce_bucket_size elements are in; the rest at the end
     # (independent_gradient_partition_epilogue). ZeRO++ qgZ (all_to_all_quant_reduce) across nodes.
-    buckets = _buckets(sc, shape, grad_bytes, ds.reduce_bucket_size * grad_bytes, ds.reduce_bucket_size * grad_bytes)
+    buckets = _ds_buckets(shape, grad_bytes, ds.reduce_bucket_size)
     _attach(
         units,
         buckets,
