@@ -85,6 +85,18 @@ def test_latency_points_running_backwards_are_flagged():
     assert not any(x.startswith("not monotone") for x in f2.flags)
 
 
+def test_flat_latency_region_with_tight_spreads_is_monotone():
+    """A GPU's flat latency region: 8 B 25.1 us, 64 B 24.9 us, each +-0.05 us. The spreads alone give
+    0.1 us of slack (24.9 + 0.1 < 25.1: backwards); the relative floor, 10% of 25.1 us = 2.51 us, keeps
+    the two within noise, and the fit (25 us + S / 10 GB/s over the larger sizes) stays usable."""
+    pts = exact("all_reduce", 2, 25.0, 10.0, [8, 64, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
+    pts[0], pts[1] = (8, 25.1e-6), (64, 24.9e-6)
+    spread = [(s, t, 0.05e-6) for s, t in pts]
+    f = fit("all_reduce", "intra", 2, spread)
+    assert not any(x.startswith("not monotone") for x in f.flags), f.flags
+    assert f.usable, f.flags
+
+
 def test_network_spanning_group_runs_at_slowest_hop():
     """Across nodes: the across-nodes latency, and the smaller of the two bandwidths (a ring is as
     slow as its slowest hop). all_gather of 1 GB over 4 ranks spanning nodes with intra 100 GB/s,
