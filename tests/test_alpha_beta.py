@@ -116,6 +116,22 @@ def test_network_spanning_group_runs_at_slowest_hop():
     assert "all_gather/inter" in fitted.source and "all_reduce" not in fitted.source
 
 
+def test_spanning_bandwidth_grows_with_the_groups_ranks_per_node():
+    """bus = min(intra, per-rank inter x the group's ranks on each node): intra 100 GB/s, inter 25 GB/s a
+    rank. One rank a node (HSDP's replicas): 25; two: 50; eight (a ring over the whole node, every
+    NIC): 200, capped at 100. all_gather of 1 GB over 16 ranks, 8 a node: 30 us + 0.9375 GB / 100 GB/s.
+    A fit across nodes measured with 4 ranks a node at 40 GB/s is 10 GB/s a rank: 10 for a strided
+    group, min(80, 100) = 80 with 8 a node; with 4 a node it is the fit itself."""
+    net = Network(Link(5.0, 100.0), Link(30.0, 25.0))
+    assert [net.link("all_gather", True, k).bus_gbps for k in (1, 2, 8)] == [25.0, 50.0, 100.0]
+    assert net.seconds("all_gather", 1e9, 16, True, 8) == pytest.approx(30e-6 + 0.9375e9 / 100e9)
+    assert net.link("all_gather", False, 8).bus_gbps == 100.0
+    measured = fit("all_reduce", "inter", 8, exact("all_reduce", 8, 10.0, 40.0), ranks_per_node=4)
+    assert measured.as_dict()["ranks_per_node"] == 4
+    fitted = net.with_fits([measured])
+    assert [fitted.link("all_reduce", True, k).bus_gbps for k in (1, 4, 8)] == pytest.approx([10.0, 40.0, 80.0])
+
+
 def test_profiles_carry_documented_defaults():
     """Every system profile has its network section, each figure with a comment saying its source."""
     for name, intra, inter in (("frontier", 50, 12.5), ("cuda", 450, 50), ("local", 1.3, 1.3)):

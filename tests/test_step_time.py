@@ -202,6 +202,23 @@ def test_hybrid_over_two_nodes():
     assert parts(timeline(units, 1, "pre")) == (2, 4, 1.0, 1.5, 8.5)
 
 
+def test_spanning_groups_get_their_ranks_per_node_share_of_the_nics():
+    """Across-nodes bandwidth 1 GB/s a rank, within a node 100 GB/s. HYBRID_4GPU on 2 nodes x 4 GPUs:
+    the replicas (0 with 4, ...) hold one rank a node, so their all-reduce runs at 1 GB/s; FULL_SHARD on
+    the same 8 ranks is a ring over all 4 of each node's ranks, 4 NICs: 4 GB/s. vit_micro, bf16: a
+    Block's all-gather is 2 x 33,472 B = 66,944 B, x 7/8 / 4 GB/s; the replicas' all-reduce of a Block's
+    shard (16,736 B) x 2 x 1/2 / 1 GB/s."""
+    hy = Scenario(model="vit_micro", strategy="HYBRID_4GPU", nodes=2, gpus_per_node=4, device_memory_gib=None)
+    fs = dataclasses.replace(hy, strategy="FULL_SHARD")
+    assert communication.ranks_per_node(hy, 2, "strided", 4) == 1 and communication.ranks_per_node(fs, 8) == 4
+    p = _unit_plan(hy, layout(hy), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    q = _unit_plan(fs, layout(fs), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    c = 4 if hy.precision == "fp32" else 2
+    block = c * hy.shape.block_params
+    assert p.units[1].after_backward[1].seconds == pytest.approx(block / 4 * 2 * 1 / 2 / 1e9)
+    assert q.units[1].gather_forward.seconds == pytest.approx(block * 7 / 8 / 4e9)
+
+
 # ---------------------------------------------------------------- ZeRO
 
 

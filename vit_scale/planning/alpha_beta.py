@@ -66,6 +66,9 @@ class Fit:
     max_rel_residual: float
     sizes: int  # distinct sizes the fit saw
     flags: tuple = ()  # why it should not be used; empty when it can
+    # ranks of the fitted group on each node (the check's ranks per node for an across-nodes fit): what
+    # its bandwidth is rescaled from for a group with another number (Network.link); None: not recorded
+    ranks_per_node: int | None = None
 
     @property
     def usable(self) -> bool:
@@ -85,6 +88,7 @@ class Fit:
             "sizes": self.sizes,
             "usable": self.usable,
             "flags": list(self.flags),
+            **({"ranks_per_node": self.ranks_per_node} if self.ranks_per_node else {}),
         }
 
 
@@ -104,6 +108,7 @@ def fit(
     min_sizes: int = MIN_SIZES,
     max_residual: float = MAX_RESIDUAL,
     noise: float = MONOTONE_NOISE,
+    ranks_per_node: int | None = None,
 ) -> Fit:
     """Weighted least squares (weights 1/t^2, so relative errors) of t = alpha + x / B with
     x = S * f(n), over every point (repeats included).
@@ -157,7 +162,7 @@ def fit(
     backwards = _backwards(pts, noise)
     if backwards:
         flags.append(backwards)
-    return Fit(collective, scope, ranks, alpha * 1e6, bus, residual, len(sizes), tuple(flags))
+    return Fit(collective, scope, ranks, alpha * 1e6, bus, residual, len(sizes), tuple(flags), ranks_per_node)
 
 
 def _backwards(pts, noise: float) -> str:
@@ -197,33 +202,51 @@ def _size(n: float) -> str:
 class Network:
     """The alpha-beta parameters a prediction uses: per scope, optionally per collective (from fits).
 
-    A group that spans nodes runs all of its bytes at the across-nodes rate, bounded by the
-    within-node one (a ring is as slow as its slowest hop), with the across-nodes latency.
+    A group that spans nodes runs all of its bytes at the across-nodes rate (a ring is as slow as its
+    slowest hop), with the across-nodes latency. That rate depends on how many of a node's ranks the
+    group has: the profile's `inter_node.bus_gbps` is one rank's share of the node's NICs, and a ring
+    over k of a node's ranks uses k such shares (NCCL/RCCL open a channel per NIC, so a ring over all
+    of a node's ranks drives every NIC), bounded by the within-node rate:
+        bus = min(intra, per-rank inter x k)
+    k = 1 for a strided group (HSDP's replicas: one rank per node, several groups sharing the NICs).
+    A fit across nodes was measured at its own ranks per node (Fit.ranks_per_node) and is rescaled
+    the same way.
     """
 
     intra: Link
     inter: Link
-    per_collective: dict = field(default_factory=dict)  # (collective, scope) -> Link, from usable fits
+    per_collective: dict = field(default_factory=dict)  # (collective, scope) -> Fit or Link, from usable fits
     source: str = ""
 
-    def link(self, collective: str, spans_nodes: bool) -> Link:
+    def link(self, collective: str, spans_nodes: bool, ranks_per_node: int = 1) -> Link:
         scope = "inter" if spans_nodes else "intra"
+        k = max(1, int(ranks_per_node))
+        intra = self.per_collective.get((collective, "intra"))
+        intra = intra.link() if isinstance(intra, Fit) else (intra or self.intra)
         fitted = self.per_collective.get((collective, scope))
         if fitted is not None:
-            return fitted
+            if not isinstance(fitted, Fit):
+                return fitted
+            measured = fitted.link()
+            if not spans_nodes or not fitted.ranks_per_node or fitted.ranks_per_node == k:
+                return measured
+            bus = measured.bus_gbps * k / fitted.ranks_per_node
+            if k > fitted.ranks_per_node:
+                bus = min(bus, max(intra.bus_gbps, measured.bus_gbps))
+            return Link(measured.alpha_us, bus, f"{measured.source}, rescaled to {k} rank(s) per node")
         if not spans_nodes:
-            return self.intra
-        return Link(self.inter.alpha_us, min(self.inter.bus_gbps, self.intra.bus_gbps), self.inter.source)
+            return intra
+        return Link(self.inter.alpha_us, min(self.inter.bus_gbps * k, intra.bus_gbps), self.inter.source)
 
-    def seconds(self, collective: str, size_bytes: float, n: int, spans_nodes: bool) -> float:
-        return self.link(collective, spans_nodes).seconds(collective, size_bytes, n)
+    def seconds(self, collective: str, size_bytes: float, n: int, spans_nodes: bool, ranks_per_node: int = 1) -> float:
+        return self.link(collective, spans_nodes, ranks_per_node).seconds(collective, size_bytes, n)
 
     def with_fits(self, fits) -> Network:
         """These defaults, replaced per collective and scope by every usable fit; marked fits are not used."""
         table = dict(self.per_collective)
         for f in fits:
             if f.usable:
-                table[(f.collective, f.scope)] = f.link()
+                table[(f.collective, f.scope)] = f
         used = sorted(f"{c}/{s}" for c, s in table)
         source = self.source + (f"; fitted: {', '.join(used)}" if used else "")
         return Network(self.intra, self.inter, table, source)

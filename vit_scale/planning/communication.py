@@ -168,6 +168,18 @@ def spans_nodes(sc: Scenario, n: int, kind: str = "block", group_param: int = 0)
     return n > 1 and _crossing_share(sc.world, sc.gpus_per_node, kind, group_param or n) > 0
 
 
+def ranks_per_node(sc: Scenario, n: int, kind: str = "block", group_param: int = 0) -> int:
+    """How many of one node's ranks a group of this kind holds (the most on any node, over the first
+    group): the NICs a ring over it can drive (alpha_beta.Network.link). A block group over whole
+    nodes holds all of a node's ranks; a strided group with a stride of a node or more, one."""
+    if n < 2:
+        return 1
+    size = group_param or n
+    ranks = range(0, n) if kind == "block" else range(0, sc.world, size)
+    nodes = [r // sc.gpus_per_node for r in ranks]
+    return max(nodes.count(x) for x in set(nodes))
+
+
 def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
     """The sharded strategies' collectives unit by unit, at the sizes `predict` sums: the root unit
     (index 0: patch embedding, tokens, final norm, head) then one per Block. Each entry is a whole

@@ -257,7 +257,8 @@ def _group_coll(
     if n < 2 or size <= 0:
         return None
     spans = communication.spans_nodes(sc, n, kind, param)
-    return Coll(net.seconds(collective, size, n, spans), "inter" if spans else "intra", stream, name, chained)
+    k = communication.ranks_per_node(sc, n, kind, param)
+    return Coll(net.seconds(collective, size, n, spans, k), "inter" if spans else "intra", stream, name, chained)
 
 
 def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, cap: float) -> list[tuple[int, float]]:
