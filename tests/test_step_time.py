@@ -173,6 +173,42 @@ def test_fsdp_options_choose_the_rules():
     assert none > pre
 
 
+def test_fsdp2_root_is_gathered_again_with_the_head_at_the_start_of_the_backward():
+    """FSDP2 reshards the root after forward (the trainer passes reshard_after_forward), and the root
+    holds the head, whose backward runs first: the root's backward all-gather is tied to the head unit
+    (units[L+1]), not the stem; its reduce-scatter stays after the stem's backward (the last).
+    Hand timeline, stem, one Block, head (forward 1, backward 2 each; no forward gathers): the root's
+    gather (0.75) at the start of the backward, 3-3.75, exposed; the Block's (0.5) prefetched 3.75-4.25
+    under the head's backward 3.75-5.75; Block 5.75-7.75, stem 7.75-9.75: exposed 0.75, step 9.75."""
+    sc = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=1, gpus_per_node=4, device_memory_gib=None)
+    sc = dataclasses.replace(sc, fsdp=FSDPConfig(version=2))
+    p = _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.0, "test"))
+    root = communication.per_unit(sc, layout(sc))["units"][0]
+    assert p.units[0].gather_backward is None and p.units[-1].gather_backward is not None
+    assert p.units[-1].gather_backward.seconds == pytest.approx(root["gather_backward"] * 3 / 4 / 1e9)
+    assert p.units[0].after_backward and not p.units[-1].after_backward
+    units = [Unit(1, 2), Unit(1, 2, gather_backward=Coll(0.5, "intra", "shard")), Unit(1, 2)]
+    units[2].gather_backward = Coll(0.75, "intra", "shard")
+    assert parts(timeline(units, 1, "pre")) == (3, 6, 0.75, 0, 9.75)
+
+
+def test_fsdp2_keeps_one_reduce_scatter_in_flight():
+    """FSDP2's post_backward (reduce_scatter_max_input_buffers = 1): before a unit's reduce the compute
+    stream waits for the previous reduce-scatter. 3 units (forward 1, backward 2), the head's RS 4 s,
+    the others 0.5: backward unit 2 3-5, RS2 5-9; unit 1 5-7, then waits for RS2 until 9 (2 exposed),
+    RS1 9-9.5; unit 0 9-11, RS0 11-11.5, the optimizer waits 0.5: exposed 2.5, step 11.5. Without the
+    rule unit 0 runs 7-9 and only RS1 and RS0 (9-10) trail it: exposed 1, step 10. FSDP1 has no such
+    wait."""
+    units = [Unit(1, 2, after_backward=(Coll(0.5, "intra", "shard"),)) for _ in range(3)]
+    units[2].after_backward = (Coll(4.0, "intra", "shard"),)
+    assert parts(timeline(units, 1, "pre", one_reduce_in_flight=True)) == (3, 6, 2.5, 0, 11.5)
+    assert parts(timeline(units, 1, "pre")) == (3, 6, 1.0, 0, 10)
+    sc = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=1, gpus_per_node=4, device_memory_gib=None)
+    v2 = dataclasses.replace(sc, fsdp=FSDPConfig(version=2))
+    assert _unit_plan(v2, layout(v2), FLAT, Compute.measured(0.03, 0.0, "t")).one_reduce_in_flight
+    assert not _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.0, "t")).one_reduce_in_flight
+
+
 def test_hybrid_over_two_nodes():
     """HYBRID_2GPU on 2 nodes x 2 GPUs: shards inside a node (ranks 0-1, 2-3: intra), replicas across
     (0 with 2, 1 with 3: inter). Its unit plan has intra all-gathers and reduce-scatters on the shard

@@ -183,6 +183,7 @@ def timeline(
     optimizer_s: float = 0.0,
     after_step: tuple = (),
     blocking: bool = False,
+    one_reduce_in_flight: bool = False,
 ) -> Breakdown:
     """One step through `units` (forward order). Rules:
 
@@ -197,6 +198,8 @@ def timeline(
       before them ends); the optimizer waits for all of them; after_step collectives run after it,
       exposed. blocking: every collective the units issue is waited for at once (gloo on a CPU,
       where the library's call returns when the collective is done).
+    one_reduce_in_flight: before a unit's after_backward collectives are issued, compute waits for the
+      previous unit's first one (FSDP2's reduce_scatter_max_input_buffers = 1).
     """
     if backward_prefetch not in PREFETCH_MODES:
         raise ValueError(f"backward_prefetch: {backward_prefetch!r} is not one of {', '.join(PREFETCH_MODES)}")
@@ -213,7 +216,7 @@ def timeline(
         clock.wait(clock.issue(u.gather_forward, ready))
         starts.append(clock.t)
         clock.run(u.forward_s, "forward_s")
-    pending, gathered = [], {}
+    pending, gathered, last_reduce = [], {}, None
     order = list(reversed(range(n)))
     for j, i in enumerate(order):
         u, nxt = units[i], (order[j + 1] if j + 1 < n else None)
@@ -226,11 +229,15 @@ def timeline(
         clock.run(u.backward_s, "backward_s")
         if prefetch and backward_prefetch == "post":
             gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        if one_reduce_in_flight and u.after_backward:
+            clock.wait(last_reduce)
         previous = None
-        for c in u.after_backward:
+        for k, c in enumerate(u.after_backward):
             ready = previous[0] if (c.chained and previous) else clock.t
             previous = clock.issue(c, ready)
             pending.append(previous)
+            if k == 0:
+                last_reduce = previous
             if blocking:
                 clock.wait(previous)
     clock.wait(*pending)
@@ -323,6 +330,7 @@ class UnitPlan:
     backward_prefetch: str = "pre"
     after_step: tuple = ()
     blocking_applies: bool = True  # False where the library's collectives stay asynchronous on a CPU
+    one_reduce_in_flight: bool = False  # compute waits for the previous unit's reduce before the next
     rules: list = field(default_factory=list)
 
 
@@ -402,15 +410,20 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
     raise ValueError(f"strategy {label}: no step time rule")
 
 
-def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict) -> None:
+def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict, root_backward_at_head: bool = True) -> None:
     """Attach communication.per_unit's sizes: its unit 0 (the root) gathers with the stem and reduces
-    after the stem's backward (the last), its unit i with Block i (units[i])."""
+    after the stem's backward (the last), its unit i with Block i (units[i]). The root's backward
+    all-gather goes with the head (units[L+1]) when the root is one unit holding the head: the head's
+    backward runs first, so the root is gathered at the start of the backward (FSDP2's
+    FSDPParamGroup.pre_backward of the root, exposed; Gemini's chunks); ZeRO-3 regathers by module,
+    and of the root only the patch embedding is ever released (zero3_backward_gathers), used last."""
     for i, entry in enumerate(colls["units"]):
         u = units[i]
         u.gather_forward = _group_coll(
             sc, net, "all_gather", entry["gather_forward"], colls["gather"], streams["gather"], "gather"
         )
-        u.gather_backward = _group_coll(
+        at = units[-1] if (i == 0 and root_backward_at_head) else u
+        at.gather_backward = _group_coll(
             sc,
             net,
             "all_gather",
@@ -476,6 +489,9 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         # every unit (the trainer passes reshard_after_forward; communication._fsdp_root_regathers)
         ahead, prefetch = 1, "pre"
         rules.append("FSDP2: the next unit's all-gather overlaps this unit's forward; backward prefetches one unit")
+        # post_backward: with reduce_scatter_max_input_buffers = 1 (FSDPCommContext's default) the compute
+        # stream waits on the previous unit's reduce_scatter_event before this unit's foreach_reduce
+        rules.append("FSDP2: one reduce-scatter in flight; each unit's reduce waits for the previous one")
     else:
         fsdp = sc.fsdp if lay.family == "fsdp" else None
         limit = fsdp.limit_all_gathers if fsdp else True  # TorchFSDPPlugin: torch's defaults
@@ -502,13 +518,15 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
     if sharding == "SHARD_GRAD_OP":
         rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
     else:
-        root = "the root too" if version == 2 else "the root once"
+        root = "the root's again at the start of the backward, with the head" if version == 2 else "the root once"
         rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward ({root})")
     rules.append(
         "reduce-scatter when each unit's backward ends"
         + ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else "")
     )
-    return UnitPlan(units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules)
+    return UnitPlan(
+        units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules, one_reduce_in_flight=version == 2
+    )
 
 
 def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:
@@ -519,7 +537,7 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     # add bucketed ones below
     for entry in colls["units"]:
         entry["reduce_scatter"] = 0
-    _per_unit_colls(sc, lay, net, units, colls, streams)
+    _per_unit_colls(sc, lay, net, units, colls, streams, root_backward_at_head=False)
     c = 4 if sc.precision == "fp32" else 2
     quantised = lay.hpz and ds.quantized_gradients and sc.world > sc.gpus_per_node
     grad_bytes = 0.5 if quantised else c
@@ -657,6 +675,7 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
         compute.optimizer_s,
         plan.after_step,
         blocking=blocking and plan.blocking_applies,
+        one_reduce_in_flight=plan.one_reduce_in_flight,
     )
     per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
     rules = plan.rules + (
