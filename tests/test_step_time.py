@@ -291,6 +291,22 @@ def test_zero3_prefetch_and_one_gradient_bucket():
     assert q.units[1].gather_backward.stream == "world" and q.units[big.shape.L].gather_backward is None
 
 
+def test_zero3_backward_prefetches_as_far_ahead_as_the_forward():
+    """ZeRO-3's coordinator prefetches up to stage3_prefetch_bucket_size elements in backward too
+    (fetch_sub_module, BACKWARD_PREFETCH_SUBMIT). 3 units (forward 1, backward 1, no forward gathers),
+    backward all-gathers: unit 1 0.25 s, unit 0 2.0 s. One ahead: unit 2 3-4 prefetches unit 1
+    (3-3.25); unit 1 4-5 prefetches unit 0 (4-6); unit 0 waits 1, 6-7: step 7. Two ahead: unit 2 issues
+    both at 3 (3-3.25, 3.25-5.25); unit 1 4-5; unit 0 waits 0.25: step 6.25. The scenario's plan uses
+    the forward's lookahead in backward."""
+    units = [Unit(1, 1, gather_backward=Coll(2.0, "inter", "world")), Unit(1, 1), Unit(1, 1)]
+    units[1].gather_backward = Coll(0.25, "inter", "world")
+    assert parts(timeline(units, 1, "pre")) == (3, 3, 0, 1.0, 7)
+    assert parts(timeline(units, 1, "pre", backward_ahead=2)) == (3, 3, 0, 0.25, 6.25)
+    sc = Scenario(model="vit_micro", strategy="ZERO3", nodes=2, gpus_per_node=2, device_memory_gib=None)
+    p = _unit_plan(sc, layout(sc), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    assert p.backward_ahead == p.forward_ahead > 1
+
+
 def test_zeropp_hpz_moves_the_backward_gather_inside_the_node():
     """ZeRO++ hpZ on 2 nodes x 2 GPUs: the forward all-gather spans the world (inter, qwZ int8: 1 B a
     parameter), the backward one stays in the 2-rank secondary partition of each node (intra, its own

@@ -184,6 +184,7 @@ def timeline(
     after_step: tuple = (),
     blocking: bool = False,
     one_reduce_in_flight: bool = False,
+    backward_ahead: int = 1,
 ) -> Breakdown:
     """One step through `units` (forward order). Rules:
 
@@ -198,6 +199,8 @@ def timeline(
       before them ends); the optimizer waits for all of them; after_step collectives run after it,
       exposed. blocking: every collective the units issue is waited for at once (gloo on a CPU,
       where the library's call returns when the collective is done).
+    backward_ahead = k: "pre" and "post" prefetch the next k units in backward order (ZeRO-3's
+      coordinator: as far ahead as in the forward).
     one_reduce_in_flight: before a unit's after_backward collectives are issued, compute waits for the
       previous unit's first one (FSDP2's reduce_scatter_max_input_buffers = 1).
     """
@@ -223,12 +226,16 @@ def timeline(
         if u.gather_backward is not None and i not in gathered:
             gathered[i] = clock.issue(u.gather_backward, clock.t)
         clock.wait(gathered.get(i))
-        prefetch = nxt is not None and units[nxt].gather_backward is not None
-        if prefetch and backward_prefetch == "pre":
-            gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        ahead = [k for k in order[j + 1 : j + 1 + backward_ahead] if units[k].gather_backward is not None]
+        if backward_prefetch == "pre":
+            for k in ahead:
+                if k not in gathered:
+                    gathered[k] = clock.issue(units[k].gather_backward, clock.t)
         clock.run(u.backward_s, "backward_s")
-        if prefetch and backward_prefetch == "post":
-            gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        if backward_prefetch == "post":
+            for k in ahead:
+                if k not in gathered:
+                    gathered[k] = clock.issue(units[k].gather_backward, clock.t)
         if one_reduce_in_flight and u.after_backward:
             clock.wait(last_reduce)
         previous = None
@@ -331,6 +338,7 @@ class UnitPlan:
     after_step: tuple = ()
     blocking_applies: bool = True  # False where the library's collectives stay asynchronous on a CPU
     one_reduce_in_flight: bool = False  # compute waits for the previous unit's reduce before the next
+    backward_ahead: int = 1  # units the backward prefetches ahead
     rules: list = field(default_factory=list)
 
 
@@ -584,8 +592,15 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
             + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
             + ("; qgZ int4 gradients across nodes" if quantised else "")
         )
+    # the same lookahead in backward: fetch_sub_module's prefetch loop runs for backward fetches too
+    # (BACKWARD_PREFETCH_SUBMIT), over the trace recorded in reverse
     return UnitPlan(
-        units, forward_ahead=ahead, backward_prefetch="pre", rules=rules, after_step=(persistent,) if persistent else ()
+        units,
+        forward_ahead=ahead,
+        backward_prefetch="pre",
+        rules=rules,
+        after_step=(persistent,) if persistent else (),
+        backward_ahead=ahead,
     )
 
 
@@ -676,6 +691,7 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
         plan.after_step,
         blocking=blocking and plan.blocking_applies,
         one_reduce_in_flight=plan.one_reduce_in_flight,
+        backward_ahead=plan.backward_ahead,
     )
     per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
     rules = plan.rules + (
