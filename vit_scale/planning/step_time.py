@@ -222,7 +222,7 @@ def timeline(
     pending, gathered, last_reduce = [], {}, None
     order = list(reversed(range(n)))
     for j, i in enumerate(order):
-        u, nxt = units[i], (order[j + 1] if j + 1 < n else None)
+        u = units[i]
         if u.gather_backward is not None and i not in gathered:
             gathered[i] = clock.issue(u.gather_backward, clock.t)
         clock.wait(gathered.get(i))
