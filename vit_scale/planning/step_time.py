@@ -552,7 +552,9 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     # deepspeed/runtime/zero/stage3.py: reduce_partition_and_remove_grads adds each gradient to the ipg
     # bucket and __reduce_and_partition_ipg_grads reduce-scatters it (on reduce_and_partition_stream, the
     # same data-parallel group) once reduce_bucket_size elements are in; the rest at the end
-    # (independent_gradient_partition_epilogue). ZeRO++ qgZ (all_to_all_quant_reduce) across nodes.
+    # (independent_gradient_partition_epilogue). ZeRO++ qgZ: an approximation. DeepSpeed's
+    # all_to_all_quant_reduce (deepspeed/runtime/comm/coalesced_collectives.py) runs an int4 all-to-all
+    # inside the node, then one across nodes; timed here as one 0.5 B reduce-scatter over all ranks.
     buckets = _ds_buckets(shape, grad_bytes, ds.reduce_bucket_size)
     _attach(
         units,
@@ -590,7 +592,12 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
             f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
             "on its own group"
             + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
-            + ("; qgZ int4 gradients across nodes" if quantised else "")
+            + (
+                "; qgZ approximated as an int4 reduce-scatter over all ranks (DeepSpeed's "
+                "all_to_all_quant_reduce is an all-to-all within the node, then one across nodes)"
+                if quantised
+                else ""
+            )
         )
     # the same lookahead in backward: fetch_sub_module's prefetch loop runs for backward fetches too
     # (BACKWARD_PREFETCH_SUBMIT), over the trace recorded in reverse
