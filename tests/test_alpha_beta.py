@@ -132,6 +132,22 @@ def test_spanning_bandwidth_grows_with_the_groups_ranks_per_node():
     assert [fitted.link("all_reduce", True, k).bus_gbps for k in (1, 4, 8)] == pytest.approx([10.0, 40.0, 80.0])
 
 
+def test_the_checks_fits_record_their_ranks_per_node():
+    """vit_scale.check.collectives.fits_of: 2 nodes x 2 ranks, the node scope over 2 ranks and the
+    world over 4. The world fit was measured with 2 ranks on each node, and says so, so that
+    Network.link can rescale it; the node fit holds all of its 2 ranks on one node."""
+    from vit_scale.check.collectives import fits_of
+
+    sizes = [8 * 8**i for i in range(9)]
+    measured = [
+        {"scope": scope, "collective": "all_gather", "ranks": n, "bytes": s, "time_s": 50e-6 + s / 2e9, "correct": True}
+        for scope, n in (("node", 2), ("world", 4))
+        for s in sizes
+    ]
+    fits = {f["scope"]: f for f in fits_of(measured)}
+    assert (fits["inter"]["ranks_per_node"], fits["intra"]["ranks_per_node"]) == (2, 2)
+
+
 def test_profiles_carry_documented_defaults():
     """Every system profile has its network section, each figure with a comment saying its source."""
     for name, intra, inter in (("frontier", 50, 12.5), ("cuda", 450, 50), ("local", 1.3, 1.3)):
