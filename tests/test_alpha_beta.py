@@ -85,6 +85,18 @@ def test_latency_points_running_backwards_are_flagged():
     assert not any(x.startswith("not monotone") for x in f2.flags)
 
 
+def test_flat_latency_region_with_tight_spreads_is_monotone():
+    """A GPU's flat latency region: 8 B 25.1 us, 64 B 24.9 us, each +-0.05 us. The spreads alone give
+    0.1 us of slack (24.9 + 0.1 < 25.1: backwards); the relative floor, 10% of 25.1 us = 2.51 us, keeps
+    the two within noise, and the fit (25 us + S / 10 GB/s over the larger sizes) stays usable."""
+    pts = exact("all_reduce", 2, 25.0, 10.0, [8, 64, 1 << 20, 4 << 20, 16 << 20, 64 << 20])
+    pts[0], pts[1] = (8, 25.1e-6), (64, 24.9e-6)
+    spread = [(s, t, 0.05e-6) for s, t in pts]
+    f = fit("all_reduce", "intra", 2, spread)
+    assert not any(x.startswith("not monotone") for x in f.flags), f.flags
+    assert f.usable, f.flags
+
+
 def test_network_spanning_group_runs_at_slowest_hop():
     """Across nodes: the across-nodes latency, and the smaller of the two bandwidths (a ring is as
     slow as its slowest hop). all_gather of 1 GB over 4 ranks spanning nodes with intra 100 GB/s,
@@ -102,6 +114,38 @@ def test_network_spanning_group_runs_at_slowest_hop():
     assert fitted.seconds("all_gather", 1e9, 4, True) == pytest.approx(10e-6 + 0.75e9 / 50e9)
     assert fitted.seconds("all_reduce", 1e9, 4, True) == net.seconds("all_reduce", 1e9, 4, True)
     assert "all_gather/inter" in fitted.source and "all_reduce" not in fitted.source
+
+
+def test_spanning_bandwidth_grows_with_the_groups_ranks_per_node():
+    """bus = min(intra, per-rank inter x the group's ranks on each node): intra 100 GB/s, inter 25 GB/s a
+    rank. One rank a node (HSDP's replicas): 25; two: 50; eight (a ring over the whole node, every
+    NIC): 200, capped at 100. all_gather of 1 GB over 16 ranks, 8 a node: 30 us + 0.9375 GB / 100 GB/s.
+    A fit across nodes measured with 4 ranks a node at 40 GB/s is 10 GB/s a rank: 10 for a strided
+    group, min(80, 100) = 80 with 8 a node; with 4 a node it is the fit itself."""
+    net = Network(Link(5.0, 100.0), Link(30.0, 25.0))
+    assert [net.link("all_gather", True, k).bus_gbps for k in (1, 2, 8)] == [25.0, 50.0, 100.0]
+    assert net.seconds("all_gather", 1e9, 16, True, 8) == pytest.approx(30e-6 + 0.9375e9 / 100e9)
+    assert net.link("all_gather", False, 8).bus_gbps == 100.0
+    measured = fit("all_reduce", "inter", 8, exact("all_reduce", 8, 10.0, 40.0), ranks_per_node=4)
+    assert measured.as_dict()["ranks_per_node"] == 4
+    fitted = net.with_fits([measured])
+    assert [fitted.link("all_reduce", True, k).bus_gbps for k in (1, 4, 8)] == pytest.approx([10.0, 40.0, 80.0])
+
+
+def test_the_checks_fits_record_their_ranks_per_node():
+    """vit_scale.check.collectives.fits_of: 2 nodes x 2 ranks, the node scope over 2 ranks and the
+    world over 4. The world fit was measured with 2 ranks on each node, and says so, so that
+    Network.link can rescale it; the node fit holds all of its 2 ranks on one node."""
+    from vit_scale.check.collectives import fits_of
+
+    sizes = [8 * 8**i for i in range(9)]
+    measured = [
+        {"scope": scope, "collective": "all_gather", "ranks": n, "bytes": s, "time_s": 50e-6 + s / 2e9, "correct": True}
+        for scope, n in (("node", 2), ("world", 4))
+        for s in sizes
+    ]
+    fits = {f["scope"]: f for f in fits_of(measured)}
+    assert (fits["inter"]["ranks_per_node"], fits["intra"]["ranks_per_node"]) == (2, 2)
 
 
 def test_profiles_carry_documented_defaults():

@@ -16,6 +16,7 @@ from vit_scale.planning.step_time import (
     Compute,
     Unit,
     _buckets,
+    _ds_buckets,
     _unit_plan,
     predict_curve,
     predict_step,
@@ -172,6 +173,42 @@ def test_fsdp_options_choose_the_rules():
     assert none > pre
 
 
+def test_fsdp2_root_is_gathered_again_with_the_head_at_the_start_of_the_backward():
+    """FSDP2 reshards the root after forward (the trainer passes reshard_after_forward), and the root
+    holds the head, whose backward runs first: the root's backward all-gather is tied to the head unit
+    (units[L+1]), not the stem; its reduce-scatter stays after the stem's backward (the last).
+    Hand timeline, stem, one Block, head (forward 1, backward 2 each; no forward gathers): the root's
+    gather (0.75) at the start of the backward, 3-3.75, exposed; the Block's (0.5) prefetched 3.75-4.25
+    under the head's backward 3.75-5.75; Block 5.75-7.75, stem 7.75-9.75: exposed 0.75, step 9.75."""
+    sc = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=1, gpus_per_node=4, device_memory_gib=None)
+    sc = dataclasses.replace(sc, fsdp=FSDPConfig(version=2))
+    p = _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.0, "test"))
+    root = communication.per_unit(sc, layout(sc))["units"][0]
+    assert p.units[0].gather_backward is None and p.units[-1].gather_backward is not None
+    assert p.units[-1].gather_backward.seconds == pytest.approx(root["gather_backward"] * 3 / 4 / 1e9)
+    assert p.units[0].after_backward and not p.units[-1].after_backward
+    units = [Unit(1, 2), Unit(1, 2, gather_backward=Coll(0.5, "intra", "shard")), Unit(1, 2)]
+    units[2].gather_backward = Coll(0.75, "intra", "shard")
+    assert parts(timeline(units, 1, "pre")) == (3, 6, 0.75, 0, 9.75)
+
+
+def test_fsdp2_keeps_one_reduce_scatter_in_flight():
+    """FSDP2's post_backward (reduce_scatter_max_input_buffers = 1): before a unit's reduce the compute
+    stream waits for the previous reduce-scatter. 3 units (forward 1, backward 2), the head's RS 4 s,
+    the others 0.5: backward unit 2 3-5, RS2 5-9; unit 1 5-7, then waits for RS2 until 9 (2 exposed),
+    RS1 9-9.5; unit 0 9-11, RS0 11-11.5, the optimizer waits 0.5: exposed 2.5, step 11.5. Without the
+    rule unit 0 runs 7-9 and only RS1 and RS0 (9-10) trail it: exposed 1, step 10. FSDP1 has no such
+    wait."""
+    units = [Unit(1, 2, after_backward=(Coll(0.5, "intra", "shard"),)) for _ in range(3)]
+    units[2].after_backward = (Coll(4.0, "intra", "shard"),)
+    assert parts(timeline(units, 1, "pre", one_reduce_in_flight=True)) == (3, 6, 2.5, 0, 11.5)
+    assert parts(timeline(units, 1, "pre")) == (3, 6, 1.0, 0, 10)
+    sc = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=1, gpus_per_node=4, device_memory_gib=None)
+    v2 = dataclasses.replace(sc, fsdp=FSDPConfig(version=2))
+    assert _unit_plan(v2, layout(v2), FLAT, Compute.measured(0.03, 0.0, "t")).one_reduce_in_flight
+    assert not _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.0, "t")).one_reduce_in_flight
+
+
 def test_hybrid_over_two_nodes():
     """HYBRID_2GPU on 2 nodes x 2 GPUs: shards inside a node (ranks 0-1, 2-3: intra), replicas across
     (0 with 2, 1 with 3: inter). Its unit plan has intra all-gathers and reduce-scatters on the shard
@@ -199,6 +236,23 @@ def test_hybrid_over_two_nodes():
         for _ in range(2)
     ]
     assert parts(timeline(units, 1, "pre")) == (2, 4, 1.0, 1.5, 8.5)
+
+
+def test_spanning_groups_get_their_ranks_per_node_share_of_the_nics():
+    """Across-nodes bandwidth 1 GB/s a rank, within a node 100 GB/s. HYBRID_4GPU on 2 nodes x 4 GPUs:
+    the replicas (0 with 4, ...) hold one rank a node, so their all-reduce runs at 1 GB/s; FULL_SHARD on
+    the same 8 ranks is a ring over all 4 of each node's ranks, 4 NICs: 4 GB/s. vit_micro, bf16: a
+    Block's all-gather is 2 x 33,472 B = 66,944 B, x 7/8 / 4 GB/s; the replicas' all-reduce of a Block's
+    shard (16,736 B) x 2 x 1/2 / 1 GB/s."""
+    hy = Scenario(model="vit_micro", strategy="HYBRID_4GPU", nodes=2, gpus_per_node=4, device_memory_gib=None)
+    fs = dataclasses.replace(hy, strategy="FULL_SHARD")
+    assert communication.ranks_per_node(hy, 2, "strided", 4) == 1 and communication.ranks_per_node(fs, 8) == 4
+    p = _unit_plan(hy, layout(hy), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    q = _unit_plan(fs, layout(fs), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    c = 4 if hy.precision == "fp32" else 2
+    block = c * hy.shape.block_params
+    assert p.units[1].after_backward[1].seconds == pytest.approx(block / 4 * 2 * 1 / 2 / 1e9)
+    assert q.units[1].gather_forward.seconds == pytest.approx(block * 7 / 8 / 4e9)
 
 
 # ---------------------------------------------------------------- ZeRO
@@ -235,6 +289,22 @@ def test_zero3_prefetch_and_one_gradient_bucket():
     big = dataclasses.replace(sc, model="vit_3b")
     q = _unit_plan(big, layout(big), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
     assert q.units[1].gather_backward.stream == "world" and q.units[big.shape.L].gather_backward is None
+
+
+def test_zero3_backward_prefetches_as_far_ahead_as_the_forward():
+    """ZeRO-3's coordinator prefetches up to stage3_prefetch_bucket_size elements in backward too
+    (fetch_sub_module, BACKWARD_PREFETCH_SUBMIT). 3 units (forward 1, backward 1, no forward gathers),
+    backward all-gathers: unit 1 0.25 s, unit 0 2.0 s. One ahead: unit 2 3-4 prefetches unit 1
+    (3-3.25); unit 1 4-5 prefetches unit 0 (4-6); unit 0 waits 1, 6-7: step 7. Two ahead: unit 2 issues
+    both at 3 (3-3.25, 3.25-5.25); unit 1 4-5; unit 0 waits 0.25: step 6.25. The scenario's plan uses
+    the forward's lookahead in backward."""
+    units = [Unit(1, 1, gather_backward=Coll(2.0, "inter", "world")), Unit(1, 1), Unit(1, 1)]
+    units[1].gather_backward = Coll(0.25, "inter", "world")
+    assert parts(timeline(units, 1, "pre")) == (3, 3, 0, 1.0, 7)
+    assert parts(timeline(units, 1, "pre", backward_ahead=2)) == (3, 3, 0, 0.25, 6.25)
+    sc = Scenario(model="vit_micro", strategy="ZERO3", nodes=2, gpus_per_node=2, device_memory_gib=None)
+    p = _unit_plan(sc, layout(sc), SLOW_INTER, Compute.measured(0.03, 0.0, "test"))
+    assert p.backward_ahead == p.forward_ahead > 1
 
 
 def test_zeropp_hpz_moves_the_backward_gather_inside_the_node():
@@ -278,6 +348,8 @@ def test_zeropp_hpz_moves_the_backward_gather_inside_the_node():
     # qwZ halves the forward gather (1 B vs bf16's 2), qgZ quarters the gradients (0.5 B vs 2)
     assert block.gather_forward.seconds == pytest.approx(q.units[1].gather_forward.seconds / 2)
     assert p.units[0].after_backward[0].seconds == pytest.approx(q.units[0].after_backward[0].seconds / 4)
+    # qgZ is timed as a reduce-scatter, not DeepSpeed's two all-to-alls: the rules say it is an approximation
+    assert any("qgZ approximated" in r and "all_to_all_quant_reduce" in r for r in p.rules), p.rules
     assert (
         predict_step(sc, SLOW_INTER, Compute.measured(0.03, 0.0, "t")).breakdown.step_s
         < predict_step(plain, SLOW_INTER, Compute.measured(0.03, 0.0, "t")).breakdown.step_s
@@ -292,6 +364,37 @@ def test_zero2_gathers_parameters_after_the_step():
     assert len(p.after_step) == 1
     b = predict_step(sc, FLAT, Compute.measured(0.03, 0.01, "test")).breakdown
     assert b.step_s >= 0.04 + p.after_step[0].seconds - 1e-12
+
+
+@pytest.mark.parametrize("strategy", ["ZERO1", "ZERO2"])
+def test_zero12_all_reduce_each_bucket(strategy):
+    """ZeRO-1/2 with the trainer's reduce_scatter=True and DeepSpeed's default
+    use_multi_rank_bucket_allreduce: each bucket goes average_tensor -> allreduce_and_scatter ->
+    allreduce_bucket, a full all-reduce over the 4 ranks: S x 2 x 3/4 / 1 GB/s per bucket, and the plan's
+    bytes count 2 x 3/4 x 2 B x P of all-reduce, no reduce-scatter."""
+    sc = Scenario(model="vit_micro", strategy=strategy, nodes=1, gpus_per_node=4, device_memory_gib=None)
+    p = _unit_plan(sc, layout(sc), FLAT, Compute.measured(0.03, 0.01, "test"))
+    buckets = _ds_buckets(sc.shape, 2, sc.deepspeed.reduce_bucket_size)
+    colls = [c for u in p.units for c in u.after_backward]
+    assert sorted(c.seconds for c in colls) == pytest.approx(sorted(s * 2 * 3 / 4 / 1e9 for _, s in buckets))
+    got = communication.predict(sc, layout(sc))
+    assert got["reduce_scatter"] == {"intra": 0, "inter": 0}
+    assert got["all_reduce"]["intra"] == round(2 * 3 / 4 * 2 * sc.shape.params)
+
+
+def test_deepspeed_bucket_empties_before_the_gradient_that_overflows_it():
+    """DeepSpeed's rule (stage_1_and_2.py / stage3.py reduce_independent_p_g_buckets_and_remove_grads:
+    `if bucket.elements + param.numel() > reduce_bucket_size` reduce, then add): vit_micro, 40,000-element
+    buckets, 2 B gradients, reverse parameter order. The head's bias (1,000) is reduced alone when the
+    head's weight (64,000) arrives, by that weight's hook (the head, unit L+1 = 5); the weight, over the
+    cap, alone when the final norm's weight arrives (still unit 5). torch's rule (close once the cap is
+    reached) would put bias and weight in one 130,000 B bucket instead."""
+    sc = Scenario(model="vit_micro", strategy="ZERO2")
+    buckets = _ds_buckets(sc.shape, 2, 40_000)
+    assert buckets[:2] == [(5, 2_000), (5, 128_000)]
+    assert sum(b for _, b in buckets) == 2 * sc.shape.params
+    assert buckets[-1][0] == 0 and all(b <= 2 * 40_000 for _, b in buckets[2:])
+    assert _buckets(sc, sc.shape, 2, 80_000, 80_000)[0] == (5, 130_000)
 
 
 # ---------------------------------------------------------------- the prediction as a whole

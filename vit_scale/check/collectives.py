@@ -175,6 +175,9 @@ def fits_of(measurements: list) -> list[dict]:
     prediction does not use it and the check's table says why."""
     from vit_scale.planning.alpha_beta import fit
 
+    # the world-scope fit was measured with every rank of each node in the group: its ranks per node
+    # (alpha_beta.Network.link rescales its bandwidth for groups with another number)
+    per_node = max((m["ranks"] for m in measurements if m.get("scope") == "node"), default=1)
     groups: dict = {}
     for m in measurements:
         if not m.get("correct") or not m.get("time_s"):
@@ -184,7 +187,8 @@ def fits_of(measurements: list) -> list[dict]:
         )
     out = []
     for (collective, scope), g in groups.items():
-        found = fit(collective, FIT_SCOPE[scope], g["ranks"], g["points"]).as_dict()
+        k = g["ranks"] if scope == "node" else per_node
+        found = fit(collective, FIT_SCOPE[scope], g["ranks"], g["points"], ranks_per_node=k).as_dict()
         if not (math.isfinite(found["alpha_us"]) and math.isfinite(found["max_rel_residual"])):
             continue  # no point with a time: nothing to fit (check.json stays strict JSON: no NaN)
         if not math.isfinite(found["bus_gbps"]):

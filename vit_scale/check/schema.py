@@ -98,6 +98,7 @@ FIT = {
         "sizes": {"type": "integer", "minimum": 0},
         "usable": {"type": "boolean"},
         "flags": {"type": "array", "items": {"type": "string"}},
+        "ranks_per_node": {"type": "integer", "minimum": 1},
     },
     # a usable fit has no flags and a positive bandwidth
     "if": {"properties": {"usable": {"const": True}}},

@@ -66,6 +66,9 @@ class Fit:
     max_rel_residual: float
     sizes: int  # distinct sizes the fit saw
     flags: tuple = ()  # why it should not be used; empty when it can
+    # ranks of the fitted group on each node (the check's ranks per node for an across-nodes fit): what
+    # its bandwidth is rescaled from for a group with another number (Network.link); None: not recorded
+    ranks_per_node: int | None = None
 
     @property
     def usable(self) -> bool:
@@ -85,6 +88,7 @@ class Fit:
             "sizes": self.sizes,
             "usable": self.usable,
             "flags": list(self.flags),
+            **({"ranks_per_node": self.ranks_per_node} if self.ranks_per_node else {}),
         }
 
 
@@ -104,6 +108,7 @@ def fit(
     min_sizes: int = MIN_SIZES,
     max_residual: float = MAX_RESIDUAL,
     noise: float = MONOTONE_NOISE,
+    ranks_per_node: int | None = None,
 ) -> Fit:
     """Weighted least squares (weights 1/t^2, so relative errors) of t = alpha + x / B with
     x = S * f(n), over every point (repeats included).
@@ -112,8 +117,8 @@ def fit(
     slope refitted through the origin: a latency below zero means nothing. Flags:
       - fewer than `min_sizes` distinct sizes;
       - the largest relative residual above `max_residual`;
-      - a larger message measured faster than a smaller one beyond both points' noise (their spreads,
-        or `noise` of the slower one when they carry none): latency points that run backwards, as
+      - a larger message measured faster than a smaller one beyond both points' noise (their spreads
+        summed, and at least `noise` of the smaller size's time): latency points that run backwards, as
         a CPU's two quick iterations did (8 B slower than 131 KiB);
       - no positive bandwidth (time not growing with size).
     """
@@ -137,27 +142,27 @@ def fit(
     sw = sum(ws)
     if sw <= 0:
         return Fit(collective, scope, ranks, math.nan, math.nan, math.nan, len(sizes), tuple(flags) + ("no time",))
-    mx = sum(w * x for w, x in zip(ws, xs)) / sw
-    mt = sum(w * t for w, t in zip(ws, ts)) / sw
-    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
-    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts)) / sxx if sxx > 0 else 0.0
+    mx = sum(w * x for w, x in zip(ws, xs, strict=True)) / sw
+    mt = sum(w * t for w, t in zip(ws, ts, strict=True)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs, strict=True))
+    slope = sum(w * (x - mx) * (t - mt) for w, x, t in zip(ws, xs, ts, strict=True)) / sxx if sxx > 0 else 0.0
     alpha = mt - slope * mx
     if alpha < 0:
         alpha = 0.0
-        sq = sum(w * x * x for w, x in zip(ws, xs))
-        slope = sum(w * x * t for w, x, t in zip(ws, xs, ts)) / sq if sq > 0 else 0.0
+        sq = sum(w * x * x for w, x in zip(ws, xs, strict=True))
+        slope = sum(w * x * t for w, x, t in zip(ws, xs, ts, strict=True)) / sq if sq > 0 else 0.0
     if slope <= 0:
         flags.append("no bandwidth: time does not grow with size")
         bus = math.inf
     else:
         bus = 1.0 / slope / GB
-    residual = max((abs(alpha + slope * x - t) / t for x, t in zip(xs, ts) if t > 0), default=math.inf)
+    residual = max((abs(alpha + slope * x - t) / t for x, t in zip(xs, ts, strict=True) if t > 0), default=math.inf)
     if residual > max_residual:
         flags.append(f"large residual: {residual:.0%} > {max_residual:.0%}")
     backwards = _backwards(pts, noise)
     if backwards:
         flags.append(backwards)
-    return Fit(collective, scope, ranks, alpha * 1e6, bus, residual, len(sizes), tuple(flags))
+    return Fit(collective, scope, ranks, alpha * 1e6, bus, residual, len(sizes), tuple(flags), ranks_per_node)
 
 
 def _backwards(pts, noise: float) -> str:
@@ -172,7 +177,9 @@ def _backwards(pts, noise: float) -> str:
         rows.append((s, sum(times) / len(times), spread))
     for i, (small, t_small, sp_small) in enumerate(rows):
         for big, t_big, sp_big in rows[i + 1 :]:
-            slack = (sp_small + sp_big) if (sp_small or sp_big) else noise * t_small
+            # a relative floor even with spreads: a flat latency region (8 B 25.1 us, 64 B 24.9 us, each
+            # +-0.05 us) is one latency, not latency running backwards
+            slack = max(sp_small + sp_big, noise * t_small)
             if t_big + slack < t_small:
                 return (
                     f"not monotone: {_size(big)} took {t_big * 1e6:.1f} us, less than {_size(small)}'s "
@@ -195,33 +202,51 @@ def _size(n: float) -> str:
 class Network:
     """The alpha-beta parameters a prediction uses: per scope, optionally per collective (from fits).
 
-    A group that spans nodes runs all of its bytes at the across-nodes rate, bounded by the
-    within-node one (a ring is as slow as its slowest hop), with the across-nodes latency.
+    A group that spans nodes runs all of its bytes at the across-nodes rate (a ring is as slow as its
+    slowest hop), with the across-nodes latency. That rate depends on how many of a node's ranks the
+    group has: the profile's `inter_node.bus_gbps` is one rank's share of the node's NICs, and a ring
+    over k of a node's ranks uses k such shares (NCCL/RCCL open a channel per NIC, so a ring over all
+    of a node's ranks drives every NIC), bounded by the within-node rate:
+        bus = min(intra, per-rank inter x k)
+    k = 1 for a strided group (HSDP's replicas: one rank per node, several groups sharing the NICs).
+    A fit across nodes was measured at its own ranks per node (Fit.ranks_per_node) and is rescaled
+    the same way.
     """
 
     intra: Link
     inter: Link
-    per_collective: dict = field(default_factory=dict)  # (collective, scope) -> Link, from usable fits
+    per_collective: dict = field(default_factory=dict)  # (collective, scope) -> Fit or Link, from usable fits
     source: str = ""
 
-    def link(self, collective: str, spans_nodes: bool) -> Link:
+    def link(self, collective: str, spans_nodes: bool, ranks_per_node: int = 1) -> Link:
         scope = "inter" if spans_nodes else "intra"
+        k = max(1, int(ranks_per_node))
+        intra = self.per_collective.get((collective, "intra"))
+        intra = intra.link() if isinstance(intra, Fit) else (intra or self.intra)
         fitted = self.per_collective.get((collective, scope))
         if fitted is not None:
-            return fitted
+            if not isinstance(fitted, Fit):
+                return fitted
+            measured = fitted.link()
+            if not spans_nodes or not fitted.ranks_per_node or fitted.ranks_per_node == k:
+                return measured
+            bus = measured.bus_gbps * k / fitted.ranks_per_node
+            if k > fitted.ranks_per_node:
+                bus = min(bus, max(intra.bus_gbps, measured.bus_gbps))
+            return Link(measured.alpha_us, bus, f"{measured.source}, rescaled to {k} rank(s) per node")
         if not spans_nodes:
-            return self.intra
-        return Link(self.inter.alpha_us, min(self.inter.bus_gbps, self.intra.bus_gbps), self.inter.source)
+            return intra
+        return Link(self.inter.alpha_us, min(self.inter.bus_gbps * k, intra.bus_gbps), self.inter.source)
 
-    def seconds(self, collective: str, size_bytes: float, n: int, spans_nodes: bool) -> float:
-        return self.link(collective, spans_nodes).seconds(collective, size_bytes, n)
+    def seconds(self, collective: str, size_bytes: float, n: int, spans_nodes: bool, ranks_per_node: int = 1) -> float:
+        return self.link(collective, spans_nodes, ranks_per_node).seconds(collective, size_bytes, n)
 
     def with_fits(self, fits) -> Network:
         """These defaults, replaced per collective and scope by every usable fit; marked fits are not used."""
         table = dict(self.per_collective)
         for f in fits:
             if f.usable:
-                table[(f.collective, f.scope)] = f.link()
+                table[(f.collective, f.scope)] = f
         used = sorted(f"{c}/{s}" for c, s in table)
         source = self.source + (f"; fitted: {', '.join(used)}" if used else "")
         return Network(self.intra, self.inter, table, source)

@@ -99,7 +99,11 @@ def predict(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:
         ds = sc.deepspeed
         stage = int(lay.sharding[-1])
         if stage < 3:
-            ledger.add("reduce_scatter", c * P, W)
+            # the trainer's reduce_scatter=True and DeepSpeed's default use_multi_rank_bucket_allreduce
+            # take each gradient bucket through deepspeed/runtime/zero/stage_1_and_2.py average_tensor ->
+            # allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks -> allreduce_bucket: a full
+            # all-reduce over the data-parallel group, each rank then keeping its partition's slice
+            ledger.add("all_reduce", c * P, W)
             ledger.add("all_gather", c * P, W)  # updated parameters after the step
         else:
             gathered = P - shape.small_tensor_params(ds.param_persistence_threshold)
@@ -144,7 +148,7 @@ def _fsdp_unit_sizes(shape: Shape, lay: Layout, g: int) -> tuple[int, int]:
 
 
 def _fsdp2_padded(tensors, g: int) -> int:
-    return sum(-(-s[0] // g) * g * (n // s[0]) for s, n in zip(tensors, _numels(tensors)))
+    return sum(-(-s[0] // g) * g * (n // s[0]) for s, n in zip(tensors, _numels(tensors), strict=True))
 
 
 def _fsdp_root_regathers(lay: Layout) -> bool:
@@ -162,6 +166,18 @@ def _fsdp_root_regathers(lay: Layout) -> bool:
 def spans_nodes(sc: Scenario, n: int, kind: str = "block", group_param: int = 0) -> bool:
     """Whether a group of this kind has ranks on more than one node (some of its ring's hops cross)."""
     return n > 1 and _crossing_share(sc.world, sc.gpus_per_node, kind, group_param or n) > 0
+
+
+def ranks_per_node(sc: Scenario, n: int, kind: str = "block", group_param: int = 0) -> int:
+    """How many of one node's ranks a group of this kind holds (the most on any node, over the first
+    group): the NICs a ring over it can drive (alpha_beta.Network.link). A block group over whole
+    nodes holds all of a node's ranks; a strided group with a stride of a node or more, one."""
+    if n < 2:
+        return 1
+    size = group_param or n
+    ranks = range(0, n) if kind == "block" else range(0, sc.world, size)
+    nodes = [r // sc.gpus_per_node for r in ranks]
+    return max(nodes.count(x) for x in set(nodes))
 
 
 def per_unit(sc: Scenario, lay: Layout, shape: Shape | None = None) -> dict:

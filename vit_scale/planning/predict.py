@@ -192,9 +192,24 @@ def read_fits(check: dict, where: str) -> list:
                 float(entry["max_rel_residual"]),
                 int(entry["sizes"]),
                 flags,
+                _ranks_per_node(entry.get("ranks_per_node")),
             )
         )
     return fits
+
+
+def _per_rank(f: Fit) -> Link:
+    """A fit as a scope's default: across nodes, one rank's share (Network.link multiplies it back by
+    a group's ranks per node)."""
+    link = f.link()
+    if f.scope == "inter" and f.ranks_per_node:
+        return Link(link.alpha_us, link.bus_gbps / f.ranks_per_node, link.source)
+    return link
+
+
+def _ranks_per_node(value) -> int | None:
+    """A fit's ranks per node (checks before it was recorded have none: no rescaling)."""
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def check_calibration(
@@ -235,7 +250,8 @@ def check_calibration(
     else:
         by_scope = {
             s: next(
-                (f.link() for f in sorted(usable, key=lambda f: f.collective != "all_reduce") if f.scope == s), None
+                (_per_rank(f) for f in sorted(usable, key=lambda f: f.collective != "all_reduce") if f.scope == s),
+                None,
             )
             for s in SCOPES
         }

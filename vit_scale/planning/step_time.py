@@ -29,6 +29,7 @@ MIB = 1024 * 1024
 DDP_BUCKET_BYTES = 25 * MIB
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 PREFETCH_MODES = ("pre", "post", "none")
+PAST = {"all_reduce": "all-reduced", "reduce_scatter": "reduce-scattered"}
 
 
 # ---------------------------------------------------------------- compute
@@ -182,6 +183,8 @@ def timeline(
     optimizer_s: float = 0.0,
     after_step: tuple = (),
     blocking: bool = False,
+    one_reduce_in_flight: bool = False,
+    backward_ahead: int = 1,
 ) -> Breakdown:
     """One step through `units` (forward order). Rules:
 
@@ -196,6 +199,10 @@ def timeline(
       before them ends); the optimizer waits for all of them; after_step collectives run after it,
       exposed. blocking: every collective the units issue is waited for at once (gloo on a CPU,
       where the library's call returns when the collective is done).
+    backward_ahead = k: "pre" and "post" prefetch the next k units in backward order (ZeRO-3's
+      coordinator: as far ahead as in the forward).
+    one_reduce_in_flight: before a unit's after_backward collectives are issued, compute waits for the
+      previous unit's first one (FSDP2's reduce_scatter_max_input_buffers = 1).
     """
     if backward_prefetch not in PREFETCH_MODES:
         raise ValueError(f"backward_prefetch: {backward_prefetch!r} is not one of {', '.join(PREFETCH_MODES)}")
@@ -212,24 +219,32 @@ def timeline(
         clock.wait(clock.issue(u.gather_forward, ready))
         starts.append(clock.t)
         clock.run(u.forward_s, "forward_s")
-    pending, gathered = [], {}
+    pending, gathered, last_reduce = [], {}, None
     order = list(reversed(range(n)))
     for j, i in enumerate(order):
-        u, nxt = units[i], (order[j + 1] if j + 1 < n else None)
+        u = units[i]
         if u.gather_backward is not None and i not in gathered:
             gathered[i] = clock.issue(u.gather_backward, clock.t)
         clock.wait(gathered.get(i))
-        prefetch = nxt is not None and units[nxt].gather_backward is not None
-        if prefetch and backward_prefetch == "pre":
-            gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        ahead = [k for k in order[j + 1 : j + 1 + backward_ahead] if units[k].gather_backward is not None]
+        if backward_prefetch == "pre":
+            for k in ahead:
+                if k not in gathered:
+                    gathered[k] = clock.issue(units[k].gather_backward, clock.t)
         clock.run(u.backward_s, "backward_s")
-        if prefetch and backward_prefetch == "post":
-            gathered[nxt] = clock.issue(units[nxt].gather_backward, clock.t)
+        if backward_prefetch == "post":
+            for k in ahead:
+                if k not in gathered:
+                    gathered[k] = clock.issue(units[k].gather_backward, clock.t)
+        if one_reduce_in_flight and u.after_backward:
+            clock.wait(last_reduce)
         previous = None
-        for c in u.after_backward:
+        for k, c in enumerate(u.after_backward):
             ready = previous[0] if (c.chained and previous) else clock.t
             previous = clock.issue(c, ready)
             pending.append(previous)
+            if k == 0:
+                last_reduce = previous
             if blocking:
                 clock.wait(previous)
     clock.wait(*pending)
@@ -256,7 +271,8 @@ def _group_coll(
     if n < 2 or size <= 0:
         return None
     spans = communication.spans_nodes(sc, n, kind, param)
-    return Coll(net.seconds(collective, size, n, spans), "inter" if spans else "intra", stream, name, chained)
+    k = communication.ranks_per_node(sc, n, kind, param)
+    return Coll(net.seconds(collective, size, n, spans, k), "inter" if spans else "intra", stream, name, chained)
 
 
 def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, cap: float) -> list[tuple[int, float]]:
@@ -268,7 +284,7 @@ def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, ca
     root = shape.root_tensors()
     units = [0] * 4 + [1 + b for b in range(L) for _ in shape.block_tensors()] + [L + 1] * (len(root) - 4)
     out, size, last, limit = [], 0.0, None, first_cap
-    for t, unit in zip(reversed(tensors), reversed(units)):
+    for t, unit in zip(reversed(tensors), reversed(units), strict=True):
         numel = 1
         for d in t:
             numel *= d
@@ -279,6 +295,31 @@ def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, ca
             size, limit = 0.0, cap
     if size > 0:
         out.append((last, size))
+    return out
+
+
+def _ds_buckets(shape: Shape, grad_bytes: float, elements: int) -> list[tuple[int, float]]:
+    """Gradient buckets as DeepSpeed fills them (deepspeed/runtime/zero/stage_1_and_2.py
+    reduce_independent_p_g_buckets_and_remove_grads, stage3.py reduce_independent_p_g_buckets_and_remove_grads:
+    `if bucket.elements + param.numel() > reduce_bucket_size` reduce the bucket, then add the param):
+    a bucket is emptied BEFORE the gradient that would overflow it joins, by that gradient's hook, so
+    it is tied to the unit of that next gradient; the rest goes in the epilogue after the backward
+    (the stem, unit 0). (unit, bytes), in backward order. Units: 0 stem, 1..L Blocks, L+1 head."""
+    L = shape.L
+    tensors = shape.module_order_tensors()
+    root = shape.root_tensors()
+    units = [0] * 4 + [1 + b for b in range(L) for _ in shape.block_tensors()] + [L + 1] * (len(root) - 4)
+    out, count = [], 0
+    for t, unit in zip(reversed(tensors), reversed(units), strict=True):
+        numel = 1
+        for d in t:
+            numel *= d
+        if count + numel > elements and count > 0:
+            out.append((unit, count * grad_bytes))
+            count = 0
+        count += numel
+    if count > 0:
+        out.append((0, count * grad_bytes))
     return out
 
 
@@ -296,6 +337,8 @@ class UnitPlan:
     backward_prefetch: str = "pre"
     after_step: tuple = ()
     blocking_applies: bool = True  # False where the library's collectives stay asynchronous on a CPU
+    one_reduce_in_flight: bool = False  # compute waits for the previous unit's reduce before the next
+    backward_ahead: int = 1  # units the backward prefetches ahead
     rules: list = field(default_factory=list)
 
 
@@ -344,13 +387,17 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
         if lay.family == "deepspeed":
             elements = sc.deepspeed.reduce_bucket_size
             overlap = sc.deepspeed.overlap_comm
-            reduce = "reduce_scatter"
+            # reduce_scatter=True (the trainer) with use_multi_rank_bucket_allreduce=True (the default):
+            # average_tensor -> allreduce_and_scatter -> allreduce_and_copy_with_multiple_ranks ->
+            # allreduce_bucket, one all-reduce of the whole bucket over the data-parallel group
+            reduce = "all_reduce"
             name = f"DeepSpeed ZeRO-{lay.sharding[-1]}"
+            buckets = _ds_buckets(shape, c, elements)
         else:
             elements, overlap = CAI_REDUCE_BUCKET, True
             reduce = "all_reduce" if sc.colossalai.zero_stage == 1 else "reduce_scatter"
             name = f"LowLevelZero stage {sc.colossalai.zero_stage}"
-        buckets = _buckets(sc, shape, c, elements * c, elements * c)
+            buckets = _buckets(sc, shape, c, elements * c, elements * c)
         if not overlap:
             buckets = [(0, sum(s for _, s in buckets))]  # reduced after the backward (reduce_gradients)
         _attach(units, buckets, world_coll(reduce))
@@ -359,9 +406,9 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
             units,
             after_step=(gather,) if gather else (),
             rules=[
-                f"{name}: gradients reduced in buckets of {elements:,} elements during the backward"
+                f"{name}: gradients {PAST[reduce]} in buckets of {elements:,} elements during the backward"
                 if overlap
-                else f"{name}: gradients reduced after the backward (overlap_comm off)",
+                else f"{name}: gradients {PAST[reduce]} after the backward (overlap_comm off)",
                 "the updated parameters all-gathered after the optimizer step, exposed",
             ],
         )
@@ -371,15 +418,20 @@ def _unit_plan(sc: Scenario, lay: Layout, net: Network, compute: Compute) -> Uni
     raise ValueError(f"strategy {label}: no step time rule")
 
 
-def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict) -> None:
+def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict, root_backward_at_head: bool = True) -> None:
     """Attach communication.per_unit's sizes: its unit 0 (the root) gathers with the stem and reduces
-    after the stem's backward (the last), its unit i with Block i (units[i])."""
+    after the stem's backward (the last), its unit i with Block i (units[i]). The root's backward
+    all-gather goes with the head (units[L+1]) when the root is one unit holding the head: the head's
+    backward runs first, so the root is gathered at the start of the backward (FSDP2's
+    FSDPParamGroup.pre_backward of the root, exposed; Gemini's chunks); ZeRO-3 regathers by module,
+    and of the root only the patch embedding is ever released (zero3_backward_gathers), used last."""
     for i, entry in enumerate(colls["units"]):
         u = units[i]
         u.gather_forward = _group_coll(
             sc, net, "all_gather", entry["gather_forward"], colls["gather"], streams["gather"], "gather"
         )
-        u.gather_backward = _group_coll(
+        at = units[-1] if (i == 0 and root_backward_at_head) else u
+        at.gather_backward = _group_coll(
             sc,
             net,
             "all_gather",
@@ -445,6 +497,9 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         # every unit (the trainer passes reshard_after_forward; communication._fsdp_root_regathers)
         ahead, prefetch = 1, "pre"
         rules.append("FSDP2: the next unit's all-gather overlaps this unit's forward; backward prefetches one unit")
+        # post_backward: with reduce_scatter_max_input_buffers = 1 (FSDPCommContext's default) the compute
+        # stream waits on the previous unit's reduce_scatter_event before this unit's foreach_reduce
+        rules.append("FSDP2: one reduce-scatter in flight; each unit's reduce waits for the previous one")
     else:
         fsdp = sc.fsdp if lay.family == "fsdp" else None
         limit = fsdp.limit_all_gathers if fsdp else True  # TorchFSDPPlugin: torch's defaults
@@ -471,13 +526,15 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
     if sharding == "SHARD_GRAD_OP":
         rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
     else:
-        root = "the root too" if version == 2 else "the root once"
+        root = "the root's again at the start of the backward, with the head" if version == 2 else "the root once"
         rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward ({root})")
     rules.append(
         "reduce-scatter when each unit's backward ends"
         + ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else "")
     )
-    return UnitPlan(units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules)
+    return UnitPlan(
+        units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules, one_reduce_in_flight=version == 2
+    )
 
 
 def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:
@@ -488,15 +545,17 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
     # add bucketed ones below
     for entry in colls["units"]:
         entry["reduce_scatter"] = 0
-    _per_unit_colls(sc, lay, net, units, colls, streams)
+    _per_unit_colls(sc, lay, net, units, colls, streams, root_backward_at_head=False)
     c = 4 if sc.precision == "fp32" else 2
     quantised = lay.hpz and ds.quantized_gradients and sc.world > sc.gpus_per_node
     grad_bytes = 0.5 if quantised else c
     # deepspeed/runtime/zero/stage3.py: reduce_partition_and_remove_grads adds each gradient to the ipg
     # bucket and __reduce_and_partition_ipg_grads reduce-scatters it (on reduce_and_partition_stream, the
     # same data-parallel group) once reduce_bucket_size elements are in; the rest at the end
-    # (independent_gradient_partition_epilogue). ZeRO++ qgZ (all_to_all_quant_reduce) across nodes.
-    buckets = _buckets(sc, shape, grad_bytes, ds.reduce_bucket_size * grad_bytes, ds.reduce_bucket_size * grad_bytes)
+    # (independent_gradient_partition_epilogue). ZeRO++ qgZ: an approximation. DeepSpeed's
+    # all_to_all_quant_reduce (deepspeed/runtime/comm/coalesced_collectives.py) runs an int4 all-to-all
+    # inside the node, then one across nodes; timed here as one 0.5 B reduce-scatter over all ranks.
+    buckets = _ds_buckets(shape, grad_bytes, ds.reduce_bucket_size)
     _attach(
         units,
         buckets,
@@ -533,10 +592,22 @@ def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPla
             f"ZeRO++ hpZ: the backward all-gathers inside the {lay.hpz}-rank secondary partition, "
             "on its own group"
             + ("; qwZ int8 weights in the forward" if ds.quantized_weights else "")
-            + ("; qgZ int4 gradients across nodes" if quantised else "")
+            + (
+                "; qgZ approximated as an int4 reduce-scatter over all ranks (DeepSpeed's "
+                "all_to_all_quant_reduce is an all-to-all within the node, then one across nodes)"
+                if quantised
+                else ""
+            )
         )
+    # the same lookahead in backward: fetch_sub_module's prefetch loop runs for backward fetches too
+    # (BACKWARD_PREFETCH_SUBMIT), over the trace recorded in reverse
     return UnitPlan(
-        units, forward_ahead=ahead, backward_prefetch="pre", rules=rules, after_step=(persistent,) if persistent else ()
+        units,
+        forward_ahead=ahead,
+        backward_prefetch="pre",
+        rules=rules,
+        after_step=(persistent,) if persistent else (),
+        backward_ahead=ahead,
     )
 
 
@@ -626,6 +697,8 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
         compute.optimizer_s,
         plan.after_step,
         blocking=blocking and plan.blocking_applies,
+        one_reduce_in_flight=plan.one_reduce_in_flight,
+        backward_ahead=plan.backward_ahead,
     )
     per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
     rules = plan.rules + (
