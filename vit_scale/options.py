@@ -10,6 +10,7 @@ between keys is the section's own `check()` method. No torch here.
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,8 +56,8 @@ def rules(f: dataclasses.Field) -> tuple:
 
 
 def optional_inner(typ: Any) -> Any:
-    """X of Optional[X], or None when `typ` is not optional."""
-    if typing.get_origin(typ) is typing.Union:
+    """X of Optional[X] or X | None (types.UnionType before Python 3.14), or None when `typ` is not optional."""
+    if typing.get_origin(typ) in (typing.Union, types.UnionType):
         return [a for a in typing.get_args(typ) if a is not type(None)][0]
     return None
 
