@@ -157,7 +157,9 @@ def test_with_a_generated_check(capsys, tmp_path):
     assert slow["prediction"]["calibration"]["kind"] == "check" and slow["prediction"]["calibration"]["source"] == check
     assert plan.main(BASE + ["--calibration", check, "--no-figure"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == f"predicted for frontier: calibration: check.json's fits ({check})"
+    # every collective and scope fitted: the fits are named, no profile default is needed
+    every = ", ".join(f"{c}/{s}" for s in ("intra", "inter") for c in ("all_reduce", "all_gather", "reduce_scatter"))
+    assert first == f"predicted for frontier: calibration: check.json's fits ({every}) ({check})"
     defaults = run_json(capsys, BASE)
     # 2 GB/s fitted against the profile's 12.5 (inter) and 50 (intra): every multi-rank point slower
     for model, strategy, nodes in (("vit_base", "DDP", 2), ("vit_base", "FULL_SHARD", 2), ("vit_3b", "FULL_SHARD", 1)):
