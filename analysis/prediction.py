@@ -283,7 +283,8 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
         "measured_step_ms": sc.batch_size * world / measured * 1e3 if measured > 0 else math.nan,
         "predicted_step_ms": ms(b.step_s) if b else math.nan,
         "predicted_compute_ms": ms(b.forward_s + b.backward_s) if b else math.nan,
-        "predicted_optimizer_ms": ms(b.optimizer_s) if b else math.nan,
+        # no compute source times the optimizer apart (it is inside compute): empty, not a predicted 0
+        "predicted_optimizer_ms": ms(b.optimizer_s) if b and b.optimizer_s else math.nan,
         "predicted_exposed_intra_ms": ms(b.exposed_intra_s) if b else math.nan,
         "predicted_exposed_inter_ms": ms(b.exposed_inter_s) if b else math.nan,
         "traced_exposed_ms": traced_ms if traced_ms is not None else math.nan,

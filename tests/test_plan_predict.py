@@ -94,6 +94,10 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
     header = next(line for line in lines if line.startswith("strategy"))
     for column in ("step ms", "comp", "x-intra", "x-inter", "optim", "img/s/GPU", "img/s", "eff"):
         assert column in header
+    # the step's optim (the fourth cell from the end, before img/s/GPU, img/s and eff): not modelled, "-"
+    assert header.split()[-4:] == ["optim", "img/s/GPU", "img/s", "eff"]
+    fitting = [line.split() for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
+    assert fitting and all(c[-4] == "-" for c in fitting)
     ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
     assert len(ddp_3b) == 2  # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
     assert lines[-1].startswith("predicted not worth running") and "vit_3b DDP (does not fit on 2 node(s))" in lines[-1]
@@ -118,13 +122,35 @@ def test_json_carries_the_prediction_per_row(capsys):
         want = predict_step(sc, net, Compute.from_flops(sc, 191.5, 0.3))
         assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
         step = got["step"]
-        parts = ("forward_s", "backward_s", "optimizer_s", "exposed_intra_s", "exposed_inter_s")
+        parts = ("forward_s", "backward_s", "exposed_intra_s", "exposed_inter_s")
         assert step["step_s"] == pytest.approx(sum(step[k] for k in parts), rel=1e-6)
+        # the optimizer is not timed apart: null and said so, not a predicted 0
+        assert step["optimizer_s"] is None and step["optimizer"] == "not modelled: inside compute"
         assert got["images_per_s_per_gpu"] == pytest.approx(32 / step["step_s"], rel=1e-6)
     one, two = (row(out, "vit_base", "DDP", n)["prediction"] for n in (1, 2))
     assert one["scaling_efficiency"] == 1.0
     assert two["scaling_efficiency"] == pytest.approx(two["images_per_s_per_gpu"] / one["images_per_s_per_gpu"])
     assert two["step"]["exposed_inter_s"] > 0 and one["step"]["exposed_inter_s"] == 0
+
+
+def test_efficiency_from_run_records(capsys, tmp_path):
+    """--efficiency-from: the FLOPs' efficiency is the median MFU of the ok runs there, and the output says so."""
+    runs = str(tmp_path / "runs")
+    mfus = []
+    for nodes, ips in ((1, 800.0), (2, 1500.0), (4, 2800.0)):
+        metrics = write_run(runs, study="s", nodes=nodes, ips=ips)
+        with open(metrics) as fh:
+            mfus.append(json.loads(fh.read().splitlines()[-1])["mfu"])
+    write_run(runs, study="s", nodes=8, ips=None, status="oom")  # no MFU: not counted
+    out = run_json(capsys, BASE + ["--efficiency-from", runs])
+    median = sorted(mfus)[1]
+    text = out["prediction"]["compute"]["text"]
+    assert f"x {median:.0%} efficiency" in text and f"the median MFU of 3 run(s) in {runs}" in text
+    got = row(out, "vit_base", "DDP", 1)["prediction"]
+    sc = Scenario("vit_base", "DDP", nodes=1, gpus_per_node=8, batch_size=32, precision="bf16", device_memory_gib=64.0)
+    net = pr.profile_calibration(pr.profile_path("frontier")).network
+    want = predict_step(sc, net, Compute.from_flops(sc, 191.5, median))
+    assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
 
 
 def test_not_worth_running_rule():
@@ -222,6 +248,8 @@ def bad_inputs(tmp_path) -> list:
         )
     )
     cal, comp = "--calibration", "--compute-from"
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
     return [
         (
             [cal, write_check(tmp_path / "cuda.json", good, system="cuda")],
@@ -237,7 +265,23 @@ def bad_inputs(tmp_path) -> list:
         ([comp, fp32], [fp32, "vit_base at batch 32 in fp32"]),
         ([comp, str(tmp_path / "absent")], ["--compute-from", "absent is not a directory"]),
         (["--efficiency", "1.5"], ["--efficiency", "(0, 1]"]),
+        ([cal, malformed(tmp_path / "p5.json", precisions=5)], ["p5.json: precisions must be a list"]),
+        ([cal, malformed(tmp_path / "pstr.json", precisions="bf16")], ["pstr.json: precisions must be a list"]),
+        ([cal, malformed(tmp_path / "m5.json", model=5)], ["m5.json: model must be a model's name"]),
+        (["--efficiency-from", str(tmp_path / "absent")], ["--efficiency-from", "absent is not a directory"]),
+        (["--efficiency-from", empty], ["--efficiency-from", "no ok run that recorded an MFU"]),
+        (["--efficiency-from", runs, "--efficiency", "0.3"], ["--efficiency-from", "--efficiency cannot"]),
     ]
+
+
+def malformed(path, **values) -> str:
+    """A check.json with a key of the wrong type (a hand-edited or foreign file)."""
+    write_check(path, synthetic_fits(40.0, 2.0))
+    data = json.loads(open(path).read())
+    data.update(values)
+    with open(path, "w") as fh:
+        json.dump(data, fh)
+    return str(path)
 
 
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):

@@ -458,6 +458,7 @@ def test_runs_that_did_not_fit_get_no_prediction(tmp_path):
     rows, _ = _analyse(root, str(tmp_path / "out"))
     by = rows.set_index("nodes")
     assert by.at[1, "predicted_ips"] > 0
+    assert math.isnan(by.at[1, "predicted_optimizer_ms"])  # not modelled (inside compute), not a predicted 0
     for nodes, status in ((2, "oom"), (4, "skipped")):
         assert math.isnan(by.at[nodes, "predicted_ips"]) and math.isnan(by.at[nodes, "predicted_step_ms"])
         assert (
