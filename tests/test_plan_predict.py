@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
+from vit_scale.errors import UserError
 from vit_scale.planning import cli as plan
 from vit_scale.planning import predict as pr
 from vit_scale.planning.alpha_beta import BUS_FACTORS, fit
@@ -458,3 +459,54 @@ def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_pa
     assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)  # each rung reproduces itself
     assert (tmp_path / "report" / "s" / "weak_scaling_plan.png").stat().st_size > 1000
     assert "predicted figure: report/s/weak_scaling_plan.png, report/s/weak_scaling_plan.pdf" in out
+
+
+def _study_run(tmp_path, monkeypatch, system, text):
+    from vit_scale.study import cli as study_cli
+
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    conf = tmp_path / "s.yaml"
+    conf.write_text(text)
+    opts = study_cli.parse(["--system", system, "--config", str(conf), "--nodes", "1,2", "--out", "runs", "--dry-run"])
+    return study_cli.StudyRun(opts)
+
+
+def test_predict_key_is_checked_with_the_plan(tmp_path, monkeypatch):
+    """`predict` is validated where the study's other keys are, and kept on the plan."""
+    run = _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: true\n")
+    assert run.plan.predict is True
+    with pytest.raises(UserError) as exc:
+        _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: maybe\n")
+    assert "'predict' in" in str(exc.value) and "allowed: true, false" in str(exc.value)
+
+
+def test_forecast_takes_the_efficiency_from_the_studys_runs(tmp_path, monkeypatch, capsys):
+    """Earlier runs of another batch cannot give the compute, but their MFU gives the FLOPs' efficiency."""
+    from vit_scale.study.forecast import forecast
+
+    text = "models: [vit_base]\nstrategies: [DDP]\nprecision: bf16\nbatch_size: 32\npredict: true\n"
+    for nodes in (1, 2):
+        write_run(str(tmp_path / "runs"), study="s", nodes=nodes, batch=16, ips=400.0 * nodes, job_id=None)
+    run = _study_run(tmp_path, monkeypatch, "frontier", text)
+    forecast(run)
+    out = capsys.readouterr().out
+    assert "--compute-from" in out and "not used: --compute-from:" in out
+    assert f"the median MFU of 2 run(s) in {run.study_dir}" in out and "--efficiency-from" in out
+
+
+def test_forecast_failure_is_one_line_and_the_study_goes_on(tmp_path, monkeypatch, capsys):
+    """A planner bug cannot be produced on purpose: plan() is replaced by one that raises, as a bug would."""
+    from vit_scale.planning import cli as plan_cli
+    from vit_scale.study.forecast import forecast
+
+    run = _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: true\n")
+
+    def broken(args):
+        raise KeyError("bucket")
+
+    monkeypatch.setattr(plan_cli, "plan", broken)
+    forecast(run)  # returns: the study goes on
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert lines == ["predicted: not available: 'bucket'"]
