@@ -482,3 +482,17 @@ def test_a_sweep_jobs_own_check_calibrates_its_node_count(tmp_path):
     write_check(os.path.join(root, "s", "check-n2.json"), [fit(alpha=5.0, bus=200.0)], job="555")
     rows, _ = _analyse(root, str(tmp_path / "out2"))
     assert set(rows["calibration"]) == {"profile"}
+
+
+def test_no_dashed_point_over_a_failure_mark(tmp_path):
+    root = str(tmp_path / "runs")
+    write_run(root, study="s", nodes=1, ips=800.0)
+    write_run(root, study="s", nodes=2, ips=1500.0)
+    write_run(root, study="s", nodes=4, ips=None, status="oom")
+    coll = reader.collect([root])
+    results = table.build(coll).results
+    predicted = prediction.build(coll.runs, results)
+    plots, _ = figures.all_plots(results, predictions=predicted.rows)
+    plot = next(p for p in plots if p.name == "weak_scaling_predicted")
+    assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "failed": 1}  # lines, lines, marks
+    assert [x for x, _ in next(iter(plot.extra["predicted"].values()))] == [1, 2]
