@@ -102,7 +102,8 @@ def _read_check(path: str) -> dict | None:
 
 
 def _job_of(check: dict | None):
-    return ((check or {}).get("slurm") or {}).get("job_id")
+    slurm = (check or {}).get("slurm")
+    return slurm.get("job_id") if isinstance(slurm, dict) else None
 
 
 def _check_for(directory: str, nodes, job) -> tuple[str, dict | None]:
@@ -129,6 +130,8 @@ class _Calibrations:
         job = (run.start.get("slurm") or {}).get("job_id")
         path, check = _check_for(directory, world.get("nodes"), job)
         system = (check or {}).get("system") or SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
+        if not isinstance(system, str):  # a hand-edited check.json: its check_calibration says why
+            system = SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
         check_job = _job_of(check)
         same = check is not None and (check_job is None or job is None or str(check_job) == str(job))
         model, precision = run.start["model"]["name"], pr.run_precision(run.start)

@@ -496,3 +496,16 @@ def test_no_dashed_point_over_a_failure_mark(tmp_path):
     plot = next(p for p in plots if p.name == "weak_scaling_predicted")
     assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "failed": 1}  # lines, lines, marks
     assert [x for x, _ in next(iter(plot.extra["predicted"].values()))] == [1, 2]
+
+
+def test_a_malformed_check_json_is_a_note_in_the_analysis(tmp_path):
+    """The analysis goes on past a hand-edited check.json: the report names it, the defaults are used."""
+    root, _, _ = _study(tmp_path)
+    path = write_check(os.path.join(root, "s", "check.json"), [fit()])
+    with open(path) as f:
+        data = json.load(f)
+    data.update(precisions=5, slurm="1234", system=["frontier"])
+    with open(path, "w") as f:
+        json.dump(data, f)
+    rows, text = _analyse(root, str(tmp_path / "out"))
+    assert set(rows["calibration"]) == {"profile"} and "check.json not used" in text
