@@ -432,7 +432,7 @@ def test_calibration_names_the_fits_it_used(tmp_path):
     flagged = write_check(str(tmp_path / "flagged.json"), [fit(flags=("residual 40%",))])
     cal = pr.check_calibration(flagged, system="frontier", models=["vit_base"], precisions=["bf16"], defaults=defaults)
     assert cal.kind == "profile" and cal.label == "profile"
-    assert any("check.json's fits were all flagged: all_reduce/inter: residual 40%" in n for n in cal.notes)
+    assert any("check.json's fits were all flagged: all_reduce/inter not used: residual 40%" in n for n in cal.notes)
     some = write_check(str(tmp_path / "some.json"), [fit(), fit("all_gather", flags=("not monotone",))])
     cal = pr.check_calibration(some, system="frontier", models=["vit_base"], precisions=["bf16"], defaults=defaults)
     assert cal.kind == "check" and cal.label == "check (all_reduce/inter) + profile defaults"

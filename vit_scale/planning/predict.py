@@ -272,7 +272,7 @@ def check_calibration(
     if not usable:
         # defaults is not None here (else the error above): no fit of the check times anything, so the
         # calibration is the profile's, and it says why the check was not
-        flagged = "; ".join(f"{f.collective}/{f.scope}: {', '.join(f.flags)}" for f in fits)
+        flagged = "; ".join(f"{f.collective}/{f.scope} not used: {', '.join(f.flags)}" for f in fits)
         return dataclasses.replace(defaults, notes=(f"check.json's fits were all flagged: {flagged}", *defaults.notes))
     network = base.with_fits(usable)
     fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
