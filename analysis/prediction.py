@@ -2,15 +2,19 @@
 predicted curves' figure and the report's "Measured against predicted".
 
 Per study directory (the one holding model/strategy/nN/run directories): calibration from its
-check.json when that check ran in the same allocation as the run (Slurm job id; a check outside
-Slurm counts for the runs beside it), else the system profile's defaults, else none; compute from
+check-n<N>.json for a run on N nodes when that check ran in the run's Slurm job (what a sweep's job
+writes), else its check.json when that check ran in the same allocation as the run (Slurm job id; a
+check outside Slurm counts for the runs beside it), else the system profile's defaults, else none;
+compute from
 the study's own 1-node rung (each strategy its own 1-node run where there is one). The system is
 the check's, else read off the device (cpu: local, rocm: frontier, cuda: cuda).
 
 Measured is the point's median images/s (the results table's ips_point_median: what the figures plot),
 and the 1-node rung's compute comes from that same median, so a rung reproduces itself exactly.
 
-A point more than 20% below its prediction is explained: where the run was traced, by its exposed
+A run that did not fit (status oom or skipped) gets no prediction, and its row says so; a point the
+planner predicts not to fit in the device's memory (the start record's device_memory_gib) gets none
+either. A point more than 20% below its prediction is explained: where the run was traced, by its exposed
 communication measured (analysis/traces.py) against predicted; else by how much each component
 (compute, exposed intra-node, exposed inter-node communication) would have to grow to account for
 the difference alone. Torch-free.
@@ -33,6 +37,8 @@ from .table import point_ips
 
 BELOW = 0.20  # a point this far below its prediction is explained
 CHECK_FILE = "check.json"
+NODE_CHECK_FILE = "check-n{nodes}.json"  # a sweep job's check of its own nodes (vit_scale.record.check_file)
+NOT_FITTING = {"oom": "the run ran out of memory", "skipped": "the run was skipped as not fitting"}
 SYSTEM_OF_DEVICE = {"cpu": "local", "rocm": "frontier", "cuda": "cuda"}
 COLUMNS = [
     "study",
@@ -86,14 +92,30 @@ def study_dir(run_dir: str) -> str:
     return probe
 
 
-def _read_check(directory: str) -> dict | None:
-    path = os.path.join(directory, CHECK_FILE)
+def _read_check(path: str) -> dict | None:
     if not os.path.isfile(path):
         return None
     try:
         return pr.read_check(path)
     except UserError:
         return {}
+
+
+def _job_of(check: dict | None):
+    slurm = (check or {}).get("slurm")
+    return slurm.get("job_id") if isinstance(slurm, dict) else None
+
+
+def _check_for(directory: str, nodes, job) -> tuple[str, dict | None]:
+    """The check a run on `nodes` nodes in Slurm job `job` is calibrated by: the study's check-n<N>.json
+    when that check ran in the run's own job, else its check.json."""
+    if nodes is not None and job is not None:
+        path = os.path.join(directory, NODE_CHECK_FILE.format(nodes=nodes))
+        check = _read_check(path)
+        if check and _job_of(check) is not None and str(_job_of(check)) == str(job):
+            return path, check
+    path = os.path.join(directory, CHECK_FILE)
+    return path, _read_check(path)
 
 
 class _Calibrations:
@@ -104,25 +126,26 @@ class _Calibrations:
         self.cache, self.notes = {}, []
 
     def for_run(self, run, directory: str) -> pr.Calibration:
-        check = _read_check(directory)
         world = run.start.get("world") or {}
-        system = (check or {}).get("system") or SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
         job = (run.start.get("slurm") or {}).get("job_id")
-        check_job = ((check or {}).get("slurm") or {}).get("job_id")
+        path, check = _check_for(directory, world.get("nodes"), job)
+        system = (check or {}).get("system") or SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
+        if not isinstance(system, str):  # a hand-edited check.json: its check_calibration says why
+            system = SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
+        check_job = _job_of(check)
         same = check is not None and (check_job is None or job is None or str(check_job) == str(job))
         model, precision = run.start["model"]["name"], pr.run_precision(run.start)
-        key = (directory, system, model, precision, same)
+        key = (path, system, model, precision, same)
         if key not in self.cache:
-            self.cache[key] = self._make(directory, check, system, model, precision, same, check_job)
+            self.cache[key] = self._make(path, check, system, model, precision, same, check_job)
         return self.cache[key]
 
-    def _make(self, directory, check, system, model, precision, same, check_job) -> pr.Calibration:
+    def _make(self, path, check, system, model, precision, same, check_job) -> pr.Calibration:
         try:
             profile = pr.profile_calibration(pr.profile_path(system))
         except UserError as exc:
             profile = None
             self._note(f"{system}: no profile defaults ({exc})")
-        path = os.path.join(directory, CHECK_FILE)
         if check == {}:
             self._note(f"{path} not used: it cannot be read as a check.json")
         elif check is not None and not same:
@@ -204,7 +227,14 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
             notes.append(f"{label}: not predicted: {exc}")
             continue
         measured = medians.get(os.path.normpath(run.run_dir), math.nan) if row["status"] == "ok" else math.nan
-        rows.append(_row(row, measured, sc, p, cal, traced.get(os.path.normpath(run.run_dir))))
+        out = _row(row, measured, sc, p, cal, traced.get(os.path.normpath(run.run_dir)))
+        why = _not_predicted(row["status"], p, sc)
+        if why:
+            # no speed drawn over a failure mark (analysis/figures/predicted.py draws predicted_ips)
+            for k in [c for c in COLUMNS if c.startswith("predicted_")] + ["error"]:
+                out[k] = math.nan
+            out["explanation"] = why
+        rows.append(out)
     df = pd.DataFrame(rows, columns=COLUMNS)
     used = []
     for cal in {id(c): c for c in cals.cache.values()}.values():
@@ -212,6 +242,20 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
         if line not in used:
             used.append(line)
     return Predictions(df, used, cals.notes + notes)
+
+
+def _not_predicted(status: str, p, sc) -> str:
+    """Why a point gets no predicted speed ("" when it gets one)."""
+    if status in NOT_FITTING:
+        return (
+            f"not predicted: {NOT_FITTING[status]} (status {status}); a speed is predicted only for a point that fits"
+        )
+    if p.fits is False:
+        return (
+            f"not predicted: the planner predicts it does not fit in the device's {sc.device_memory_gib:.4g} GiB "
+            f"(the start record's device_memory_gib)"
+        )
+    return ""
 
 
 def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
@@ -242,11 +286,12 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
         "measured_step_ms": sc.batch_size * world / measured * 1e3 if measured > 0 else math.nan,
         "predicted_step_ms": ms(b.step_s) if b else math.nan,
         "predicted_compute_ms": ms(b.forward_s + b.backward_s) if b else math.nan,
-        "predicted_optimizer_ms": ms(b.optimizer_s) if b else math.nan,
+        # no compute source times the optimizer apart (it is inside compute): empty, not a predicted 0
+        "predicted_optimizer_ms": ms(b.optimizer_s) if b and b.optimizer_s else math.nan,
         "predicted_exposed_intra_ms": ms(b.exposed_intra_s) if b else math.nan,
         "predicted_exposed_inter_ms": ms(b.exposed_inter_s) if b else math.nan,
         "traced_exposed_ms": traced_ms if traced_ms is not None else math.nan,
-        "calibration": cal.kind,
+        "calibration": cal.label,
         "calibration_source": cal.source,
         "compute_source": p.compute_source,
         "explanation": "",

@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
+from vit_scale.errors import UserError
 from vit_scale.planning import cli as plan
 from vit_scale.planning import predict as pr
 from vit_scale.planning.alpha_beta import BUS_FACTORS, fit
@@ -94,6 +95,10 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
     header = next(line for line in lines if line.startswith("strategy"))
     for column in ("step ms", "comp", "x-intra", "x-inter", "optim", "img/s/GPU", "img/s", "eff"):
         assert column in header
+    # the step's optim (the fourth cell from the end, before img/s/GPU, img/s and eff): not modelled, "-"
+    assert header.split()[-4:] == ["optim", "img/s/GPU", "img/s", "eff"]
+    fitting = [line.split() for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
+    assert fitting and all(c[-4] == "-" for c in fitting)
     ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
     assert len(ddp_3b) == 2  # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
     assert lines[-1].startswith("predicted not worth running") and "vit_3b DDP (does not fit on 2 node(s))" in lines[-1]
@@ -118,13 +123,35 @@ def test_json_carries_the_prediction_per_row(capsys):
         want = predict_step(sc, net, Compute.from_flops(sc, 191.5, 0.3))
         assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
         step = got["step"]
-        parts = ("forward_s", "backward_s", "optimizer_s", "exposed_intra_s", "exposed_inter_s")
+        parts = ("forward_s", "backward_s", "exposed_intra_s", "exposed_inter_s")
         assert step["step_s"] == pytest.approx(sum(step[k] for k in parts), rel=1e-6)
+        # the optimizer is not timed apart: null and said so, not a predicted 0
+        assert step["optimizer_s"] is None and step["optimizer"] == "not modelled: inside compute"
         assert got["images_per_s_per_gpu"] == pytest.approx(32 / step["step_s"], rel=1e-6)
     one, two = (row(out, "vit_base", "DDP", n)["prediction"] for n in (1, 2))
     assert one["scaling_efficiency"] == 1.0
     assert two["scaling_efficiency"] == pytest.approx(two["images_per_s_per_gpu"] / one["images_per_s_per_gpu"])
     assert two["step"]["exposed_inter_s"] > 0 and one["step"]["exposed_inter_s"] == 0
+
+
+def test_efficiency_from_run_records(capsys, tmp_path):
+    """--efficiency-from: the FLOPs' efficiency is the median MFU of the ok runs there, and the output says so."""
+    runs = str(tmp_path / "runs")
+    mfus = []
+    for nodes, ips in ((1, 800.0), (2, 1500.0), (4, 2800.0)):
+        metrics = write_run(runs, study="s", nodes=nodes, ips=ips)
+        with open(metrics) as fh:
+            mfus.append(json.loads(fh.read().splitlines()[-1])["mfu"])
+    write_run(runs, study="s", nodes=8, ips=None, status="oom")  # no MFU: not counted
+    out = run_json(capsys, BASE + ["--efficiency-from", runs])
+    median = sorted(mfus)[1]
+    text = out["prediction"]["compute"]["text"]
+    assert f"x {median:.0%} efficiency" in text and f"the median MFU of 3 run(s) in {runs}" in text
+    got = row(out, "vit_base", "DDP", 1)["prediction"]
+    sc = Scenario("vit_base", "DDP", nodes=1, gpus_per_node=8, batch_size=32, precision="bf16", device_memory_gib=64.0)
+    net = pr.profile_calibration(pr.profile_path("frontier")).network
+    want = predict_step(sc, net, Compute.from_flops(sc, 191.5, median))
+    assert got["images_per_s"] == pytest.approx(want.images_per_s, rel=1e-9)
 
 
 def test_not_worth_running_rule():
@@ -157,7 +184,9 @@ def test_with_a_generated_check(capsys, tmp_path):
     assert slow["prediction"]["calibration"]["kind"] == "check" and slow["prediction"]["calibration"]["source"] == check
     assert plan.main(BASE + ["--calibration", check, "--no-figure"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first == f"predicted for frontier: calibration: check.json's fits ({check})"
+    # every collective and scope fitted: the fits are named, no profile default is needed
+    every = ", ".join(f"{c}/{s}" for s in ("intra", "inter") for c in ("all_reduce", "all_gather", "reduce_scatter"))
+    assert first == f"predicted for frontier: calibration: check.json's fits ({every}) ({check})"
     defaults = run_json(capsys, BASE)
     # 2 GB/s fitted against the profile's 12.5 (inter) and 50 (intra): every multi-rank point slower
     for model, strategy, nodes in (("vit_base", "DDP", 2), ("vit_base", "FULL_SHARD", 2), ("vit_3b", "FULL_SHARD", 1)):
@@ -220,6 +249,8 @@ def bad_inputs(tmp_path) -> list:
         )
     )
     cal, comp = "--calibration", "--compute-from"
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
     return [
         (
             [cal, write_check(tmp_path / "cuda.json", good, system="cuda")],
@@ -235,7 +266,23 @@ def bad_inputs(tmp_path) -> list:
         ([comp, fp32], [fp32, "vit_base at batch 32 in fp32"]),
         ([comp, str(tmp_path / "absent")], ["--compute-from", "absent is not a directory"]),
         (["--efficiency", "1.5"], ["--efficiency", "(0, 1]"]),
+        ([cal, malformed(tmp_path / "p5.json", precisions=5)], ["p5.json: precisions must be a list"]),
+        ([cal, malformed(tmp_path / "pstr.json", precisions="bf16")], ["pstr.json: precisions must be a list"]),
+        ([cal, malformed(tmp_path / "m5.json", model=5)], ["m5.json: model must be a model's name"]),
+        (["--efficiency-from", str(tmp_path / "absent")], ["--efficiency-from", "absent is not a directory"]),
+        (["--efficiency-from", empty], ["--efficiency-from", "no ok run that recorded an MFU"]),
+        (["--efficiency-from", runs, "--efficiency", "0.3"], ["--efficiency-from", "--efficiency cannot"]),
     ]
+
+
+def malformed(path, **values) -> str:
+    """A check.json with a key of the wrong type (a hand-edited or foreign file)."""
+    write_check(path, synthetic_fits(40.0, 2.0))
+    data = json.loads(open(path).read())
+    data.update(values)
+    with open(path, "w") as fh:
+        json.dump(data, fh)
+    return str(path)
 
 
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
@@ -412,3 +459,54 @@ def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_pa
     assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)  # each rung reproduces itself
     assert (tmp_path / "report" / "s" / "weak_scaling_plan.png").stat().st_size > 1000
     assert "predicted figure: report/s/weak_scaling_plan.png, report/s/weak_scaling_plan.pdf" in out
+
+
+def _study_run(tmp_path, monkeypatch, system, text):
+    from vit_scale.study import cli as study_cli
+
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    conf = tmp_path / "s.yaml"
+    conf.write_text(text)
+    opts = study_cli.parse(["--system", system, "--config", str(conf), "--nodes", "1,2", "--out", "runs", "--dry-run"])
+    return study_cli.StudyRun(opts)
+
+
+def test_predict_key_is_checked_with_the_plan(tmp_path, monkeypatch):
+    """`predict` is validated where the study's other keys are, and kept on the plan."""
+    run = _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: true\n")
+    assert run.plan.predict is True
+    with pytest.raises(UserError) as exc:
+        _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: maybe\n")
+    assert "'predict' in" in str(exc.value) and "allowed: true, false" in str(exc.value)
+
+
+def test_forecast_takes_the_efficiency_from_the_studys_runs(tmp_path, monkeypatch, capsys):
+    """Earlier runs of another batch cannot give the compute, but their MFU gives the FLOPs' efficiency."""
+    from vit_scale.study.forecast import forecast
+
+    text = "models: [vit_base]\nstrategies: [DDP]\nprecision: bf16\nbatch_size: 32\npredict: true\n"
+    for nodes in (1, 2):
+        write_run(str(tmp_path / "runs"), study="s", nodes=nodes, batch=16, ips=400.0 * nodes, job_id=None)
+    run = _study_run(tmp_path, monkeypatch, "frontier", text)
+    forecast(run)
+    out = capsys.readouterr().out
+    assert "--compute-from" in out and "not used: --compute-from:" in out
+    assert f"the median MFU of 2 run(s) in {run.study_dir}" in out and "--efficiency-from" in out
+
+
+def test_forecast_failure_is_one_line_and_the_study_goes_on(tmp_path, monkeypatch, capsys):
+    """A planner bug cannot be produced on purpose: plan() is replaced by one that raises, as a bug would."""
+    from vit_scale.planning import cli as plan_cli
+    from vit_scale.study.forecast import forecast
+
+    run = _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: true\n")
+
+    def broken(args):
+        raise KeyError("bucket")
+
+    monkeypatch.setattr(plan_cli, "plan", broken)
+    forecast(run)  # returns: the study goes on
+    lines = [line for line in capsys.readouterr().out.splitlines() if line]
+    assert lines == ["predicted: not available: 'bucket'"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import math
 import os
 import sys
 
@@ -291,7 +292,7 @@ def test_check_json_of_the_same_allocation_calibrates(tmp_path):
     root, _, _ = _study(tmp_path)
     write_check(os.path.join(root, "s", "check.json"), [fit(alpha=5.0, bus=200.0)], job="1234")
     rows, text = _analyse(root, str(tmp_path / "out"))
-    assert set(rows["calibration"]) == {"check"}
+    assert set(rows["calibration"]) == {"check (all_reduce/inter) + profile defaults"}
     assert "Calibration used: check.json's fits" in text
     # another allocation's check is not used, and the report says so
     write_check(os.path.join(root, "s", "check.json"), [fit(alpha=5.0, bus=200.0)], job="999")
@@ -405,3 +406,106 @@ def test_scenario_of_a_run_carries_its_options(tmp_path):
     assert (sc.nodes, sc.gpus_per_node, sc.batch_size, sc.precision) == (2, 4, 16, "fp32")
     assert sc.activation_checkpointing and sc.fsdp.backward_prefetch == "post" and sc.fsdp.forward_prefetch
     assert dataclasses.replace(sc, nodes=1).world == 4
+
+
+# ---------------------------------------------------------------- review fixes
+
+
+def test_malformed_check_json_is_one_line(tmp_path):
+    """A check.json whose precisions or model have the wrong type: one line naming the key, not a traceback."""
+    for key, value in (("precisions", 5), ("precisions", "bf16"), ("model", 5)):
+        path = write_check(str(tmp_path / f"{key}-{value}.json"), [fit()])
+        with open(path) as f:
+            data = json.load(f)
+        data[key] = value
+        with open(path, "w") as f:
+            json.dump(data, f)
+        one_line_error(
+            lambda path=path: pr.check_calibration(path, system="frontier", models=["vit_base"], precisions=["bf16"]),
+            path,
+            key,
+        )
+
+
+def test_calibration_names_the_fits_it_used(tmp_path):
+    defaults = pr.profile_calibration(FRONTIER)
+    flagged = write_check(str(tmp_path / "flagged.json"), [fit(flags=("residual 40%",))])
+    cal = pr.check_calibration(flagged, system="frontier", models=["vit_base"], precisions=["bf16"], defaults=defaults)
+    assert cal.kind == "profile" and cal.label == "profile"
+    assert any("check.json's fits were all flagged: all_reduce/inter not used: residual 40%" in n for n in cal.notes)
+    some = write_check(str(tmp_path / "some.json"), [fit(), fit("all_gather", flags=("not monotone",))])
+    cal = pr.check_calibration(some, system="frontier", models=["vit_base"], precisions=["bf16"], defaults=defaults)
+    assert cal.kind == "check" and cal.label == "check (all_reduce/inter) + profile defaults"
+    assert cal.describe().startswith("check.json's fits (all_reduce/inter) + profile defaults")
+
+
+def test_compute_from_takes_the_median_step(tmp_path):
+    """The analysis plots a run's median images/s: --compute-from takes the same, not the mean."""
+    steps = [100.0] * 20 + [1000.0] * 5  # mean 280, median 100
+    metrics = write_run(str(tmp_path), nodes=1, ranks_per_node=8, step_ips=steps)
+    run = reader.collect([os.path.dirname(metrics)]).runs[0]
+    step = pr.measured_step(run)
+    assert step.step_s == pytest.approx(32 * 8 / 100.0)
+
+
+def test_runs_that_did_not_fit_get_no_prediction(tmp_path):
+    root = str(tmp_path / "runs")
+    write_run(root, study="s", nodes=1, ips=800.0)
+    write_run(root, study="s", nodes=2, ips=None, status="oom")
+    write_run(root, study="s", nodes=4, ips=None, status="skipped")
+    # it ran, yet the planner says it cannot fit in 1 GiB: predicted as not fitting, not as a speed
+    write_run(root, study="s", nodes=8, ips=5000.0, device_memory_gib=1.0)
+    rows, _ = _analyse(root, str(tmp_path / "out"))
+    by = rows.set_index("nodes")
+    assert by.at[1, "predicted_ips"] > 0
+    assert math.isnan(by.at[1, "predicted_optimizer_ms"])  # not modelled (inside compute), not a predicted 0
+    for nodes, status in ((2, "oom"), (4, "skipped")):
+        assert math.isnan(by.at[nodes, "predicted_ips"]) and math.isnan(by.at[nodes, "predicted_step_ms"])
+        assert (
+            by.at[nodes, "explanation"].startswith("not predicted:")
+            and f"status {status}" in by.at[nodes, "explanation"]
+        )
+    assert math.isnan(by.at[8, "predicted_ips"]) and "does not fit in the device's 1 GiB" in by.at[8, "explanation"]
+
+
+def test_a_sweep_jobs_own_check_calibrates_its_node_count(tmp_path):
+    """A sweep job writes STUDY/check-n<N>.json: it calibrates that job's runs on N nodes."""
+    root, _, _ = _study(tmp_path)
+    write_check(os.path.join(root, "s", "check.json"), [fit(alpha=5.0, bus=200.0)], job="999")
+    write_check(os.path.join(root, "s", "check-n2.json"), [fit(alpha=5.0, bus=200.0)], job="1234")
+    rows, text = _analyse(root, str(tmp_path / "out"))
+    by = rows.set_index("nodes")
+    assert by.at[2, "calibration"] == "check (all_reduce/inter) + profile defaults"
+    assert "check-n2.json" in by.at[2, "calibration_source"]
+    assert by.at[1, "calibration"] == "profile"  # check.json is another allocation's; no check-n1.json
+    # a node count's check of another job is not that job's: check.json's rule applies
+    write_check(os.path.join(root, "s", "check-n2.json"), [fit(alpha=5.0, bus=200.0)], job="555")
+    rows, _ = _analyse(root, str(tmp_path / "out2"))
+    assert set(rows["calibration"]) == {"profile"}
+
+
+def test_no_dashed_point_over_a_failure_mark(tmp_path):
+    root = str(tmp_path / "runs")
+    write_run(root, study="s", nodes=1, ips=800.0)
+    write_run(root, study="s", nodes=2, ips=1500.0)
+    write_run(root, study="s", nodes=4, ips=None, status="oom")
+    coll = reader.collect([root])
+    results = table.build(coll).results
+    predicted = prediction.build(coll.runs, results)
+    plots, _ = figures.all_plots(results, predictions=predicted.rows)
+    plot = next(p for p in plots if p.name == "weak_scaling_predicted")
+    assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "failed": 1}  # lines, lines, marks
+    assert [x for x, _ in next(iter(plot.extra["predicted"].values()))] == [1, 2]
+
+
+def test_a_malformed_check_json_is_a_note_in_the_analysis(tmp_path):
+    """The analysis goes on past a hand-edited check.json: the report names it, the defaults are used."""
+    root, _, _ = _study(tmp_path)
+    path = write_check(os.path.join(root, "s", "check.json"), [fit()])
+    with open(path) as f:
+        data = json.load(f)
+    data.update(precisions=5, slurm="1234", system=["frontier"])
+    with open(path, "w") as f:
+        json.dump(data, f)
+    rows, text = _analyse(root, str(tmp_path / "out"))
+    assert set(rows["calibration"]) == {"profile"} and "check.json not used" in text

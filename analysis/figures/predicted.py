@@ -80,7 +80,7 @@ def weak_scaling_predicted(
     facts = (
         run_facts(runs)
         + f" · bars: {interval_facts(tbl.usable(runs))}"
-        + f" · dashed: predicted, calibration {', '.join(map(str, cals)) or 'none'}"
+        + f" · dashed: predicted, calibration {'; '.join(map(str, cals)) or 'none'}"
     )
     panel_h = min(2.2, max(1.45, 0.8 * width / ncols))
     slot = free_slot(len(models), nrows, ncols, len(legend_labels), panel_h)

@@ -3,7 +3,7 @@ with `--system`, also how fast each point is predicted to run.
 
     vit-scale plan --model vit_3b --nodes 1,8 [--strategy NO_SHARD,FULL_SHARD ...] [--json]
     vit-scale plan --system frontier --model vit_base,vit_3b --nodes 1,2,4,8 [--calibration check.json]
-                   [--compute-from RUNDIR] [--efficiency F] [--figure DIR | --no-figure]
+                   [--compute-from RUNDIR | --efficiency F | --efficiency-from DIR] [--figure DIR | --no-figure]
 
 A table by default; `--json` for scripts (schema: docs/plan.md, `PLAN_SCHEMA` below). With
 `--system` the rows gain the prediction of vit_scale.planning.predict (step time split, images/s,
@@ -32,6 +32,7 @@ GB = 1e9
 # Without --system the device is a Frontier GCD, as before; with it, the profile says (unless given)
 NO_SYSTEM = {"gpus_per_node": 8, "device_memory_gib": 64.0, "device": "rocm"}
 DEFAULT_EFFICIENCY = 0.4  # of the profile's dense peak, when FLOPs give the compute and no --efficiency
+OPTIMIZER_NOTE = "not modelled: inside compute"  # no compute source times the optimizer step apart
 NOT_WORTH = 0.5  # a strategy below this share of the best at the largest node count
 FIGURE = "weak_scaling_plan"  # DIR/FIGURE.json (the prediction), .png and .pdf (the figure)
 
@@ -146,8 +147,8 @@ PREDICTION_SCHEMA = {
         "system": {"type": "string"},
         "calibration": {
             "type": "object",
-            "required": ["kind", "source", "notes", "text"],
-            "properties": {"kind": {"enum": ["check", "profile", "none"]}},
+            "required": ["kind", "label", "source", "notes", "text"],
+            "properties": {"kind": {"enum": ["check", "profile", "none"]}, "label": {"type": "string"}},
         },
         "compute": {
             "type": "object",
@@ -290,6 +291,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         metavar="F",
         help=f"share of the profile's peak the FLOPs run at (default {DEFAULT_EFFICIENCY:g}, assumed)",
+    )
+    pred.add_argument(
+        "--efficiency-from",
+        metavar="PATH",
+        help="the FLOPs' efficiency from run records: the median MFU of the ok runs under PATH (a run or "
+        "study directory; any model)",
     )
     pred.add_argument(
         "--figure",
@@ -436,7 +443,7 @@ def _skip_default(sc) -> bool:
 def _prediction_options(args) -> None:
     """The prediction's options need --system; --efficiency is for FLOPs, not a measured run."""
     if not args.system:
-        for name in ("calibration", "compute_from", "efficiency"):
+        for name in ("calibration", "compute_from", "efficiency", "efficiency_from"):
             if getattr(args, name) is not None:
                 raise UserError(
                     f"--{name.replace('_', '-')}: needs --system (the profile whose network and peak "
@@ -445,6 +452,9 @@ def _prediction_options(args) -> None:
         return
     if args.compute_from is not None and args.efficiency is not None:
         raise UserError("--efficiency: applies to compute from counted FLOPs; --compute-from measures it instead")
+    if args.efficiency_from is not None and (args.efficiency is not None or args.compute_from is not None):
+        other = "--efficiency" if args.efficiency is not None else "--compute-from"
+        raise UserError(f"--efficiency-from: gives the FLOPs' efficiency; {other} cannot be given with it")
     if not args.no_figure and os.path.exists(args.figure) and not os.path.isdir(args.figure):
         raise UserError(f"--figure: {args.figure} is a file; expected a directory (created when missing)")
 
@@ -467,20 +477,26 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             f"communication predicted exposed there"
         )
     else:
-        efficiency = DEFAULT_EFFICIENCY if args.efficiency is None else args.efficiency
+        efficiency, stated = _efficiency(args)
         compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency, os.path.basename(profile))
-        stated = (
-            "--efficiency"
-            if args.efficiency is not None
-            else "assumed; --efficiency F states another, --compute-from RUNDIR measures it"
-        )
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
     blocking = pr.blocking_for(None, args.device)
     for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):
         row["prediction"] = p.as_dict()
+        step = row["prediction"]["step"]
+        if step is not None and not step["optimizer_s"]:
+            # no compute source times the optimizer apart (a measured step holds it, the FLOPs' efficiency
+            # absorbs it): null, not a predicted 0
+            step["optimizer_s"], step["optimizer"] = None, OPTIMIZER_NOTE
     return {
         "system": args.system,
-        "calibration": {"kind": cal.kind, "source": cal.source, "notes": list(cal.notes), "text": cal.describe()},
+        "calibration": {
+            "kind": cal.kind,
+            "label": cal.label,
+            "source": cal.source,
+            "notes": list(cal.notes),
+            "text": cal.describe(),
+        },
         "compute": {"kind": compute.kind, "text": compute_text},
         "not_worth_running": not_worth_running(rows),
         "rule": (
@@ -488,6 +504,31 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model"
         ),
     }
+
+
+def _efficiency(args) -> tuple[float, str]:
+    """The FLOPs' efficiency and where it came from: --efficiency, the median MFU of --efficiency-from's
+    run records, else DEFAULT_EFFICIENCY, assumed."""
+    from vit_scale.planning import predict as pr
+    from vit_scale.record import reader
+
+    if args.efficiency is not None:
+        return args.efficiency, "--efficiency"
+    if args.efficiency_from is not None:
+        if not os.path.isdir(args.efficiency_from):
+            raise UserError(
+                f"--efficiency-from: {args.efficiency_from} is not a directory; expected a run or study directory"
+            )
+        runs = reader.collect([args.efficiency_from]).runs
+        mfu = pr.efficiency_from_runs(runs)
+        if mfu is None:
+            raise UserError(
+                f"--efficiency-from: {args.efficiency_from} holds no ok run that recorded an MFU; expected run "
+                f"records of vit-scale train (their end record's mfu)"
+            )
+        n = sum(1 for r in runs if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)))
+        return mfu, f"the median MFU of {n} run(s) in {args.efficiency_from}"
+    return DEFAULT_EFFICIENCY, "assumed; --efficiency F states another, --compute-from RUNDIR measures it"
 
 
 def not_worth_running(rows: list, share: float = NOT_WORTH) -> list:
@@ -615,7 +656,7 @@ def _predicted_cells(p: dict) -> list:
         _ms(b["forward_s"] + b["backward_s"]),
         _ms(b["exposed_intra_s"]),
         _ms(b["exposed_inter_s"]),
-        _ms(b["optimizer_s"]),
+        "-" if b["optimizer_s"] is None else _ms(b["optimizer_s"]),
         _rate(p["images_per_s_per_gpu"]),
         _rate(p["images_per_s"]),
         "" if eff is None else f"{eff:.0%}",
@@ -703,13 +744,14 @@ def format_table(rows: list[dict], shared: dict, prediction: dict | None = None)
         "act: activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; "
         "bufs: communication buckets; work: backward and optimizer temporaries; alloc: allocator allowance; "
         "total = sum, against the device memory; components are those of the step's peak (peak at: end of "
-        "forward, first or last block of the backward, optimizer step). intra/inter: GB sent per device per step inside a node / "
-        "across nodes. Assumptions: docs/plan.md"
+        "forward, first or last block of the backward, optimizer step). intra/inter: GB sent per device per step "
+        "inside a node / across nodes. Assumptions: docs/plan.md"
     )
     if prediction:
         out.append(
             "predicted: step ms = comp (forward + backward) + x-intra + x-inter (communication compute does "
-            "not hide, inside a node / across nodes) + optim; img/s/GPU = batch / step; img/s: all GPUs; eff: "
+            "not hide, inside a node / across nodes) + optim (-: not modelled, inside comp); img/s/GPU = batch / "
+            "step; img/s: all GPUs; eff: "
             'img/s/GPU against 1 node\'s. Model: docs/plan.md, "Predicted step time"'
         )
         out.extend(f"  note: {n}" for n in prediction["calibration"]["notes"])

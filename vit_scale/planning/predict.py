@@ -56,10 +56,19 @@ class Calibration:
     network: Network
     source: str  # the file read, or why there is none
     notes: tuple = ()  # fits not used and why; fallbacks taken
+    fitted: tuple = ()  # for "check": the fits used, "collective/scope" each
+    over_defaults: bool = False  # for "check": the profile's defaults time what no fit covers
+
+    @property
+    def label(self) -> str:
+        """The kind, naming the fits used: "check (all_gather/inter) + profile defaults", "profile", "none"."""
+        if self.kind != "check":
+            return self.kind
+        return f"check ({', '.join(self.fitted)})" + (" + profile defaults" if self.over_defaults else "")
 
     def describe(self) -> str:
         what = {
-            "check": "check.json's fits",
+            "check": "check.json's fits" + self.label[len("check") :],
             "profile": "the system profile's defaults",
             "none": "none (communication not timed: the compute-bound ceiling)",
         }[self.kind]
@@ -224,7 +233,13 @@ def check_calibration(
             f"--calibration: {path} is a check of system {data.get('system')!r}; expected a check of "
             f"{system!r} (the scenario's system)"
         )
-    have = [p for p in data.get("precisions") or []]
+    precisions_checked = data.get("precisions")
+    if not isinstance(precisions_checked, list) or not all(isinstance(p, str) for p in precisions_checked):
+        raise UserError(
+            f'--calibration: {path}: precisions must be a list of names (like ["bf16"]), got '
+            f"{precisions_checked!r}; expected a check.json written by vit-scale check"
+        )
+    have = list(precisions_checked)
     missing = [p for p in dict.fromkeys(precisions) if p not in have]
     if missing:
         raise UserError(
@@ -232,6 +247,11 @@ def check_calibration(
             f"{', '.join(missing)} (the scenario's)"
         )
     checked = data.get("model")
+    if not isinstance(checked, str):
+        raise UserError(
+            f"--calibration: {path}: model must be a model's name, got {checked!r}; expected a check.json "
+            f"written by vit-scale check"
+        )
     try:
         checked_params = _params(checked)
     except UserError:
@@ -266,9 +286,22 @@ def check_calibration(
                 by_scope[s] = by_scope[other]
         base = Network(by_scope["intra"], by_scope["inter"], source=f"fits of {os.path.basename(path)}")
     if not usable:
-        notes.append("no usable fit: the profile's defaults used for every collective")
+        # defaults is not None here (else the error above): no fit of the check times anything, so the
+        # calibration is the profile's, and it says why the check was not
+        flagged = "; ".join(f"{f.collective}/{f.scope} not used: {', '.join(f.flags)}" for f in fits)
+        return dataclasses.replace(defaults, notes=(f"check.json's fits were all flagged: {flagged}", *defaults.notes))
     network = base.with_fits(usable)
-    return Calibration("check", dataclasses.replace(network, source=f"{path}: {network.source}"), path, tuple(notes))
+    fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
+    covered = {(f.collective, f.scope) for f in usable}
+    over = defaults is not None and any((c, s) not in covered for c in COLLECTIVES for s in SCOPES)
+    return Calibration(
+        "check",
+        dataclasses.replace(network, source=f"{path}: {network.source}"),
+        path,
+        tuple(notes),
+        fitted,
+        over,
+    )
 
 
 def choose_calibration(
@@ -319,7 +352,9 @@ def scenario_of_run(start: dict) -> Scenario:
         precision=run_precision(start),
         activation_checkpointing=bool(ckpt),
         num_classes=int(train.get("num_classes", 1000)),
-        device_memory_gib=None,
+        # the device's memory as the run saw it (null on a CPU), so that a point the planner says does not
+        # fit is predicted as not fitting, not as a speed
+        device_memory_gib=_memory(world.get("device_memory_gib")),
         fsdp=_section(FSDPConfig, cfg.get("fsdp"), options if strat.get("family") == "fsdp" else {}),
         deepspeed=_section(
             DeepSpeedConfig, cfg.get("deepspeed"), options if strat.get("family") == "deepspeed" else {}
@@ -328,6 +363,10 @@ def scenario_of_run(start: dict) -> Scenario:
             ColossalAIConfig, cfg.get("colossalai"), options if strat.get("family") == "colossalai" else {}
         ),
     )
+
+
+def _memory(x) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 else None
 
 
 def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
@@ -340,7 +379,7 @@ def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
 
 @dataclass(frozen=True)
 class MeasuredStep:
-    """One ok run's mean step (global batch over its mean images/s) and the scenario it ran."""
+    """One ok run's step (global batch over its median images/s: run_ips) and the scenario it ran."""
 
     scenario: Scenario
     step_s: float
@@ -353,11 +392,32 @@ class MeasuredStep:
         return (self.scenario.model, self.scenario.batch_size, self.scenario.precision)
 
 
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def run_ips(run) -> float | None:
+    """A run's images/s as the analysis takes it (analysis/table.py, _run_median): the median of its timed
+    steps (the end record's, else from its steps), its mean only where neither is there."""
+    ips = _d((run.end or {}).get("images_per_s"))
+    if _positive(ips.get("median")):
+        return float(ips["median"])
+    steps = sorted(reader.timed_step_ips(run.path)) if getattr(run, "path", None) else []
+    if steps:
+        n = len(steps)
+        median = steps[n // 2] if n % 2 else (steps[n // 2 - 1] + steps[n // 2]) / 2
+        if median > 0:
+            return median
+    return float(ips["mean"]) if _positive(ips.get("mean")) else None
+
+
 def measured_step(run) -> MeasuredStep | None:
-    """A vit_scale.record.reader RunRecord's mean step, or None when it gives no speed."""
+    """A vit_scale.record.reader RunRecord's median step, or None when it gives no speed."""
     end = run.end or {}
-    ips = _d(end.get("images_per_s")).get("mean")
-    if run.status != "ok" or not isinstance(ips, (int, float)) or not ips > 0 or end.get("replicas_agree") is False:
+    if run.status != "ok" or end.get("replicas_agree") is False:
+        return None
+    ips = run_ips(run)
+    if ips is None:
         return None
     start = run.start
     sc = scenario_of_run(start)
@@ -536,6 +596,7 @@ __all__ = [
     "peak_tflops",
     "predict",
     "profile_calibration",
+    "run_ips",
     "profile_path",
     "read_check",
     "read_fits",

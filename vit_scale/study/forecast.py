@@ -5,9 +5,11 @@ running (vit_scale.planning.cli.not_worth_running states the rule). It names the
 
 Calibration: the study's check.json when it carries fits (a full `vit-scale check`), else the system
 profile's defaults. Compute: the study's own 1-node runs when an earlier submission left some (of
-every point's model, batch and precision), else the counted FLOPs over the profile's peak. Where the
-prediction cannot be made (a CPU profile has no peak and nothing ran yet) one line says why and the
-study goes on. A dry run prints the table and writes nothing.
+every point's model, batch and precision), else the counted FLOPs over the profile's peak at the
+median MFU of the study's earlier runs (`plan --efficiency-from`) when they recorded one, else at the
+plan's assumed efficiency. Where the prediction cannot be made (a CPU profile has no peak and nothing
+ran yet), or the planner fails in any way, one line says why and the study goes on. A dry run prints
+the table and writes nothing. `predict` itself is checked with the study's other keys (study/plan.py).
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ from __future__ import annotations
 import os
 import shlex
 
-from vit_scale.cluster.systems import study_file
-from vit_scale.cluster.values import FALSE, TRUE, as_list
+from vit_scale.cluster.values import TRUE
 from vit_scale.errors import UserError
-from vit_scale.study.plan import merge
 
 KEY = "predict"
 # settings the plan takes as its own options, or that do not change a step (steps, the skip rule)
@@ -34,14 +34,8 @@ OWN = (
 
 
 def wanted(study) -> bool:
-    """The study's `predict` (study file, then --predict): true or false; anything else is bad input."""
-    values, origin = merge(study_file(study.opts.own.get("--config"), study.system), study.opts.cli, [])
-    given = as_list(values.get(KEY))
-    if not given:
-        return False
-    if len(given) > 1 or given[0].lower() not in TRUE + FALSE:
-        raise UserError(f"{origin.get(KEY, '--predict')}: '{','.join(given)}' is not allowed; allowed: true, false")
-    return given[0].lower() in TRUE
+    """The study's `predict` (study file, then --predict), checked when the plan was made."""
+    return bool(getattr(study.plan, "predict", False))
 
 
 def plan_argv(study) -> tuple[list, str]:
@@ -81,10 +75,25 @@ def plan_argv(study) -> tuple[list, str]:
     return argv, note
 
 
+def _has_mfu(directory: str) -> bool:
+    from vit_scale.planning.predict import efficiency_from_runs
+    from vit_scale.record import reader
+
+    return efficiency_from_runs(reader.collect([directory]).runs) is not None
+
+
 def forecast(study) -> None:
-    """Print the predicted table and write the figure, when the study asks for them."""
+    """Print the predicted table and write the figure, when the study asks for them. Nothing here ends
+    the study: a prediction that fails, for whatever reason, is one line and the runs go on."""
     if not wanted(study) or not study.plan.runs:
         return
+    try:
+        _forecast(study)
+    except (Exception, SystemExit) as exc:  # a planner bug, or argparse's exit: the study still runs
+        print(f"predicted: not available: {' '.join(str(exc).split()) or type(exc).__name__}")
+
+
+def _forecast(study) -> None:
     from vit_scale.planning import cli as plan_cli
 
     print()
@@ -113,6 +122,9 @@ def forecast(study) -> None:
                 return
             extra.remove(named[0])
             notes.append(f"{named[0][1]} not used: {text}")
+            if named[0][0] == "--compute-from" and _has_mfu(named[0][1]):
+                # FLOPs then, at the efficiency the study's earlier runs measured
+                extra.append(["--efficiency-from", named[0][1]])
     shown = argv + [x for pair in extra for x in pair] + ["--figure", study.report]
     print(f"predicted ({KEY}: true), as `vit-scale plan {shlex.join(shown)}` prints it:")
     for line in notes:

@@ -99,6 +99,7 @@ class Study:
     ranks_per_node: int  # on one machine without Slurm: the GPUs found
     runs: list = field(default_factory=list)
     repeat: int = 1  # runs of each point (--repeat), in rounds: see interleave()
+    predict: bool = False  # `predict: true`: the predicted curves before the first run (study/forecast.py)
 
 
 def ladder(largest: int) -> list[int]:
@@ -231,6 +232,9 @@ def make_plan(
         )
 
     repeat = whole(where("repeat"), values.get("repeat", 1), 1)
+    predict = as_list(values.get("predict"))
+    if len(predict) > 1 or (predict and predict[0].lower() not in TRUE + FALSE):
+        raise UserError(f"{where('predict')}: '{','.join(predict)}' is not allowed; allowed: true, false")
 
     launcher = str(values.get("launcher") or system.launcher or "srun")
     if launcher not in system.launchers:
@@ -306,7 +310,7 @@ def make_plan(
     for model in models:
         for label in strategies:
             for combo in itertools.product(*[items for _, items in grid]):
-                variant = dict(zip([key for key, _ in grid], combo))  # batch_size always among them
+                variant = dict(zip([key for key, _ in grid], combo, strict=True))  # batch_size always among them
                 if precision_of and "precision" not in variant:
                     variant["precision"] = precision_of.get(label, precision_of.get("default", "fp32"))
                 settings = [f"model={model}", f"strategy={label}"]
@@ -330,6 +334,7 @@ def make_plan(
     if not one_machine and launcher in ("srun", "mpi"):
         refuse_qgz_under_one_gpu_per_task(study.runs, system, where("strategies"))
     study.repeat = repeat
+    study.predict = bool(predict) and predict[0].lower() in TRUE
     study.runs = interleave(study.runs, repeat)
     return study
 
