@@ -295,7 +295,8 @@ def assert_calibrates(check: dict, path: str) -> None:
     cal = predict.choose_calibration(
         path, predict.profile_path("local"), system="local", models=["vit_micro"], precisions=["fp32"]
     )
-    assert cal.kind == "check" and cal.source == path
+    # a check whose fits were all flagged calibrates nothing: the profile's defaults, said so
+    assert cal.kind == ("check" if any(f["usable"] for f in check["fits"]) else "profile"), cal.describe()
     for f in check["fits"]:
         named = f"{f['collective']}/{f['scope']}"
         assert (f"{named} not used: " in cal.describe()) != f["usable"], cal.describe()
