@@ -651,3 +651,29 @@ def test_the_sweeps_time_budget_extends_the_line_of_what_was_measured():
     assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=100.0) == ""
     assert left_out("all_reduce", Size("bucket", 8 + 10**7, "fp32", ""), 2, 0, FULL, [small, big], 0.0) == ""
     assert left_out("all_reduce", sweep, 2, 4 * 10**7, FULL, [], 100.0).startswith("memory: ")
+
+
+@pytest.mark.parametrize("part", ["strategies", "meter"])
+def test_a_signal_during_a_part_leaves_it_a_timeout_even_without_its_end_record(tmp_path, monkeypatch, part):
+    """A signal stops the launch while a label (or the meter) runs, and its trainer is killed before
+    it writes an end record: the second check.json write, after the launch ended, still says the
+    signal stopped it (a timeout), not that the ranks failed. The launch is faked: what it returns is
+    what a SIGKILLed launch leaves."""
+    from vit_scale.check import cli
+
+    check = cli.Check(cli.parse(["--system", "local", "--strategies", "DDP", "--out", str(tmp_path / "c")]))
+    supervisor = type("S", (), {"interrupted": False})()
+
+    def launch(supervisor_, parts, labels, attempt, stamp, left_s):
+        supervisor.interrupted = True
+        outcome = FakeOutcome(143, False, 1.0)
+        outcome.interrupted = True
+        running = {"part": "meter", "settings": {}} if part == "meter" else {"label": "DDP", "precision": "fp32"}
+        return {"world": {"world_size": 2}, "in_progress": running}, outcome, "log"
+
+    monkeypatch.setattr(check, "launch", launch)
+    monkeypatch.setattr(cli, "last_line", lambda log: "the last line")
+    assert check.run(supervisor) == 143
+    found = {line["check"]: line for line in json.loads((tmp_path / "c" / "check.json").read_text())["lines"]}
+    name = "meter" if part == "meter" else "DDP fp32"
+    assert found[name]["text"].startswith("timeout: stopped by a signal"), found[name]
