@@ -216,8 +216,13 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
         blocks += _not_drawn("weak scaling", missing)
     # One-off runs of a study with a ladder for that model; a configuration grid or a single-device
     # comparison is one-off by design and has its own figure.
-    laddered = set(zip(runs["study"], runs["model"]))
-    alone = [a for a in single_point_lines(results[[k in laddered for k in zip(results["study"], results["model"])]])]
+    laddered = set(zip(runs["study"], runs["model"], strict=True))
+    alone = [
+        a
+        for a in single_point_lines(
+            results[[k in laddered for k in zip(results["study"], results["model"], strict=True)]]
+        )
+    ]
     if alone:
         named = "; ".join(f"{m} {series} ({x}, {status})" for m, series, x, status in alone[:12])
         more = f" and {len(alone) - 12} more" if len(alone) > 12 else ""
@@ -236,7 +241,7 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
             Block(
                 "table",
                 header=["strategy"] + [str(c) for c in t.columns],
-                rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist())],
+                rows=[[idx] + list(row) for idx, row in zip(t.index, t.values.tolist(), strict=True)],
             )
         )
     for name, heading, what in (
@@ -572,21 +577,22 @@ def _environment_section(results: pd.DataFrame) -> list:
 
 
 def _check_files(directory: str) -> list:
-    """(title, path, check) of each check in a study directory: one per node count, else check.json."""
-    from vit_scale.record.check_file import checks_of, read_check
+    """(title, path, check) of each check in a study directory: one per node count (and model, where
+    a --per-model sweep's jobs kept one each), else check.json."""
+    from vit_scale.record.check_file import check_files, read_check
 
-    found = checks_of(directory)
+    found = check_files(directory)
     if found:
         return [
-            (f"System check: {n} node{'s' if n != 1 else ''}", os.path.join(directory, f"check-n{n}.json"), check)
-            for n, check in found
+            (f"System check: {n} node{'s' if n != 1 else ''}{f', {model}' if model else ''}", path, check)
+            for n, model, path, check in found
         ]
     check = read_check(directory)
     return [("System check", os.path.join(directory, "check.json"), check)] if check else []
 
 
 def _check_section(inputs: list) -> list:
-    """What `vit-scale check` found on the system (check-n<N>.json in a study directory, written by
+    """What `vit-scale check` found on the system (check-n<N>[-MODEL].json in a study directory, written by
     `vit-scale study --check`): versions, the transport between nodes and each collective's bus
     bandwidth, the facts that explain the scaling figures; one per node count, beside its points."""
     blocks = []
