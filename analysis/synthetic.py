@@ -216,9 +216,8 @@ def write_run(
         dt = batch * world_size / timed_ips[k - warmup - 1] if k > warmup and timed_ips else step_time
         t += dt
         lines.append(
-            '{"event": "step", "time": %.3f, "step": %d, "loss": %.5f, "step_time_s": %.6f, '
-            '"images_per_s": %.3f, "warmup": %s}'
-            % (t, k, 6.9 - 0.01 * k, dt, batch * world_size / dt, "true" if k <= warmup else "false")
+            f'{{"event": "step", "time": {t:.3f}, "step": {k}, "loss": {6.9 - 0.01 * k:.5f}, "step_time_s": {dt:.6f}, '
+            f'"images_per_s": {batch * world_size / dt:.3f}, "warmup": {"true" if k <= warmup else "false"}}}'
         )
     if end:
         timed = max(0, n_steps - warmup)

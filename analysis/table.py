@@ -440,6 +440,7 @@ def sort_table(df: pd.DataFrame) -> pd.DataFrame:
             df["batch_per_device"],
             df["world_size"],
             df["start_time"].fillna(0),
+            strict=True,
         )
     )
     order = sorted(range(len(df)), key=keys.__getitem__)
@@ -518,7 +519,7 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
     good = usable(df).copy()
     good["_rank_ips"] = point_ips(good)
     out = []
-    for (model, nodes, _), grp in good.groupby(["model", "nodes", "world_size"], sort=False):
+    for _, grp in good.groupby(["model", "nodes", "world_size"], sort=False):
         grp = grp.sort_values(["_rank_ips", "memory_gib"], ascending=[False, True])
         best = grp.iloc[0].copy()
         if len(grp) > 1:
@@ -540,7 +541,7 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
     params = res["params"].fillna(0).tolist()
     keys = [
         (params[i], _rank(m, MODEL_ORDER), n, w)
-        for i, (m, n, w) in enumerate(zip(res["model"], res["nodes"], res["world_size"]))
+        for i, (m, n, w) in enumerate(zip(res["model"], res["nodes"], res["world_size"], strict=True))
     ]
     return res.iloc[sorted(range(len(res)), key=keys.__getitem__)].reset_index(drop=True)
 

@@ -66,14 +66,14 @@ def worker(args) -> int:
             f"{device}, torch {torch.__version__}, {args.steps - args.warmup} timed steps x {args.rounds} rounds"
         )
         for label in pairs:
-            ratios = [o / b for o, b in zip(ours[label], bare[label])]
+            ratios = [o / b for o, b in zip(ours[label], bare[label], strict=True)]
             print(
                 f"  {label:10} bare {statistics.median(bare[label]):9.2f} img/s, trainer "
                 f"{statistics.median(ours[label]):9.2f} img/s (medians; per-round ratios "
                 f"{', '.join(f'{x:.3f}' for x in ratios)})"
             )
         for label in pairs:
-            ratio = statistics.median(o / b for o, b in zip(ours[label], bare[label]))
+            ratio = statistics.median(o / b for o, b in zip(ours[label], bare[label], strict=True))
             print(f"ratio {label}: {ratio:.3f}")
         print("bar: every ratio 0.97 or better", flush=True)
     torch.distributed.destroy_process_group()

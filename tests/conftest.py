@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -151,6 +152,48 @@ def init_one_rank_group() -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def end_one_rank_group(*owners) -> None:
+    """Destroy the group of init_one_rank_group, after ending what holds it: each owner's attributes (a
+    strategy's DDP model and optimizer) are dropped and collected first, so the owner is spent afterwards.
+    A DDP model sits in reference cycles and its Reducer holds the process group: left alone, the group outlived
+    destroy_process_group and died whenever the cyclic collector next ran, in a later test, with the GIL held:
+    gloo's destructor joined its worker thread there while the worker waited for the GIL, and the suite hung
+    until CI's time ran out. Collected here, the Reducer goes while the group is still registered, and the
+    group ends in destroy_process_group, at this known point."""
+    import gc
+
+    import torch.distributed as dist
+
+    for owner in owners:
+        if owner is not None:
+            vars(owner).clear()
+    gc.collect()
+    _let_gloo_workers_settle()
+    dist.destroy_process_group()
+    gc.collect()  # whatever the group's end released
+
+
+def _let_gloo_workers_settle(limit_s: float = 5.0) -> None:
+    """Sleep (the GIL released) until no gloo worker thread of this process is runnable, twice in a row.
+    The group's end joins its workers with the GIL held, and a worker still finishing the last collective
+    takes the GIL to drop that collective's tensor: a worker the OS held back (a loaded machine) then never
+    finishes. Seen so: main thread in ProcessGroupGloo's destructor (thread join), worker in
+    ~AsyncBroadcastWork -> decref_pyobject -> take_gil. Linux shows thread states in /proc; elsewhere a pause."""
+    deadline = time.monotonic() + limit_s
+    quiet = 0
+    while quiet < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+        quiet = 0 if any(_runnable_gloo_worker(task) for task in glob.glob("/proc/self/task/*")) else quiet + 1
+
+
+def _runnable_gloo_worker(task: str) -> bool:
+    try:
+        with open(os.path.join(task, "comm")) as comm, open(os.path.join(task, "stat")) as stat:
+            return comm.read().strip() == "pt_gloo_runloop" and stat.read().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, IndexError):
+        return False  # the thread ended meanwhile
 
 
 def torchrun(nproc: int, args: list[str], timeout: int = 300, env=None) -> subprocess.CompletedProcess:

@@ -26,7 +26,8 @@ def test_the_doc_carries_the_table():
     found = re.search(r"<!-- capabilities:begin -->\n(.*?)\n<!-- capabilities:end -->", text, re.S)
     assert found, "docs/strategies.md has lost its capabilities markers"
     assert found.group(1) == caps.markdown(), (
-        "docs/strategies.md differs from the table: paste `python -m vit_scale.distributed.capabilities` between the markers"
+        "docs/strategies.md differs from the table: "
+        "paste `python -m vit_scale.distributed.capabilities` between the markers"
     )
 
 

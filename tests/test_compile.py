@@ -36,7 +36,7 @@ def test_compiled_runs_give_the_eager_losses(compiled_runs, study):
     assert end["status"] == "ok" and end["replicas_agree"] is True, end
     reference, compiled = losses(compiled_runs["eager-ddp"]), losses(compiled_runs[study])
     assert len(reference) == len(compiled) == 4
-    for step, (a, b) in enumerate(zip(reference, compiled), 1):
+    for step, (a, b) in enumerate(zip(reference, compiled, strict=True), 1):
         assert abs(a - b) <= COMPILE_TOL * abs(a), f"{study}: step {step} loss {b} against eager DDP's {a}"
 
 
@@ -65,13 +65,13 @@ def test_the_record_says_what_compiling_cost(compiled_runs, study):
         ),
         (
             ["strategy=FULL_SHARD", "train.compile=true"],
-            "train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters torch.compile falls back "
-            "to eager inside every unit); set fsdp.use_orig_params=true or fsdp.version=2",
+            "train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters torch.compile "
+            "falls back to eager inside every unit); set fsdp.use_orig_params=true or fsdp.version=2",
         ),
         (
             ["strategy=DDP", "train.tf32=true", "train.precision=bf16"],
-            "train.tf32: only for train.precision=fp32 (a bf16 run already does its matmuls in bf16); set train.tf32=false "
-            "or train.precision=fp32",
+            "train.tf32: only for train.precision=fp32 (a bf16 run already does its matmuls in bf16); "
+            "set train.tf32=false or train.precision=fp32",
         ),
     ],
 )

@@ -329,7 +329,7 @@ def test_confusion_matrix_sums_to_the_validation_set(accuracy_run, digits):
     per_class = list(csv.DictReader(open(os.path.join(directory, "per_class_accuracy.csv"))))
     assert [r["class"] for r in per_class] == [str(c) for c in range(10)]
     assert sum(int(r["images"]) for r in per_class) == digits[1]["val"]
-    for r, row in zip(per_class, matrix):
+    for r, row in zip(per_class, matrix, strict=True):
         assert int(r["images"]) == sum(row) and float(r["accuracy"]) == pytest.approx(int(r["correct"]) / sum(row))
     assert open(os.path.join(directory, "confusion_matrix.png"), "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert records[-1]["files"]["confusion_matrix_png"] == "confusion_matrix.png"

@@ -2,16 +2,18 @@
 pretrained weights, checkpoints (a real one-rank gloo process group), evaluation files, CLI."""
 
 import csv
+import itertools
 import json
 import os
 import pickle
 import random
+import weakref
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import init_one_rank_group
+from conftest import end_one_rank_group, init_one_rank_group
 from vit_scale.config import DataConfig, load_config
 from vit_scale.errors import UserError
 from vit_scale.recipes import checkpoint as ckpt
@@ -73,7 +75,7 @@ def test_schedule_warms_up_linearly_then_follows_a_cosine():
     lrs = [learning_rate(s, 100, 1e-3, 10, 1e-5) for s in range(1, 101)]
     assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
     assert lrs[10] == pytest.approx(1e-3)  # first step after warm-up: the full rate
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[10:]))
     assert 1e-5 < lrs[-1] < 2e-5
     assert learning_rate(56, 100, 1e-3, 10, 0.0) == pytest.approx(0.5e-3)  # half way through the decay: half
 
@@ -310,26 +312,51 @@ def test_unusable_pretrained_files_are_one_line_errors(tmp_path, case, words):
 # ---------------------------------------------------------------- checkpoints (one-rank gloo group)
 
 
-@pytest.fixture
-def ddp_strategy():
-    import torch.distributed as dist
-
+def _trained_ddp_strategy():
+    """A DDP strategy over vit_micro in the one-rank group, one step trained (optimizer state to save)."""
     from vit_scale.distributed import parse_strategy, strategy_class
     from vit_scale.distributed.base import ModelFactory
     from vit_scale.launch.world import choose_device, detect_world
     from vit_scale.models import get_spec
 
+    cfg = load_config(None, ["train.num_classes=10"])
+    world = choose_device(detect_world("single"), "cpu")
+    strategy = strategy_class("ddp")(cfg, parse_strategy("DDP"), world)
+    strategy.setup(ModelFactory(get_spec("vit_micro"), 10, 0, "device", 1))
+    strategy.train_step(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    return strategy
+
+
+@pytest.fixture
+def ddp_strategy():
     init_one_rank_group()
+    strategy = None
     try:
-        cfg = load_config(None, ["train.num_classes=10"])
-        world = choose_device(detect_world("single"), "cpu")
-        strategy = strategy_class("ddp")(cfg, parse_strategy("DDP"), world)
-        strategy.setup(ModelFactory(get_spec("vit_micro"), 10, 0, "device", 1))
-        images, labels = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
-        strategy.train_step(images, labels)  # optimizer state to save
+        strategy = _trained_ddp_strategy()
         yield strategy
     finally:
-        dist.destroy_process_group()
+        # pytest still holds the strategy here (and a failed test's traceback its frames): its DDP model and
+        # optimizer are dropped from it, then collected, before the group goes (see end_one_rank_group)
+        end_one_rank_group(strategy)
+
+
+def test_the_ddp_model_is_gone_when_its_one_rank_group_ends():
+    """The fixture's teardown order. Without it the DDP model (in reference cycles) outlived the group, its Reducer
+    kept the group's gloo threads, and both died in whatever later test the cyclic collector ran: the suite hung
+    there twice."""
+    import torch.distributed as dist
+
+    init_one_rank_group()
+    strategy = None
+    try:
+        strategy = _trained_ddp_strategy()
+        model = weakref.ref(strategy.model)
+        test_locals_hold_it = strategy  # as pytest holds a fixture's value through its teardown
+    finally:
+        end_one_rank_group(strategy)
+    assert model() is None, "the DDP model outlived its process group"
+    assert not dist.is_initialized()
+    assert vars(test_locals_hold_it) == {}
 
 
 FACTS = {
@@ -356,7 +383,7 @@ def test_checkpoint_round_trip_restores_model_optimizer_and_rng(ddp_strategy, tm
     meta = ckpt.read_meta(path)
     ckpt.verify(path, meta, FACTS)
     assert ckpt.load(ddp_strategy, path, meta) == ckpt.Position(5, 1, 2)
-    assert all(torch.equal(a, b) for a, b in zip(params, ddp_strategy.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(params, ddp_strategy.model.parameters(), strict=True))
     assert (random.random(), torch.rand(1).item()) == expected_draw
     assert ddp_strategy.optimizer.state_dict()["state"][0]["step"].item() == 1
     assert ckpt.resolve_resume("auto", directory) == path == ckpt.resolve_resume(directory, "")

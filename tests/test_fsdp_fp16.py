@@ -33,7 +33,7 @@ def _step(strategy, images, labels, overflow_on=(), clip=False):
         if clip:
             strategy.clip_grad_norm(1e9)  # unscales first: GradScaler.step then takes its other path
         strategy.optimizer_step()
-    stepped = any(not torch.equal(a, b) for a, b in zip(before, strategy.local_tensors()))
+    stepped = any(not torch.equal(a, b) for a, b in zip(before, strategy.local_tensors(), strict=True))
     return stepped, float(strategy.scaler.get_scale())
 
 

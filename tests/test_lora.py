@@ -216,9 +216,9 @@ def test_fsdp1_without_use_orig_params_is_refused_in_one_line_before_the_run(lor
         (["strategy=HYBRID_2GPU"], "finetune.lora.rank: FSDP1 flattens each Block's parameters"),
         (
             ["strategy=CAI_GEMINI", "train.precision=bf16"],
-            "finetune.lora.rank: CAI_GEMINI does not train LoRA adapters (only CAI_DDP was tried with frozen parameters; "
-            "Gemini and LowLevelZero need a GPU); allowed: DDP, NO_SHARD, HYBRID_<g>GPU (g divides the world size), "
-            "SHARD_GRAD_OP, FULL_SHARD, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP",
+            "finetune.lora.rank: CAI_GEMINI does not train LoRA adapters (only CAI_DDP was tried with frozen "
+            "parameters; Gemini and LowLevelZero need a GPU); allowed: DDP, NO_SHARD, "
+            "HYBRID_<g>GPU (g divides the world size), SHARD_GRAD_OP, FULL_SHARD, ZERO1, ZERO2, ZERO3, ZEROPP, CAI_DDP",
         ),
         (
             ["strategy=DDP", "train.init=meta"],

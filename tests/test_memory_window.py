@@ -7,7 +7,7 @@ import types
 import torch
 import torch.distributed as dist
 
-from conftest import init_one_rank_group
+from conftest import end_one_rank_group, init_one_rank_group
 from vit_scale.run.ending import memory_summary
 from vit_scale.run.memory import GIB
 from vit_scale.run.meter import EventTimedMeter
@@ -48,4 +48,4 @@ def test_peak_is_read_when_the_timed_window_closes():
         assert meter.probe.peak()["peak_rss_gib"] * GIB > 0
     finally:
         if own_group:
-            dist.destroy_process_group()
+            end_one_rank_group()

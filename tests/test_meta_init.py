@@ -49,7 +49,7 @@ def test_meta_init_draws_every_parameter_from_timms_distribution():
         # the distribution's shape: the median and 95th percentile of |value| are 0.87 and 1.65 std
         # for a uniform, 0.67 and 1.96 for a normal; a normal in place of the patch embedding's
         # uniform is 22% and 19% off
-        for q, a, b in zip((0.5, 0.95), _abs_quantiles(got), _abs_quantiles(expected)):
+        for q, a, b in zip((0.5, 0.95), _abs_quantiles(got), _abs_quantiles(expected), strict=True):
             assert abs(a / b - 1) < 0.15, (name, q, a / b)
 
 

@@ -53,7 +53,12 @@ def test_ddp_and_full_shard_traces_and_their_breakdown(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     bd = pd.read_csv(report / "time_breakdown.csv")
     assert list(bd.columns) == list(traces.COLUMNS)
-    assert sorted(zip(bd["strategy"], bd["rank"])) == [("DDP", 0), ("DDP", 1), ("FULL_SHARD", 0), ("FULL_SHARD", 1)]
+    assert sorted(zip(bd["strategy"], bd["rank"], strict=True)) == [
+        ("DDP", 0),
+        ("DDP", 1),
+        ("FULL_SHARD", 0),
+        ("FULL_SHARD", 1),
+    ]
     assert (bd["steps"] == 3).all() and (bd["device"] == "cpu").all()
     parts = bd["compute_ms"] + bd["memory_ms"] + bd["comm_exposed_ms"] + bd["idle_ms"]
     assert ((parts - bd["step_ms"]).abs() < 0.01).all(), "compute, memory, exposed communication and idle make the step"

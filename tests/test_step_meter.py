@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import init_one_rank_group
+from conftest import end_one_rank_group, init_one_rank_group
 from vit_scale.run.meter import EventTimedMeter
 
 
@@ -77,7 +77,7 @@ def meter(monkeypatch, tmp_path):
     recorder = Recorder()
     yield EventTimedMeter(world, recorder, train, images_per_step=32, total_steps=6, untimed_steps=2), device, recorder
     if own_group:
-        dist.destroy_process_group()
+        end_one_rank_group()
 
 
 def test_the_host_waits_only_for_the_step_lag_behind(meter, capsys):

@@ -199,7 +199,7 @@ def test_breakdown_agrees_with_hta_on_the_same_kernels(tmp_path, monkeypatch):
         for r, g, h, o in rows
     )
     print(table)
-    for rank, got, hta, hta_overlap in rows:
+    for _rank, got, hta, hta_overlap in rows:
         # the traces must tell the classes apart: memory counted as compute would be off by far more than 2%
         assert got["memory_as_compute"] > 1.03 * hta["compute_time(us)"], table
         assert abs(got["overlap_pct"] - hta_overlap) <= 0.5, table

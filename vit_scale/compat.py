@@ -22,7 +22,8 @@ def ensure_torchvision_importable() -> None:
 
     if torch.version.cuda is None and torch.version.hip is None:
         try:
-            torch.ops.torchvision.nms  # a torchvision with working CPU ops needs nothing
+            # a torchvision with working CPU ops needs nothing; the lookup is the probe
+            torch.ops.torchvision.nms  # noqa: B018
         except (AttributeError, RuntimeError):
             lib = torch.library.Library("torchvision", "DEF")
             lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")

@@ -12,8 +12,6 @@ that defines FIGURE (a _spec.FigureSpec) and one line here.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 
 from . import breakdown, heat_map, memory_prediction, memory_scaling, plugins, predicted, prefetch_grid, scaling

@@ -8,6 +8,7 @@ figure is as tall as its legend and title need at the width it is drawn.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -120,7 +121,7 @@ def legend_rows(labels: list, width: float) -> tuple:
         short, large = divmod(len(labels), ncols)  # matplotlib's split: the first columns one longer
         sizes = [short + 1] * large + [short] * (ncols - large)
         starts = np.cumsum([0] + sizes)
-        columns = [widths[a:b] for a, b in zip(starts[:-1], starts[1:]) if b > a]
+        columns = [widths[a:b] for a, b in itertools.pairwise(starts) if b > a]
         total = sum(max(col) + handle for col in columns) + gap * (len(columns) - 1)
         if total <= width * 0.97:
             return ncols, max(sizes)

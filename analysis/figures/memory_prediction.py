@@ -208,7 +208,7 @@ def _label_points(ax, runs: pd.DataFrame, log: bool, axes_size: tuple) -> None:
     ordered = runs.sort_values("plan_peak_allocated_gib")
     data = [(r.model, float(r.plan_peak_allocated_gib), float(r.memory_gib)) for r in ordered.itertuples()]
     pts = [(m, tx(px), ty(py)) for m, px, py in data]
-    to_data = {p: (px, py) for p, (_, px, py) in zip(pts, data)}
+    to_data = {p: (px, py) for p, (_, px, py) in zip(pts, data, strict=True)}
     mark_w, mark_h = 3.5 / 72 / w_in, 3.5 / 72 / h_in
     taken = [(x - mark_w, y - mark_h, x + mark_w, y + mark_h) for _, x, y in pts]
     clusters: list = []  # [model, [(x, y)]]

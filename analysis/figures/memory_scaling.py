@@ -105,7 +105,11 @@ def memory(
                 # SHARD_GRAD_OP): shift each such group sideways by about a marker's width. Only
                 # equal values (0.5% of the axis): merely close ones would chain into one wide group.
                 groups = _coinciding(
-                    [(key, dict(zip(ok[xcol].astype(int), ok["memory_gib"]))) for key, _, ok in series if not ok.empty],
+                    [
+                        (key, dict(zip(ok[xcol].astype(int), ok["memory_gib"], strict=True)))
+                        for key, _, ok in series
+                        if not ok.empty
+                    ],
                     0.005 * top,
                 )
                 doublings = max(1.0, math.log2(max(xs_all) / min(xs_all))) if xs_all else 1.0

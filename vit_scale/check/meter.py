@@ -20,6 +20,7 @@ attributes (the benchmark's argparse namespace, or MeterSettings).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import statistics
 import time
 from dataclasses import dataclass
@@ -207,7 +208,7 @@ def measure(world, settings: MeterSettings, out_dir: str) -> dict:
         ours.append(ips)
         event, run_dir = list(run.step_times), run.run_dir  # the normal run's timed steps, as the trainer booked them
         del run
-    ratio = statistics.median(o / b for o, b in zip(ours, bare))
+    ratio = statistics.median(o / b for o, b in zip(ours, bare, strict=True))
     release(world)
     _, timed = trainer("DDP", settings, world, out_dir, host_timed_run_class(), study="meter")
     host = timed.host_step_s[len(timed.host_step_s) - len(timed.step_times) :]  # the same steps of the synchronised run
@@ -279,4 +280,8 @@ def measure_alone(world, settings: MeterSettings, out_dir: str) -> dict:
     try:
         return measure(alone, settings, out_dir)
     finally:
+        # measure's DDP model sits in reference cycles and its Reducer holds this group: collected now, the group
+        # ends here rather than whenever the collector next runs (a gloo group ended there, with the GIL held, can
+        # deadlock against its worker thread)
+        gc.collect()
         dist.destroy_process_group()

@@ -12,7 +12,7 @@ import importlib
 import re
 import typing
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from types import SimpleNamespace
 from typing import Literal
 

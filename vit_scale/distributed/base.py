@@ -176,7 +176,7 @@ class Strategy(ABC):
     # state dicts, the default below), "sharded" (FSDP), "engine" (DeepSpeed), "booster" (ColossalAI)
     checkpoint_format = "full"
 
-    def configure_finetune(self, ft) -> None:
+    def configure_finetune(self, ft) -> None:  # noqa: B027 - an optional hook; most families need nothing
         """Called by vit_scale.recipes.finetune with the `finetune` config section, after construction and
         before `artifacts`, `describe` and `setup`: a family whose wrapper takes clipping or
         accumulation in its own config (DeepSpeed) sets them here. The default needs nothing."""

@@ -66,7 +66,10 @@ class DeepSpeedConfig:
 
 
 STAGES = {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}
-INSTALL_HINT = "pip install 'vit-scale[deepspeed]' (on a CPU-only machine: DS_BUILD_OPS=0 and a constraints file pinning your torch)"
+INSTALL_HINT = (
+    "pip install 'vit-scale[deepspeed]' (on a CPU-only machine: DS_BUILD_OPS=0 "
+    "and a constraints file pinning your torch)"
+)
 STEPS_PER_PRINT = 10**9  # DeepSpeed's own progress lines would interleave with the trainer's
 
 

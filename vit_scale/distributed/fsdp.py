@@ -14,6 +14,7 @@ records which implementation ran.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -259,7 +260,7 @@ class FSDPStrategy(Strategy):
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
         if self.cfg.fsdp.forward_prefetch:
-            for current, following in zip(units, units[1:]):
+            for current, following in itertools.pairwise(units):
                 current.set_modules_to_forward_prefetch([following])
         if meta:
             model.to_empty(device=self.fsdp2_shard_device())

@@ -201,7 +201,7 @@ def _mpi_bootstrap():
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     local_rank, local_world = local.Get_rank(), local.Get_size()
     # node names count the nodes (emulated ones share a host); host names say where rank 0 is reached
-    node_names, hosts = zip(*comm.allgather((_node_name(), socket.gethostname())))
+    node_names, hosts = zip(*comm.allgather((_node_name(), socket.gethostname())), strict=True)
     # rank 0 chooses the rendezvous and tells everyone: MPI has no MASTER_ADDR of its own
     if rank == 0:
         addr = mpi_master_addr(list(hosts))

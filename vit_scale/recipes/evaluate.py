@@ -74,7 +74,7 @@ def write_confusion_csv(path: str, result: EvalResult, classes: list[str]) -> No
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["true \\ predicted", *classes])
-        for name, row in zip(classes, result.confusion):
+        for name, row in zip(classes, result.confusion, strict=True):
             writer.writerow([name, *row])
 
 
@@ -82,7 +82,7 @@ def write_per_class_csv(path: str, result: EvalResult, classes: list[str]) -> No
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["class", "images", "correct", "accuracy"])
-        for name, (support, correct, accuracy) in zip(classes, result.per_class()):
+        for name, (support, correct, accuracy) in zip(classes, result.per_class(), strict=True):
             writer.writerow([name, support, correct, "" if accuracy is None else f"{accuracy:.6f}"])
 
 

@@ -303,7 +303,8 @@ class FinetuneRun(RunSession):
                 "data_time_s": data_time,
                 "images_per_s": self.images_per_step / compute_time,
             },
-            f"epoch {pos.epoch + 1}  lr {lr:.2e}  data {data_time * 1e3:6.1f} ms  compute {compute_time * 1e3:7.1f} ms  "
+            f"epoch {pos.epoch + 1}  lr {lr:.2e}  data {data_time * 1e3:6.1f} ms  "
+            f"compute {compute_time * 1e3:7.1f} ms  "
             f"{self.images_per_step / (data_time + compute_time):9.1f} img/s",
         )
         if not warmup:
