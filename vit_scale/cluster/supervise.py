@@ -12,14 +12,14 @@ run does not go on unattended, beside whatever the resumed study starts next on 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+
+from vit_scale.compat import libc
 
 # the trainer writes its record within ~10 s of SIGTERM; a rank stuck in a collective may not
 STOP_GRACE_S = float(os.environ.get("VIT_SCALE_STOP_GRACE_S", "20"))
@@ -31,10 +31,7 @@ def _prctl():
     """libc's prctl, looked up in this process (a forked child must not load libraries); None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+    return getattr(libc(), "prctl", None)
 
 
 def dies_with_this_process():
