@@ -181,7 +181,7 @@ class Check:
         """(minutes, where they come from). In an allocation the default ends before the allocation
         does: Slurm's SIGTERM at its end would stop the check, and KillWait later kill it."""
         if given is not None:
-            return minutes(given, "--time-limit"), "--time-limit"
+            return minutes("--time-limit", given), "--time-limit"
         left = None if only_env or not self.in_slurm else systems.allocation_minutes_left()
         if left is None:
             return DEFAULT_LIMIT_MIN, "the default"

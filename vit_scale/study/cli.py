@@ -164,7 +164,7 @@ class StudyRun:
                 f"salloc); without Slurm allowed: {', '.join(elsewhere)}"
             )
         limit = opts.own.get("--run-time-limit")
-        self.time_limit = minutes(limit, "--run-time-limit") if limit is not None else None
+        self.time_limit = minutes("--run-time-limit", limit) if limit is not None else None
         ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:
