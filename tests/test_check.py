@@ -710,3 +710,19 @@ def test_checks_kept_per_node_count_and_model_are_each_read_and_shown(tmp_path):
     text = report.to_markdown(report._check_section([str(tmp_path)]))
     for title in ("System check: 1 node, vit_micro", "System check: 1 node, vit_tiny", "System check: 2 nodes\n"):
         assert f"## {title}" in text, text
+
+
+def test_the_labels_group_bound_is_put_back_after_them():
+    """The check bounds the groups its labels make through torch's process-wide defaults; torch's own
+    are back afterwards, for whatever else the worker process runs (the meter's trainer run)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
+    from vit_scale.check.worker import new_groups_bounded
+
+    torchs = c10d.default_pg_timeout, c10d.default_pg_nccl_timeout
+    with pytest.raises(RuntimeError), new_groups_bounded():
+        assert c10d.default_pg_timeout.total_seconds() == COLLECTIVE_TIMEOUT_S
+        assert c10d.default_pg_nccl_timeout.total_seconds() == COLLECTIVE_TIMEOUT_S
+        raise RuntimeError("a label failed")
+    assert (c10d.default_pg_timeout, c10d.default_pg_nccl_timeout) == torchs
