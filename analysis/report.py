@@ -583,8 +583,13 @@ def _check_files(directory: str) -> list:
 
     found = check_files(directory)
     if found:
+        shared = {n for n, *_ in found if sum(1 for m, *_ in found if m == n) > 1}  # the model tells them apart
         return [
-            (f"System check: {n} node{'s' if n != 1 else ''}{f', {model}' if model else ''}", path, check)
+            (
+                f"System check: {n} node{'s' if n != 1 else ''}{f', {model}' if model and n in shared else ''}",
+                path,
+                check,
+            )
             for n, model, path, check in found
         ]
     check = read_check(directory)

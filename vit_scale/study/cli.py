@@ -475,7 +475,8 @@ class StudyRun:
         if earlier:  # a directory from before checks were kept per node count
             mine = [(0, None, "", earlier)]
         for nodes, model, _, check in mine:
-            named = f"n{nodes}{f' {model}' if model else ''}: " if len(checks) > 1 else ""
+            shared = sum(1 for c in checks if c[0] == nodes) > 1  # the model tells them apart
+            named = f"n{nodes}{f' {model}' if model and shared else ''}: " if len(checks) > 1 else ""
             print(f"  check:       {named}{headline(check)}")
         report_ok = True
         if "--no-analysis" not in self.opts.flags and not interrupted:
