@@ -589,21 +589,27 @@ def _environment_section(results: pd.DataFrame) -> list:
 
 
 def _check_files(directory: str) -> list:
-    """(title, path, check) of each check in a study directory: one per node count, else check.json."""
-    from vit_scale.record.check_file import checks_of, read_check
+    """(title, path, check) of each check in a study directory: one per node count (and model, where
+    a --per-model sweep's jobs kept one each), else check.json."""
+    from vit_scale.record.check_file import check_files, read_check
 
-    found = checks_of(directory)
+    found = check_files(directory)
     if found:
+        shared = {n for n, *_ in found if sum(1 for m, *_ in found if m == n) > 1}  # the model tells them apart
         return [
-            (f"System check: {n} node{'s' if n != 1 else ''}", os.path.join(directory, f"check-n{n}.json"), check)
-            for n, check in found
+            (
+                f"System check: {n} node{'s' if n != 1 else ''}{f', {model}' if model and n in shared else ''}",
+                path,
+                check,
+            )
+            for n, model, path, check in found
         ]
     check = read_check(directory)
     return [("System check", os.path.join(directory, "check.json"), check)] if check else []
 
 
 def _check_section(inputs: list) -> list:
-    """What `vit-scale check` found on the system (check-n<N>.json in a study directory, written by
+    """What `vit-scale check` found on the system (check-n<N>[-MODEL].json in a study directory, written by
     `vit-scale study --check`): versions, the transport between nodes and each collective's bus
     bandwidth, the facts that explain the scaling figures; one per node count, beside its points."""
     blocks = []

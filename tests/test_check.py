@@ -201,6 +201,9 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
     assert "[1/1] vit_micro DDP n1 (2 ranks) ... ok" in proc.stdout
     assert "  check:       ready (" in proc.stdout and "transport tcp, expected tcp" in proc.stdout
     assert not (work / "runs" / "s" / "check").exists()  # the check's records stay out of the study's
+    # a study of one model keeps its check by node count and model, and check.json is a copy of it
+    kept = work / "runs" / "s" / "check-n1-vit_micro.json"
+    assert kept.read_text() == (work / "runs" / "s" / "check.json").read_text()
 
 
 def test_report_shows_the_checks_facts(passing_study):
@@ -652,3 +655,75 @@ def test_the_sweeps_time_budget_extends_the_line_of_what_was_measured():
     assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=100.0) == ""
     assert left_out("all_reduce", Size("bucket", 8 + 10**7, "fp32", ""), 2, 0, FULL, [small, big], 0.0) == ""
     assert left_out("all_reduce", sweep, 2, 4 * 10**7, FULL, [], 100.0).startswith("memory: ")
+
+
+@pytest.mark.parametrize("part", ["strategies", "meter"])
+def test_a_signal_during_a_part_leaves_it_a_timeout_even_without_its_end_record(tmp_path, monkeypatch, part):
+    """A signal stops the launch while a label (or the meter) runs, and its trainer is killed before
+    it writes an end record: the second check.json write, after the launch ended, still says the
+    signal stopped it (a timeout), not that the ranks failed. The launch is faked: what it returns is
+    what a SIGKILLed launch leaves."""
+    from vit_scale.check import cli
+
+    check = cli.Check(cli.parse(["--system", "local", "--strategies", "DDP", "--out", str(tmp_path / "c")]))
+    supervisor = type("S", (), {"interrupted": False})()
+
+    def launch(supervisor_, parts, labels, attempt, stamp, left_s):
+        supervisor.interrupted = True
+        outcome = FakeOutcome(143, False, 1.0)
+        outcome.interrupted = True
+        running = {"part": "meter", "settings": {}} if part == "meter" else {"label": "DDP", "precision": "fp32"}
+        return {"world": {"world_size": 2}, "in_progress": running}, outcome, "log"
+
+    monkeypatch.setattr(check, "launch", launch)
+    monkeypatch.setattr(cli, "last_line", lambda log: "the last line")
+    assert check.run(supervisor) == 143
+    found = {line["check"]: line for line in json.loads((tmp_path / "c" / "check.json").read_text())["lines"]}
+    name = "meter" if part == "meter" else "DDP fp32"
+    assert found[name]["text"].startswith("timeout: stopped by a signal"), found[name]
+
+
+def test_checks_kept_per_node_count_and_model_are_each_read_and_shown(tmp_path):
+    """The side-by-side jobs of a --per-model sweep each keep their model's check of one node count;
+    the readers (the study's summary, the report) find every one by the one pattern, and a directory
+    from before (check-n<N>.json) still reads."""
+    from vit_scale.record.check_file import check_files, check_path, checks_of
+
+    sys.path.insert(0, ROOT)
+    from analysis import report
+
+    for nodes, model in ((1, "vit_micro"), (1, "vit_tiny"), (2, None)):
+        path = check_path(str(tmp_path), nodes, model)
+        with open(path, "w") as f:
+            json.dump({"schema": 1, "nodes": nodes, "model": model or "vit_base", "lines": [], "facts": {}}, f)
+    assert [os.path.basename(p) for p in sorted(os.listdir(tmp_path))] == [
+        "check-n1-vit_micro.json",
+        "check-n1-vit_tiny.json",
+        "check-n2.json",
+    ]
+    found = check_files(str(tmp_path))
+    assert [(n, m, c["model"]) for n, m, _, c in found] == [
+        (1, "vit_micro", "vit_micro"),
+        (1, "vit_tiny", "vit_tiny"),
+        (2, None, "vit_base"),
+    ]
+    assert [n for n, _ in checks_of(str(tmp_path))] == [1, 1, 2]
+    text = report.to_markdown(report._check_section([str(tmp_path)]))
+    for title in ("System check: 1 node, vit_micro", "System check: 1 node, vit_tiny", "System check: 2 nodes\n"):
+        assert f"## {title}" in text, text
+
+
+def test_the_labels_group_bound_is_put_back_after_them():
+    """The check bounds the groups its labels make through torch's process-wide defaults; torch's own
+    are back afterwards, for whatever else the worker process runs (the meter's trainer run)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
+    from vit_scale.check.worker import new_groups_bounded
+
+    torchs = c10d.default_pg_timeout, c10d.default_pg_nccl_timeout
+    with pytest.raises(RuntimeError), new_groups_bounded():
+        assert c10d.default_pg_timeout.total_seconds() == COLLECTIVE_TIMEOUT_S
+        assert c10d.default_pg_nccl_timeout.total_seconds() == COLLECTIVE_TIMEOUT_S
+        raise RuntimeError("a label failed")
+    assert (c10d.default_pg_timeout, c10d.default_pg_nccl_timeout) == torchs

@@ -7,8 +7,8 @@ leaves check.json, the unfinished parts as timeout lines, exit code 143. One lab
 in its second step (the worker run through a VIT_SCALE_PYTHON that patches the trainer, as
 tests/jobs_support.py does for the study), so that neither check can finish on its own.
 
-jobs/submit_sweep.sh --check: each job checks its own nodes into a check.json of its node count,
-and the report shows each."""
+jobs/submit_sweep.sh --check: each job checks its own nodes into a check.json of its node count
+(and model, the study having one), and the report shows each."""
 
 import json
 import os
@@ -132,7 +132,7 @@ def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_
 
     study = tmp_path / "runs" / "sw"
     for nodes, job in ((1, n1), (2, n2)):
-        with open(study / f"check-n{nodes}.json") as f:
+        with open(study / f"check-n{nodes}-vit_micro.json") as f:  # a study of one model: its name too
             check = json.load(f)
         assert check["ok"] and check["nodes"] == nodes and check["slurm"]["job_id"] == job, check["lines"]
     assert (study / "check.json").is_file()  # the latest, as one allocation's study has it

@@ -96,3 +96,20 @@ def test_exit_codes_follow_the_status_and_a_requeue():
     assert exit_code(EndRecord("timeout")) == 5
     assert exit_code(EndRecord("timeout", extra={"requeue": True})) == 7
     assert exit_code(EndRecord("failed", extra={"requeue": True})) == 1
+
+
+def test_each_signal_watcher_closes_its_sockets_when_done():
+    """The watcher that writes the end record for a stuck main thread leaves nothing open behind it:
+    the check's worker runs many runs in one process, each with its own watcher."""
+    import os
+    import signal
+
+    from vit_scale.launch.signals import SignalWatcher
+
+    for peer_failure in (None, lambda: False):  # rank 0 polls for a peer's failure, the others wait
+        before = len(os.listdir("/proc/self/fd"))
+        handler = signal.getsignal(signal.SIGTERM)
+        for _ in range(5):
+            SignalWatcher(lambda signum: None, grace_s=1.0, peer_failure=peer_failure, poll_s=0.05).done()
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert signal.getsignal(signal.SIGTERM) is handler

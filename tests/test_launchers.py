@@ -262,3 +262,31 @@ def test_deepspeed_local_rank_names_the_chosen_device(monkeypatch):
         assert engine.local_rank == int(expected)
     monkeypatch.delenv("OMPI_COMM_WORLD_LOCAL_RANK")
     assert device_local_rank_env(World("srun", 1, 2, 1, 2, 1, "g1", "h", 1, "rocm", 0)) == {"LOCAL_RANK": "0"}
+
+
+def test_the_supervisor_runs_commands_from_the_main_thread_only():
+    """PR_SET_PDEATHSIG follows the thread that forked a run, not the process: a run started from a
+    thread that then ends would be stopped with it. So run() refuses any thread but the main one."""
+    import signal
+    import threading
+
+    from vit_scale.cluster.supervise import Supervisor
+
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    try:
+        supervisor = Supervisor()
+        raised = []
+
+        def run():
+            try:
+                supervisor.run(None, os.devnull)
+            except RuntimeError as exc:
+                raised.append(str(exc))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        assert raised and "main thread" in raised[0]
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

@@ -196,3 +196,14 @@ def test_prepare_bad_strategy_is_one_line():
     assert proc.returncode == 2
     assert proc.stderr.startswith("vit-scale prepare: --strategies: unknown strategy 'ZERO4'; allowed: DDP")
     assert len(proc.stderr.splitlines()) == 1
+    # a job script names itself with --prog, as for study and check
+    proc = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "prepare", "--prog", "weak_scaling.sh", "--strategies", "ZERO4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.startswith("weak_scaling.sh: --strategies: unknown strategy"), (
+        proc.stderr
+    )

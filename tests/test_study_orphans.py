@@ -123,7 +123,8 @@ def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns
 
 def test_an_ok_run_its_study_never_saw_end_is_run_again_saying_why(tmp_path):
     """The record of a run that ended after its study had died: ok, but without the ledger row the
-    study writes once it has seen the run end (here: the row taken out of a real study's ledger)."""
+    study writes once it has seen the run end (here: the row taken out of a real study's ledger).
+    A study directory moved, or reached through a link, keeps its runs: nothing reruns."""
     args = [*STUDY[:5], "DDP", *STUDY[6:]]
     first = subprocess.run(
         [sys.executable, "-m", "vit_scale", "study", *args],
@@ -163,3 +164,20 @@ def test_an_ok_run_its_study_never_saw_end_is_run_again_saying_why(tmp_path):
     assert "ok earlier, skipped" in third.stdout, third.stdout
     rows = ledger_rows(tmp_path / "runs" / "k")
     assert len(rows) == 1 and rows[0]["run_dir"] != run_dir, rows  # the rerun's row, once
+
+    # the finished study moved, then reached through a symbolic link: its runs are still its own
+    (tmp_path / "runs").rename(tmp_path / "moved")
+    (tmp_path / "link").symlink_to(tmp_path / "moved")
+    for out in ("moved", "link"):
+        moved = [*args[: args.index("--out") + 1], out, *args[args.index("--out") + 2 :]]
+        resumed = subprocess.run(
+            [sys.executable, "-m", "vit_scale", "study", *moved],
+            cwd=tmp_path,
+            env=job_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert "ok earlier, skipped" in resumed.stdout and "unattended" not in resumed.stdout, resumed.stdout
+        assert len(ledger_rows(tmp_path / "moved" / "k")) == 1

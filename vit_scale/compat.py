@@ -1,4 +1,4 @@
-"""Make timm importable on a CPU-only torch.
+"""What differs between the machines the code runs on: timm on a CPU-only torch, and the C library.
 
 PyPI's torchvision wheels are CUDA builds: on a CPU torch their compiled ops fail to register
 and `import torchvision` dies on the fake-kernel registration for `torchvision::nms`.
@@ -6,6 +6,8 @@ timm imports torchvision, so without this a laptop or CI machine cannot build a 
 Defining the two op schemas that torchvision's Python code registers fake kernels for lets the
 import succeed; only torchvision's compiled detection ops stay unusable, and ViT training
 never calls them. Must run before anything imports torchvision (timm, transformers, colossalai).
+
+libc(): the C library, for the few calls Python has no wrapper for (prctl, malloc_trim).
 """
 
 import sys
@@ -31,3 +33,15 @@ def ensure_torchvision_importable() -> None:
             # keep the library object alive: dropping it unregisters the schemas
             sys.modules[__name__]._torchvision_stub_lib = lib
     _done = True
+
+
+def libc():
+    """This process's C library (errno kept for ctypes.get_errno), or None where it cannot be loaded.
+    Load it before forking: a forked child must not load libraries."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None

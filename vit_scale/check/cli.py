@@ -51,6 +51,7 @@ OPTIONS = (
 GRACE_S = 30  # after one rank ends badly, how long the others get
 DEFAULT_LIMIT_MIN = 30.0  # --time-limit without an allocation, and at most this within one
 PARTS = ("meter", "environment", "interconnect", "strategies")
+STOPPED_BY_SIGNAL = "stopped by a signal (Slurm's at the allocation's end, or a user's)"
 
 USAGE = """usage: vit-scale check [options]
        sbatch [-N NODES] jobs/check.sh [options]     (bash jobs/check.sh without Slurm)
@@ -180,7 +181,7 @@ class Check:
         """(minutes, where they come from). In an allocation the default ends before the allocation
         does: Slurm's SIGTERM at its end would stop the check, and KillWait later kill it."""
         if given is not None:
-            return minutes(given, "--time-limit"), "--time-limit"
+            return minutes("--time-limit", given), "--time-limit"
         left = None if only_env or not self.in_slurm else systems.allocation_minutes_left()
         if left is None:
             return DEFAULT_LIMIT_MIN, "the default"
@@ -314,7 +315,7 @@ class Check:
             print(f"{self.prog}: stopped by a signal before any launch; check.json not written", file=sys.stderr)
             return
         facts, attempts = copy.deepcopy(p["facts"]), list(p["attempts"])
-        why = "stopped by a signal (Slurm's at the allocation's end, or a user's)"
+        why = STOPPED_BY_SIGNAL
         current = p.get("current")
         if current:
             try:
@@ -432,11 +433,27 @@ class Check:
             if os.path.getmtime(d) >= since - 1
         ]
         error = from_record(max(runs, key=os.path.getmtime)).get("error") if runs else None
+        stopped = self.stopped_why(outcome)
+        if stopped:  # the run was stopped, not ended by itself: what it wrote (if it could) says less
+            return {
+                "error": f"timeout: {stopped} during the meter's run: {last_line(log)}",
+                "settings": culprit.get("settings") or {},
+            }
         return {
             "error": f"failed: the trainer's run ended the ranks (exit {outcome.code}): "
             f"{' '.join(str(error or last_line(log)).split())[:300]}",
             "settings": culprit.get("settings") or {},
         }
+
+    def stopped_why(self, outcome) -> str | None:
+        """Why the launch was stopped from outside, or None when its ranks ended by themselves. A
+        signal stops the launch as the time limit does: the label then running did not fail, even
+        when its trainer was killed before it could write its end record."""
+        if outcome.interrupted:
+            return STOPPED_BY_SIGNAL
+        if outcome.timed_out:
+            return f"stopped at --time-limit {self.time_limit_min:g} min"
+        return None
 
     def blame(self, culprit: dict, stamp: str, attempt: int, outcome, log: str) -> dict:
         """The row of the label that was running when the ranks ended: its run record's status and
@@ -451,11 +468,9 @@ class Check:
             "log": log,
             **(from_record(run_dir) if run_dir else {"status": "failed", "error": None}),
         }
-        if outcome.timed_out:
-            row.update(
-                status="timeout",
-                error=f"stopped at --time-limit {self.time_limit_min:g} min during this label: {last_line(log)}",
-            )
+        stopped = self.stopped_why(outcome)
+        if stopped:
+            row.update(status="timeout", error=f"{stopped} during this label: {last_line(log)}")
         elif row["status"] == "ok" or not row.get("error"):
             row.update(
                 status="failed" if row["status"] == "ok" else row["status"],

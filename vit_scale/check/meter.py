@@ -243,13 +243,11 @@ def release(world) -> None:
 
         torch.cuda.empty_cache()
         return
-    import ctypes
-    import ctypes.util
+    from vit_scale.compat import libc
 
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc (macOS, musl): its free memory stays counted
+    trim = getattr(libc(), "malloc_trim", None)
+    if trim is not None:  # else not glibc (macOS, musl): its free memory stays counted
+        trim(0)
 
 
 def memory_error(run_dir: str, world) -> dict:

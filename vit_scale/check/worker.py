@@ -10,6 +10,7 @@ label it is running (`in_progress`) so the orchestrator can blame the right one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -86,7 +87,6 @@ def main(argv=None) -> int:
     parts = spec["parts"]
     same_network_as_the_world(world)
     log_transport(world, spec.get("nccl_log"))
-    bound_every_new_group()
     if "meter" in parts and world.rank == 0:
         meter(world, spec, facts)
     join_world(world)
@@ -97,7 +97,8 @@ def main(argv=None) -> int:
     if "interconnect" in parts:
         interconnect(world, spec, facts)
     if "strategies" in parts:
-        strategies(world, spec, facts)
+        with new_groups_bounded():
+            strategies(world, spec, facts)
     import torch.distributed as dist
 
     dist.barrier()
@@ -141,21 +142,29 @@ def join_world(world) -> None:
     c10d._set_pg_timeout(timedelta(seconds=COLLECTIVE_TIMEOUT_S))  # gloo and NCCL: the default group's
 
 
-def bound_every_new_group() -> None:
-    """Every group made in this process from here on without a timeout of its own gets
+@contextlib.contextmanager
+def new_groups_bounded():
+    """While the labels run, every group made without a timeout of its own gets
     COLLECTIVE_TIMEOUT_S, not torch's 10 or 30 minutes: the labels' subgroups (FSDP's
     init_device_mesh, DeepSpeed's deepspeed.comm.new_group, ColossalAI's ProcessGroupMesh and
     ProcessGroupManager) all call torch's new_group or split_group without one, and those take
     the default from c10d's module globals when called (_get_default_timeout), so one hung label
     ends in minutes, not in 10 of the --time-limit. The world's group and the node groups pass
-    their own."""
+    their own. Those globals are torch's private ones and hold for the whole process: torch's own
+    values are put back after the labels, so that nothing else this process runs (the meter's
+    trainer run) has its groups changed."""
     from datetime import timedelta
 
     import torch.distributed.distributed_c10d as c10d
 
     from vit_scale.check.collectives import COLLECTIVE_TIMEOUT_S
 
+    torchs = c10d.default_pg_timeout, c10d.default_pg_nccl_timeout
     c10d.default_pg_timeout = c10d.default_pg_nccl_timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    try:
+        yield
+    finally:
+        c10d.default_pg_timeout, c10d.default_pg_nccl_timeout = torchs
 
 
 def group_timeout_s(world, group=None) -> float | None:

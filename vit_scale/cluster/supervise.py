@@ -12,14 +12,15 @@ run does not go on unattended, beside whatever the resumed study starts next on 
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
+
+from vit_scale.compat import libc
 
 # the trainer writes its record within ~10 s of SIGTERM; a rank stuck in a collective may not
 STOP_GRACE_S = float(os.environ.get("VIT_SCALE_STOP_GRACE_S", "20"))
@@ -31,10 +32,7 @@ def _prctl():
     """libc's prctl, looked up in this process (a forked child must not load libraries); None off Linux."""
     if not sys.platform.startswith("linux"):
         return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
+    return getattr(libc(), "prctl", None)
 
 
 def dies_with_this_process():
@@ -78,6 +76,12 @@ class Supervisor:
     def run(self, launch, log_path: str, time_limit_s: float | None = None, on_signal=None) -> Outcome:
         """`on_signal`: called once, before the run is stopped, when a signal tells the study to stop:
         Slurm kills KillWait seconds after its SIGTERM, which may be less than stopping takes."""
+        # Only from the main thread: PR_SET_PDEATHSIG fires when the *thread* that forked the child
+        # ends, not the process, so a child forked from a worker thread would be killed when that
+        # thread ends; and Popen's preexec_fn is unsafe in a process with other threads (a lock
+        # held by one of them at fork stays held in the child). The orchestrators start none.
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("Supervisor.run must be called from the main thread (PR_SET_PDEATHSIG, preexec_fn)")
         started = time.monotonic()
         procs = []
         preexec = dies_with_this_process()

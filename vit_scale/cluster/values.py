@@ -1,5 +1,6 @@
 """One value of an option or a study file read: whole numbers, minutes, lists, booleans. A value
-that does not read is one UserError line naming the option and what is allowed."""
+that does not read is one UserError line naming the option and what is allowed. Each reader takes
+the option it names first, then the text."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def whole(option: str, text, minimum: int = 1) -> int:
     return int(text)
 
 
-def minutes(text: str, option: str) -> float:
+def minutes(option: str, text) -> float:
     """A time limit in minutes (fractions allowed), or one line naming `option`."""
     try:
         value = float(text)

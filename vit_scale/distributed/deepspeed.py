@@ -84,6 +84,10 @@ def _import_deepspeed():
     return deepspeed
 
 
+QGZ_OPTION = "deepspeed.quantized_gradients"
+QGZ_WRONG_RANKS = "DeepSpeed would group the wrong ranks"  # also in the study's refusal when it plans
+
+
 def qgz_refusal(quantized_gradients: bool, device_count: int, ranks_per_node: int, nodes: int) -> str | None:
     """The one-line error when ZeRO++'s qgZ would run a different algorithm than ZeRO++'s, or None.
 
@@ -100,10 +104,10 @@ def qgz_refusal(quantized_gradients: bool, device_count: int, ranks_per_node: in
     if nodes == 1 and device_count > ranks_per_node:
         return None  # DeepSpeed counts no whole node, reduce-scatters unquantised: what ZeRO++ does on one node
     return (
-        f"deepspeed.quantized_gradients: qgZ needs each rank to see all of its node's GPUs (DeepSpeed takes the "
+        f"{QGZ_OPTION}: qgZ needs each rank to see all of its node's GPUs (DeepSpeed takes the "
         f"ranks per node from torch.cuda.device_count(), {device_count} here, but {ranks_per_node} ranks run on "
-        f"each node, so its all-to-all would group the wrong ranks); launch with every GPU of the node visible "
-        f"(srun --gpus-per-node, not --gpus-per-task=1) or set deepspeed.quantized_gradients=false"
+        f"each node, so {QGZ_WRONG_RANKS} in its all-to-all); launch with every GPU of the node visible "
+        f"(srun --gpus-per-node, not --gpus-per-task=1) or set {QGZ_OPTION}=false"
     )
 
 

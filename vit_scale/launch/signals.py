@@ -43,7 +43,8 @@ class SignalWatcher:
         self._writer.setblocking(False)
         self._old_wakeup = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         self._old_handlers = {sig: signal.signal(sig, self._handler) for sig in WATCHED}
-        threading.Thread(target=self._watch, name="vit-scale-signals", daemon=True).start()
+        self._thread = threading.Thread(target=self._watch, name="vit-scale-signals", daemon=True)
+        self._thread.start()
 
     def _handler(self, signum, frame):
         self.received = signum
@@ -52,6 +53,12 @@ class SignalWatcher:
             raise RunInterrupted(signum)
 
     def _watch(self) -> None:
+        try:
+            self._wait_for_a_reason()
+        finally:  # a process may hold many runs (the check's worker): each run's pair is closed
+            self._reader.close()
+
+    def _wait_for_a_reason(self) -> None:
         self._reader.settimeout(self.poll_s if self.peer_failure else None)
         while True:
             try:
@@ -92,3 +99,9 @@ class SignalWatcher:
         # wakes the watcher thread (its recv sees the end): else, polling nothing on ranks other
         # than 0, it would wait forever holding on_stuck and so the whole run (model, optimizer)
         self._writer.close()
+        # the watcher closes the reader as it ends; it ends at once unless on_stuck is running, which
+        # then ends the process. Closed here too once it has ended, never under a recv in progress.
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=1.0)
+        if not self._thread.is_alive():
+            self._reader.close()

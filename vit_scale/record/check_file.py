@@ -8,10 +8,21 @@ writes the file, this reads it, and the analysis may import only what lies below
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 
 CHECK_FILE = "check.json"
+# A study's check of its N nodes (what `vit-scale study --check` writes): check-n<N>.json, or
+# check-n<N>-<MODEL>.json where the study has one model, as each job of a --per-model sweep has: those
+# jobs run side by side on one node count, each checking its own model into the same study directory.
+CHECK_OF_NODES = re.compile(r"check-n(\d+)(?:-(.+))?\.json")
+
+
+def check_path(directory: str, nodes: int, model: str | None = None) -> str:
+    """Where a study's check of `nodes` nodes (of `model`, where the name carries it) is kept."""
+    return os.path.join(directory, f"check-n{nodes}{f'-{model}' if model else ''}.json")
 
 
 def read_check(directory: str) -> dict | None:
@@ -88,16 +99,18 @@ def headline(check: dict) -> str:
     )
 
 
-def checks_of(directory: str) -> list[tuple[int, dict]]:
-    """(node count, check) of each node count's check in a study directory (check-n<N>.json, what
-    `vit-scale study --check` writes; a sweep's jobs each write theirs), by node count."""
-    import glob
-    import re
-
+def check_files(directory: str) -> list[tuple[int, str | None, str, dict]]:
+    """(node count, model or None, path, check) of each node count's check in a study directory
+    (CHECK_OF_NODES; a sweep's jobs each write theirs), by node count, then model."""
     found = []
     for path in glob.glob(os.path.join(glob.escape(directory), "check-n*.json")):
-        nodes = re.fullmatch(r"check-n(\d+)\.json", os.path.basename(path))
-        check = read_check_file(path) if nodes else None
+        name = CHECK_OF_NODES.fullmatch(os.path.basename(path))
+        check = read_check_file(path) if name else None
         if check is not None:
-            found.append((int(nodes.group(1)), check))
-    return sorted(found, key=lambda item: item[0])
+            found.append((int(name.group(1)), name.group(2), path, check))
+    return sorted(found, key=lambda item: (item[0], item[1] or ""))
+
+
+def checks_of(directory: str) -> list[tuple[int, dict]]:
+    """(node count, check) of each check in a study directory (check_files without the names)."""
+    return [(nodes, check) for nodes, _, _, check in check_files(directory)]

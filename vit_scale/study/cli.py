@@ -25,7 +25,7 @@ from vit_scale.cluster.systems import study_file
 from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
-from vit_scale.record.check_file import checks_of, headline, read_check
+from vit_scale.record.check_file import check_files, check_path, headline, read_check
 from vit_scale.study.forecast import forecast
 from vit_scale.study.ledger import (
     Ledger,
@@ -164,7 +164,7 @@ class StudyRun:
                 f"salloc); without Slurm allowed: {', '.join(elsewhere)}"
             )
         limit = opts.own.get("--run-time-limit")
-        self.time_limit = minutes(limit, "--run-time-limit") if limit is not None else None
+        self.time_limit = minutes("--run-time-limit", limit) if limit is not None else None
         ranks_per_node = 0 if self.analysis_only else self._ranks_per_node()
         self.alloc_nodes = 0
         if self.in_slurm and not self.analysis_only:
@@ -466,13 +466,18 @@ class StudyRun:
             print("\n".join(summary(rows, "g" if self.one_machine else "n")))
         print(f"  run records: {self.study_dir}")
         # each node count's check (a sweep's jobs share the directory); a job: its own node count's
-        checks = checks_of(self.study_dir)
-        mine = [(n, c) for n, c in checks if n == max(p.nodes or [0])] if not self.analysis_only else checks
+        checks = check_files(self.study_dir)
+        own = check_path(self.study_dir, max(p.nodes or [0]), p.models[0] if len(p.models) == 1 else None)
+        mine = [c for c in checks if c[2] == own] or [c for c in checks if c[0] == max(p.nodes or [0]) and not c[1]]
+        if self.analysis_only:
+            mine = checks
         earlier = read_check(self.study_dir) if not checks else None
         if earlier:  # a directory from before checks were kept per node count
-            mine = [(0, earlier)]
-        for nodes, check in mine:
-            print(f"  check:       {f'n{nodes}: ' if len(checks) > 1 else ''}{headline(check)}")
+            mine = [(0, None, "", earlier)]
+        for nodes, model, _, check in mine:
+            shared = sum(1 for c in checks if c[0] == nodes) > 1  # the model tells them apart
+            named = f"n{nodes}{f' {model}' if model and shared else ''}: " if len(checks) > 1 else ""
+            print(f"  check:       {named}{headline(check)}")
         report_ok = True
         if "--no-analysis" not in self.opts.flags and not interrupted:
             report_ok = self.analysis()

@@ -68,8 +68,17 @@ class Ledger:
         return [dict(zip(header, line, strict=False)) for line in lines[1:] if line]
 
     def has_run(self, run_dir: str) -> bool:
-        """Whether a row names this run directory already: one row a run, however often it is resumed."""
-        return any(row.get("run_dir") == run_dir for row in self.rows())
+        """Whether a row names this run directory already: one row a run, however often it is resumed.
+        Compared by the path inside the study directory, so that a study moved, copied or reached
+        through a symbolic link still knows its runs (rows hold the path the study had then)."""
+        inside = _parts(os.path.relpath(os.path.abspath(run_dir), os.path.dirname(os.path.abspath(self.path))))
+        if not inside or inside[0] == os.pardir:  # not under the study: only the very path
+            return any(row.get("run_dir") == run_dir for row in self.rows())
+        return any(_parts(row.get("run_dir") or "")[-len(inside) :] == inside for row in self.rows())
+
+
+def _parts(path: str) -> list[str]:
+    return [part for part in os.path.normpath(path).split(os.sep) if part not in ("", os.curdir)]
 
 
 def unattended(run_dir: str, ledger: Ledger, logs: str) -> bool:
@@ -235,7 +244,10 @@ def summary(rows: list[dict], per: str = "n") -> list[str]:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     fixed = len(header) - len(sizes)
     out = [
-        "  " + "  ".join(cell.ljust(w) if i < fixed else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths)))
+        "  "
+        + "  ".join(
+            cell.ljust(w) if i < fixed else cell.rjust(w) for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+        )
         for r in table
     ]
     counts: dict = {}

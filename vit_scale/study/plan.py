@@ -366,7 +366,7 @@ def refuse_qgz_under_one_gpu_per_task(runs: list, system, option: str) -> None:
     """ZeRO++'s qgZ under srun flags that show each rank fewer GPUs than its node runs ranks: the
     trainer refuses it on the compute node (distributed.deepspeed.qgz_refusal), after a launch and
     the queue; the profile's flags say it now."""
-    from vit_scale.distributed.deepspeed import qgz_refusal
+    from vit_scale.distributed.deepspeed import QGZ_OPTION, QGZ_WRONG_RANKS, DeepSpeedConfig, qgz_refusal
 
     visible = gpus_per_task(system.srun_flags)
     if visible is None:
@@ -374,17 +374,16 @@ def refuse_qgz_under_one_gpu_per_task(runs: list, system, option: str) -> None:
     for run in runs:
         if run.strategy != "ZEROPP":
             continue
-        qgz = True  # the trainer's default (config.DeepSpeedConfig); the last setting wins, as in the trainer
+        qgz = DeepSpeedConfig().quantized_gradients  # the last setting wins, as in the trainer
         for setting in run.settings:
             key, _, value = str(setting).partition("=")
-            if key == "deepspeed.quantized_gradients":
+            if key == QGZ_OPTION:
                 qgz = value.lower() in TRUE
-        if qgz and qgz_refusal(True, visible, run.ranks_per_node, run.nodes):
+        if qgz_refusal(qgz, visible, run.ranks_per_node, run.nodes):
             raise UserError(
-                f"{option}: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on "
-                f"{system.name}, whose srun_flags give each rank {visible} GPU (--gpus-per-task="
-                f"{visible}) while {run.ranks_per_node} ranks share a node, so DeepSpeed would group "
-                f"the wrong ranks; allowed: --set deepspeed.quantized_gradients=false (qwZ and hpZ stay)"
+                f"{option}: ZEROPP with {QGZ_OPTION}=true (qgZ) cannot run on {system.name}, whose srun_flags "
+                f"give each rank {visible} GPU (--gpus-per-task={visible}) while {run.ranks_per_node} ranks share "
+                f"a node, so {QGZ_WRONG_RANKS}; allowed: --set {QGZ_OPTION}=false (qwZ and hpZ stay)"
             )
 
 

@@ -3,17 +3,21 @@ this process through the check's entry point (main(argv, supervisor)) after the 
 and before the first run, under the study's supervisor so that a signal to the study stops it.
 
 Its check.json is kept per node count, OUT/STUDY/check-n<N>.json: the jobs of jobs/submit_sweep.sh
-share the study directory, one node count each, and each one's check belongs beside its points.
+share the study directory, one node count each, and each one's check belongs beside its points. A
+study of one model keeps it as check-n<N>-<MODEL>.json: a --per-model sweep runs one job per node
+count and model side by side, each checking its model (vit_scale.record.check_file names both).
 OUT/STUDY/check.json is a copy of the latest, what one allocation's study has always shown."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import sys
 
 from vit_scale.check.cli import main as run_check
 from vit_scale.cluster import launchers
+from vit_scale.record.check_file import check_path
 
 
 def check_first(study, supervisor) -> int:
@@ -27,7 +31,8 @@ def check_first(study, supervisor) -> int:
     path = argv[argv.index("--json") + 1]
     if os.path.isfile(path):
         # the latest check also as check.json (copied: a link would not survive a copy of the directory)
-        tmp = os.path.join(study.study_dir, f".check.json.tmp{os.getpid()}")
+        # the jobs of a sweep may share the directory across hosts: a pid alone is not unique there
+        tmp = os.path.join(study.study_dir, f".check.json.tmp.{socket.gethostname()}.{os.getpid()}")
         shutil.copyfile(path, tmp)
         os.replace(tmp, os.path.join(study.study_dir, "check.json"))
     if code == 1:
@@ -39,16 +44,12 @@ def check_first(study, supervisor) -> int:
     return code
 
 
-def check_path(study_dir: str, nodes: int) -> str:
-    """Where the study's check on `nodes` nodes writes its check.json."""
-    return os.path.join(study_dir, f"check-n{nodes}.json")
-
-
 def check_argv(study, prog: str) -> list[str]:
     """The check's options for a study (vit_scale.study.cli.StudyRun): its system, largest node
     count, ranks per node, launcher, strategies, precisions and largest model; check.json into the
-    study's directory as check-n<N>.json (the report shows it beside the points of N nodes), the rest
-    beside that directory (its records must not read as the study's runs)."""
+    study's directory as check-n<N>.json, or check-n<N>-<MODEL>.json for a study of one model (the
+    report shows it beside the points of N nodes), the rest beside that directory (its records must
+    not read as the study's runs)."""
     from vit_scale.models import MODELS
     from vit_scale.planning.shapes import Shape
 
@@ -75,7 +76,7 @@ def check_argv(study, prog: str) -> list[str]:
         "--out",
         os.path.join(study.out, f"{plan.name}.check"),
         "--json",
-        check_path(study.study_dir, nodes),
+        check_path(study.study_dir, nodes, model if len(plan.models) == 1 else None),
         "--prog",
         prog,
     ]

@@ -36,10 +36,13 @@ def torch_cuda_version() -> str | None:
     return torch.version.cuda  # None on CPU and ROCm builds
 
 
-def main(argv=None, prog: str = PROG) -> int:
+def main(argv=None) -> int:
+    from vit_scale.cluster.options import take_prog
     from vit_scale.distributed import all_labels, parse_strategy
     from vit_scale.errors import UserError
 
+    # a job script names itself with --prog, as for study and check
+    prog, argv = take_prog(sys.argv[1:] if argv is None else argv, PROG)
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--strategies", default="", help="comma-separated labels (default: every strategy)")
     parser.add_argument(

@@ -42,7 +42,8 @@ SWEEP_VALUES = (
 )
 SWEEP_FLAGS = ("--per-model", "--dry-run")
 PASSED_VALUES = ("--config", "--report", "--run-time-limit", "--ranks-per-node")
-# each job's study: --check checks that job's nodes first (its own OUT/STUDY/check-nN.json)
+# each job's study: --check checks that job's nodes first (its own OUT/STUDY/check-nN.json, or
+# check-nN-MODEL.json when the job has one model: --per-model's jobs of one node count run side by side)
 PASSED_FLAGS = ("--force", "--check")
 
 USAGE = """usage: jobs/submit_sweep.sh [sweep options] [study options of jobs/weak_scaling.sh]
