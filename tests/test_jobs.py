@@ -73,8 +73,8 @@ BAD_INPUT = [
         WEAK_SCALING,
         ["--system", "frontier", "--nodes", "1,2", "--strategies", "DDP,ZEROPP", "--dry-run"],
         "--strategies: ZEROPP with deepspeed.quantized_gradients=true (qgZ) cannot run on frontier, whose srun_flags "
-        "give each rank 1 GPU (--gpus-per-task=1) while 8 ranks share a node, so DeepSpeed would group the wrong ranks; "
-        "allowed: --set deepspeed.quantized_gradients=false",
+        "give each rank 1 GPU (--gpus-per-task=1) while 8 ranks share a node, so DeepSpeed would group the wrong "
+        "ranks; allowed: --set deepspeed.quantized_gradients=false",
     ),
     (
         SUBMIT_SWEEP,
