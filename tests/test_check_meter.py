@@ -36,7 +36,8 @@ def test_each_rounds_peak_is_its_own(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     first, second, synchronised = json.loads(proc.stdout.strip().splitlines()[-1])
-    # vit_tiny's model, AdamW state, gradients and DDP buckets: about 110 MiB a run left alive
-    tolerance = 8 / 1024
+    # vit_tiny's model, AdamW state, gradients and DDP buckets: about 100 MiB a run left alive (0.601,
+    # 0.700, 0.708 GiB before the fix); the allocator's own noise in the resident set is about 10 MiB
+    tolerance = 32 / 1024
     assert abs(second - first) < tolerance, (first, second)
     assert abs(synchronised - first) < tolerance, (first, synchronised)
