@@ -24,15 +24,13 @@ if __package__ in (None, ""):
 import pandas as pd
 from matplotlib.lines import Line2D
 
-from analysis.figures._axes import log2_x, log_ticks, mark_entries, mark_failures, reserve_bottom_log
+from analysis.figures._axes import ips_panel, mark_entries, mark_failures
 from analysis.figures._layout import (
     Plot,
-    facts_title,
+    facts_and_legend,
     free_slot,
     hide_unused,
-    legend_below,
     legend_height,
-    legend_in_slot,
     new_figure,
     panel_grid,
     title_height,
@@ -115,23 +113,11 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
                     curves[(model, key[1])] = list(zip(fit["nodes"].astype(int), fit["predicted_ips"], strict=True))
                 missing = line[line["predicted_ips"].isna() | (line["fits"] == False)]  # noqa: E712
                 counts["not_fit"] += mark_failures(ax, list(missing["nodes"]), color, slots)
-            log2_x(ax, sub["nodes"])
-            ax.set_yscale("log")
-            reserve_bottom_log(ax, slots)
-            log_ticks(ax)
-            ax.set_title(model_title(df, model))
-            ax.set_xlabel("nodes")
-            if i % ncols == 0:
-                ax.set_ylabel("images/s, all ranks (log)")
-            ax.grid(True, which="major", alpha=0.3)
+            ips_panel(ax, sub["nodes"], model_title(df, model), "nodes", i % ncols == 0, slots)
             drawn[model] = counts
         hide_unused(axes, len(models))
         extra = mark_entries(drawn.values(), not_fit=NOT_FIT)
-        facts_title(fig, facts, width)
-        if slot:
-            legend_in_slot(axes[slot[0]][slot[1]], series_items(handles, label) + extra)
-        else:
-            legend_below(fig, series_items(handles, label) + extra, width)
+        facts_and_legend(fig, axes, slot, facts, series_items(handles, label) + extra, width)
     return Plot(
         NAME,
         "Weak scaling: predicted before the runs",

@@ -152,3 +152,18 @@ def mark_entries(counts, **entries) -> list:
 def bar_x(group: int, i: int, bar_w: float) -> float:
     """x of bar i in a group one unit wide centred on group, bars bar_w wide (0.8 / bars per group)."""
     return group - 0.4 + bar_w * (i + 0.5)
+
+
+def ips_panel(ax, xs, title: str, xname: str, first_column: bool, slots: dict) -> None:
+    """The axes of an images/s-against-nodes panel (measured, ideal or predicted): log2 x over `xs`,
+    log y with room at the bottom for failure marks, the title, the x label and, on a row's first
+    panel, the y label."""
+    log2_x(ax, xs)
+    ax.set_yscale("log")
+    reserve_bottom_log(ax, slots)
+    log_ticks(ax)
+    ax.set_title(title)
+    ax.set_xlabel(xname)
+    if first_column:
+        ax.set_ylabel("images/s, all ranks (log)")
+    ax.grid(True, which="major", alpha=0.3)

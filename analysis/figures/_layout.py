@@ -189,3 +189,13 @@ def facts_title(fig, text: str, width: float) -> float:
         return 0.0
     fig.suptitle(wrap(text, width * 0.98), fontsize=SMALL_PT, color="0.3")
     return title_height(text, width)
+
+
+def facts_and_legend(fig, axes, slot, facts: str, items: list, width: float) -> None:
+    """The facts line on top, and the legend in a spare panel (`slot`: its row and column) when the
+    grid has one, else below the panels."""
+    facts_title(fig, facts, width)
+    if slot:
+        legend_in_slot(axes[slot[0]][slot[1]], items)
+    else:
+        legend_below(fig, items, width)

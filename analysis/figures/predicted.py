@@ -9,15 +9,19 @@ import pandas as pd
 from matplotlib.lines import Line2D
 
 from .. import table as tbl
-from ._axes import error_bars, log2_x, log_ticks, mark_entries, mark_failures, measured_line, reserve_bottom_log
+from ._axes import (
+    error_bars,
+    ips_panel,
+    mark_entries,
+    mark_failures,
+    measured_line,
+)
 from ._layout import (
     Plot,
-    facts_title,
+    facts_and_legend,
     free_slot,
     hide_unused,
-    legend_below,
     legend_height,
-    legend_in_slot,
     new_figure,
     panel_grid,
     title_height,
@@ -110,24 +114,12 @@ def weak_scaling_predicted(
                     xs = pred[xcol].astype(int)
                     curves[(model, *key)] = list(zip(xs, pred["predicted_ips"], strict=True))
                 counts["failed"] += mark_failures(ax, list(not_ok(line)[xcol]), color, slots)
-            log2_x(ax, sub[xcol])
-            ax.set_yscale("log")
-            reserve_bottom_log(ax, slots)
-            log_ticks(ax)
-            ax.set_title(model_title(df, model))
-            ax.set_xlabel(xname)
-            if i % ncols == 0:
-                ax.set_ylabel("images/s, all ranks (log)")
-            ax.grid(True, which="major", alpha=0.3)
+            ips_panel(ax, sub[xcol], model_title(df, model), xname, i % ncols == 0, slots)
             drawn[model] = counts
             bars[model] = n_bars
         hide_unused(axes, len(models))
         extra = mark_entries(drawn.values(), predicted=PREDICTED, failed=NOT_OK)
-        facts_title(fig, facts, width)
-        if slot:
-            legend_in_slot(axes[slot[0]][slot[1]], series_items(handles, label) + extra)
-        else:
-            legend_below(fig, series_items(handles, label) + extra, width)
+        facts_and_legend(fig, axes, slot, facts, series_items(handles, label) + extra, width)
     return Plot(
         "weak_scaling_predicted",
         "Weak scaling: measured against predicted",
