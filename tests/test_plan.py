@@ -248,10 +248,24 @@ def test_pairs_the_device_cannot_run_are_left_out_with_the_capability_tables_rea
 
 
 def test_table_output(capsys):
-    assert plan.main(["--model", "vit_3b", "--nodes", "1,8", "--strategy", "NO_SHARD", "--strategy", "FULL_SHARD"]) == 0
+    """By default the columns a user chooses by, every line under 120 characters; --wide adds the memory's
+    components and the phase of the peak, with the same numbers."""
+    argv = ["--model", "vit_3b", "--nodes", "1,8", "--strategy", "NO_SHARD", "--strategy", "FULL_SHARD"]
+    assert plan.main(argv) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith(("NO_SHARD", "FULL_SHARD"))]
-    assert len(lines) == 4 and "total" in out and "fits" in out and "vit_3b: 3.051B parameters" in out
+    assert len(lines) == 4 and "vit_3b: 3.051B parameters" in out
+    assert max(len(line) for line in out.splitlines()) < 120
+    header = next(line for line in out.splitlines() if line.startswith("strategy"))
+    assert header.split() == ["strategy", "nodes", "GPUs", "mem", "GiB", "fits", "intra", "inter"]
+    assert plan.main(argv + ["--wide"]) == 0
+    wide = capsys.readouterr().out
+    header = next(line for line in wide.splitlines() if line.startswith("strategy"))
+    for column in ("params", "grads", "optim", "act", "in-fl", "bufs", "work", "alloc", "peak at"):
+        assert column in header
+    wide_rows = [line.split() for line in wide.splitlines() if line.startswith(("NO_SHARD", "FULL_SHARD"))]
+    # the same total (mem GiB, the 12th cell) and verdict as the default table's 4th and 5th
+    assert [r[11:13] for r in wide_rows] == [line.split()[3:5] for line in lines]
 
 
 def test_predict_for_run_is_the_record_plan():

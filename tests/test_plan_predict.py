@@ -85,23 +85,40 @@ def test_without_system_the_output_is_unchanged(capsys):
     assert "step ms" not in text and not text.startswith("predicted") and "not worth" not in text
 
 
+def flat(text: str) -> str:
+    """The output with its wrapped lines joined: the table wraps its prose at 119 columns."""
+    return " ".join(text.split())
+
+
 def test_table_with_the_profiles_defaults(capsys, tmp_path):
     assert plan.main(BASE + ["--no-figure"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    out = capsys.readouterr().out
+    lines = out.splitlines()
     # the first lines say which calibration and which compute
     assert lines[0] == "predicted for frontier: calibration: the system profile's defaults (frontier.yaml)"
     assert lines[1].startswith("predicted compute: FLOPs x peak x efficiency: counted FLOPs over 191.5 TFLOP/s x 40%")
-    assert "assumed" in lines[1]
+    assert "(assumed;" in flat(out)
+    # by default the columns a user chooses by, in a terminal's width
+    assert max(len(line) for line in lines) < 120
     header = next(line for line in lines if line.startswith("strategy"))
-    for column in ("step ms", "comp", "x-intra", "x-inter", "optim", "img/s/GPU", "img/s", "eff"):
-        assert column in header
-    # the step's optim (the fourth cell from the end, before img/s/GPU, img/s and eff): not modelled, "-"
-    assert header.split()[-4:] == ["optim", "img/s/GPU", "img/s", "eff"]
+    assert header.split() == "strategy nodes GPUs mem GiB fits step ms img/s/GPU img/s eff extrap".split()
     fitting = [line.split() for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
-    assert fitting and all(c[-4] == "-" for c in fitting)
+    # the profile's defaults cover any group size: no point is extrapolated, so its last cell is eff
+    assert len(fitting) == 6 and all(c[-1].endswith("%") for c in fitting)
     ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
     assert len(ddp_3b) == 2  # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
-    assert lines[-1].startswith("predicted not worth running") and "vit_3b DDP (does not fit on 2 node(s))" in lines[-1]
+    assert "predicted not worth running" in flat(out) and "vit_3b DDP (does not fit on 2 node(s))" in flat(out)
+    # --wide: the step's split as well, the same step
+    assert plan.main(BASE + ["--no-figure", "--wide"]) == 0
+    wide = capsys.readouterr().out.splitlines()
+    header = next(line for line in wide if line.startswith("strategy"))
+    for column in ("params", "peak at", "intra", "inter", "step ms", "comp", "x-intra", "x-inter", "optim"):
+        assert column in header
+    # the step's optim (the fifth cell from the end, before img/s/GPU, img/s, eff and extrap): not modelled, "-"
+    assert header.split()[-5:] == ["optim", "img/s/GPU", "img/s", "eff", "extrap"]
+    wide_fitting = [line.split() for line in wide if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line]
+    assert all(c[-4] == "-" for c in wide_fitting)
+    assert [c[-4:] for c in fitting] == [[c[-8], *c[-3:]] for c in wide_fitting]  # the same step and speed
     assert not os.listdir(tmp_path)
 
 
@@ -183,7 +200,7 @@ def test_with_a_generated_check(capsys, tmp_path):
     slow = run_json(capsys, BASE + ["--calibration", check])
     assert slow["prediction"]["calibration"]["kind"] == "check" and slow["prediction"]["calibration"]["source"] == check
     assert plan.main(BASE + ["--calibration", check, "--no-figure"]) == 0
-    first = capsys.readouterr().out.splitlines()[0]
+    first = flat(capsys.readouterr().out.split("predicted compute:")[0])
     # every collective and scope fitted: the fits are named, no profile default is needed
     every = ", ".join(f"{c}/{s}" for s in ("intra", "inter") for c in ("all_reduce", "all_gather", "reduce_scatter"))
     assert first == f"predicted for frontier: calibration: check.json's fits ({every}) ({check})"
@@ -450,7 +467,7 @@ def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_pa
     forecast(run)
     out = capsys.readouterr().out
     assert "predicted for local: calibration: the system profile's defaults (local.yaml)" in out
-    assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in out
+    assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in flat(out)
     assert "--compute-from" in out and "--figure report/s" in out
     lines = [line for line in out.splitlines() if line.startswith(("DDP ", "FULL_SHARD "))]
     assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines  # a speed and its efficiency
@@ -493,7 +510,7 @@ def test_forecast_takes_the_efficiency_from_the_studys_runs(tmp_path, monkeypatc
     forecast(run)
     out = capsys.readouterr().out
     assert "--compute-from" in out and "not used: --compute-from:" in out
-    assert f"the median MFU of 2 run(s) in {run.study_dir}" in out and "--efficiency-from" in out
+    assert f"the median MFU of 2 run(s) in {run.study_dir}" in flat(out) and "--efficiency-from" in out
 
 
 def test_forecast_failure_is_one_line_and_the_study_goes_on(tmp_path, monkeypatch, capsys):

@@ -1,13 +1,16 @@
 """`vit-scale plan`: which strategy fits a model on which node count, and what it communicates;
 with `--system`, also how fast each point is predicted to run.
 
-    vit-scale plan --model vit_3b --nodes 1,8 [--strategy NO_SHARD,FULL_SHARD ...] [--json]
+    vit-scale plan --model vit_3b --nodes 1,8 [--strategy NO_SHARD,FULL_SHARD ...] [--wide | --json]
     vit-scale plan --system frontier --model vit_base,vit_3b --nodes 1,2,4,8 [--calibration check.json]
                    [--compute-from RUNDIR | --efficiency F | --efficiency-from DIR] [--figure DIR | --no-figure]
 
-A table by default; `--json` for scripts (schema: docs/plan.md, `PLAN_SCHEMA` below). With
-`--system` the rows gain the prediction of vit_scale.planning.predict (step time split, images/s,
-scaling efficiency against 1 node) and the predicted weak-scaling figure is drawn into DIR by
+A table by default (the columns a user chooses by; `--wide` adds the memory's components, the
+communication and the step's split); `--json` for scripts, every column (schema: docs/plan.md,
+`PLAN_SCHEMA` below). With `--system` the rows gain the prediction of vit_scale.planning.predict
+(step time split, images/s, scaling efficiency against the baseline node count, whether it is
+extrapolated) and the predicted weak-scaling figure is drawn into DIR (with --json only when
+--figure DIR is given) by
 analysis/plan_figure.py, run as a subprocess (vit_scale does not import analysis). Exit codes:
 0 ok (whether or not everything fits), 1 the figure could not be drawn, 2 bad input (one line on
 stderr, nothing written).
@@ -21,6 +24,9 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from vit_scale.distributed import GROUP_SIZE, all_labels
 from vit_scale.distributed.capabilities import refusal
@@ -136,6 +142,7 @@ ROW_SCHEMA = {
                 "images_per_s_per_gpu": {"type": ["number", "null"]},
                 "images_per_s": {"type": ["number", "null"]},
                 "scaling_efficiency": {"type": ["number", "null"]},
+                "extrapolated": {"type": "boolean"},
             },
         },
     },
@@ -267,7 +274,12 @@ def _parser() -> argparse.ArgumentParser:
         default=True,
         help="count memory the allocator holds for communication streams (default on)",
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output (docs/plan.md)")
+    p.add_argument("--json", action="store_true", help="machine-readable output, every column (docs/plan.md)")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="the table with the memory's components, the communication per step and the predicted step's split",
+    )
     pred = p.add_argument_group('predicted step time and images/s (docs/plan.md, "Before the allocation")')
     pred.add_argument(
         "--system",
@@ -301,9 +313,8 @@ def _parser() -> argparse.ArgumentParser:
     pred.add_argument(
         "--figure",
         metavar="DIR",
-        default=".",
         help=f"where the predicted weak-scaling figure goes ({FIGURE}.png/.pdf and the prediction "
-        f"{FIGURE}.json; default: the current directory)",
+        f"{FIGURE}.json; default: the current directory for the table, none with --json)",
     )
     pred.add_argument("--no-figure", action="store_true", help="print the prediction only")
     return p
@@ -455,8 +466,19 @@ def _prediction_options(args) -> None:
     if args.efficiency_from is not None and (args.efficiency is not None or args.compute_from is not None):
         other = "--efficiency" if args.efficiency is not None else "--compute-from"
         raise UserError(f"--efficiency-from: gives the FLOPs' efficiency; {other} cannot be given with it")
-    if not args.no_figure and os.path.exists(args.figure) and not os.path.isdir(args.figure):
-        raise UserError(f"--figure: {args.figure} is a file; expected a directory (created when missing)")
+    figure = figure_dir(args)
+    if figure is not None and os.path.exists(figure) and not os.path.isdir(figure):
+        raise UserError(f"--figure: {figure} is a file; expected a directory (created when missing)")
+
+
+def figure_dir(args) -> str | None:
+    """Where the predicted figure goes, or None for none: --figure DIR; without it the current directory
+    for the table and nothing for --json (a script's output goes to stdout alone); --no-figure: none."""
+    if not args.system or args.no_figure:
+        return None
+    if args.figure is not None:
+        return args.figure
+    return None if args.json else "."
 
 
 def predict_rows(args, rows: list, scenarios: list) -> dict:
@@ -606,35 +628,9 @@ def _plan_figure_script() -> str:
 
 # ---------------------------------------------------------------- the table
 
-COLUMNS = [
-    ("strategy", 18),
-    ("nodes", 5),
-    ("GPUs", 5),
-    ("params", 7),
-    ("grads", 7),
-    ("optim", 7),
-    ("act", 7),
-    ("in-fl", 6),
-    ("bufs", 6),
-    ("work", 6),
-    ("alloc", 6),
-    ("total", 7),
-    ("fits", 4),
-    ("peak at", 7),
-    ("intra", 7),
-    ("inter", 7),
-]
-PREDICTED_COLUMNS = [
-    ("step ms", 8),
-    ("comp", 7),
-    ("x-intra", 7),
-    ("x-inter", 7),
-    ("optim", 6),
-    ("img/s/GPU", 9),
-    ("img/s", 9),
-    ("eff", 5),
-]
+TABLE_WIDTH = 119  # the prose around the table is wrapped to this; the default columns stay under it
 PHASE_SHORT = {"forward_end": "fwd", "backward_start": "bwd-1st", "backward_end": "bwd-end", "optimizer_step": "step"}
+NOT_FIT_CELL = "does not fit"
 
 
 def _f(x: float) -> str:
@@ -646,23 +642,6 @@ def _ms(seconds: float) -> str:
     return f"{ms:.0f}" if ms >= 100 else f"{ms:.3g}"
 
 
-def _predicted_cells(p: dict) -> list:
-    if p["fits"] is False or p["step"] is None:
-        return ["does not fit", "", "", "", "", "", "", ""]
-    b = p["step"]
-    eff = p["scaling_efficiency"]
-    return [
-        _ms(b["step_s"]),
-        _ms(b["forward_s"] + b["backward_s"]),
-        _ms(b["exposed_intra_s"]),
-        _ms(b["exposed_inter_s"]),
-        "-" if b["optimizer_s"] is None else _ms(b["optimizer_s"]),
-        _rate(p["images_per_s_per_gpu"]),
-        _rate(p["images_per_s"]),
-        "" if eff is None else f"{eff:.0%}",
-    ]
-
-
 def _rate(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
@@ -671,94 +650,188 @@ def _memory(gib) -> str:
     return "device memory not known" if gib is None else f"{gib:g} GiB/device"
 
 
+def _step(row: dict) -> dict | None:
+    """The row's predicted step, or None where there is none (no --system, or it does not fit)."""
+    p = row.get("prediction")
+    return None if not p or p["fits"] is False or p["step"] is None else p["step"]
+
+
+def _predicted(cell):
+    """A predicted column's cell: blank where the point has no predicted step."""
+    return lambda r: "" if _step(r) is None else cell(r)
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the table: its header, width and cell; `wide`: only with --wide; `predicted`: only
+    with --system."""
+
+    name: str
+    width: int
+    cell: Callable[[dict], str]
+    wide: bool = False
+    predicted: bool = False
+    unpredicted: bool = False  # shown by default without --system: bytes are then all there is to choose by
+
+
+def _component(name: str) -> Callable[[dict], str]:
+    return lambda r: _f(r["components_gib"][name])
+
+
+COLUMNS = [
+    Column("strategy", 18, lambda r: r["strategy"]),
+    Column("nodes", 5, lambda r: str(r["nodes"])),
+    Column("GPUs", 5, lambda r: str(r["world_size"])),
+    Column("params", 7, _component("params"), wide=True),
+    Column("grads", 7, _component("grads"), wide=True),
+    Column("optim", 7, _component("optimizer"), wide=True),
+    Column("act", 7, _component("activations"), wide=True),
+    Column("in-fl", 6, _component("in_flight"), wide=True),
+    Column("bufs", 6, _component("buckets"), wide=True),
+    Column("work", 6, _component("workspace"), wide=True),
+    Column("alloc", 6, _component("allocator"), wide=True),
+    Column("mem GiB", 7, lambda r: _f(r["memory_gib"])),
+    Column("fits", 4, lambda r: {True: "yes", False: "NO", None: "?"}[r["fits"]]),
+    Column("peak at", 7, lambda r: PHASE_SHORT[r["peak_phase"]], wide=True),
+    Column("intra", 7, lambda r: _f(r["communication"]["intra_node"] / GB), wide=True, unpredicted=True),
+    Column("inter", 7, lambda r: _f(r["communication"]["inter_node"] / GB), wide=True, unpredicted=True),
+    # the first predicted column carries "does not fit" for a point with no predicted step
+    Column(
+        "step ms",
+        8,
+        lambda r: NOT_FIT_CELL if _step(r) is None else _ms(_step(r)["step_s"]),
+        predicted=True,
+    ),
+    Column("comp", 7, _predicted(lambda r: _ms(_step(r)["forward_s"] + _step(r)["backward_s"])), True, True),
+    Column("x-intra", 7, _predicted(lambda r: _ms(_step(r)["exposed_intra_s"])), True, True),
+    Column("x-inter", 7, _predicted(lambda r: _ms(_step(r)["exposed_inter_s"])), True, True),
+    Column(
+        "optim",
+        6,
+        _predicted(lambda r: "-" if _step(r)["optimizer_s"] is None else _ms(_step(r)["optimizer_s"])),
+        True,
+        True,
+    ),
+    Column("img/s/GPU", 9, _predicted(lambda r: _rate(r["prediction"]["images_per_s_per_gpu"])), predicted=True),
+    Column("img/s", 9, _predicted(lambda r: _rate(r["prediction"]["images_per_s"])), predicted=True),
+    Column(
+        "eff",
+        5,
+        _predicted(
+            lambda r: (
+                "" if r["prediction"]["scaling_efficiency"] is None else f"{r['prediction']['scaling_efficiency']:.0%}"
+            )
+        ),
+        predicted=True,
+    ),
+    # beyond the largest group any fit or default saw: the model's reach, not a measurement's
+    Column("extrap", 6, lambda r: "yes" if (r.get("prediction") or {}).get("extrapolated") else "", predicted=True),
+]
+
+
+def columns_for(predicted: bool, wide: bool) -> list[Column]:
+    shown = [c for c in COLUMNS if predicted or not c.predicted]
+    return [c for c in shown if wide or not c.wide or (c.unpredicted and not predicted)]
+
+
+def _line(cells: list, columns: list) -> str:
+    return "  ".join(
+        cell.rjust(c.width) if i > 0 else cell.ljust(c.width)
+        for i, (cell, c) in enumerate(zip(cells, columns, strict=True))
+    ).rstrip()
+
+
+def _wrap(text: str, indent: str = "") -> list:
+    return textwrap.wrap(
+        text, TABLE_WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    ) or [""]
+
+
 def prediction_head(prediction: dict) -> list:
     """The output's first lines: which calibration and which compute the prediction used."""
     return [
-        f"predicted for {prediction['system']}: calibration: {prediction['calibration']['text']}",
-        f"predicted compute: {prediction['compute']['text']}",
+        *_wrap(f"predicted for {prediction['system']}: calibration: {prediction['calibration']['text']}", "  "),
+        *_wrap(f"predicted compute: {prediction['compute']['text']}", "  "),
     ]
 
 
-def format_table(rows: list[dict], shared: dict, prediction: dict | None = None) -> str:
-    out = prediction_head(prediction) if prediction else []
-    a = shared
-    head = (
+def _assumptions(a: dict) -> list:
+    al = a["allowance"]
+    lines = _wrap(
         f"batch {a['batch_size']}/device, {a['precision']}, activation checkpointing "
         f"{'on' if a['activation_checkpointing'] else 'off'}, {a['attention']} attention, "
         f"{a['gpus_per_node']} {a['device']} GPUs/node, {_memory(a['device_memory_gib'])}, AdamW {a['optimizer']}; "
         f"FSDP{a['fsdp']['version']} prefetch={a['fsdp']['backward_prefetch']} "
-        f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}"
+        f"limit_all_gathers={'on' if a['fsdp']['limit_all_gathers'] else 'off'}",
+        "  ",
     )
-    out.append(head)
-    al = a["allowance"]
     for strategy, error in a.get("refused", {}).items():
-        out.append(f"left out: {strategy} ({error.split(': ', 1)[1]})")
-    out.append(
+        lines += _wrap(f"left out: {strategy} ({error.split(': ', 1)[1]})", "  ")
+    lines += _wrap(
         f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
-        f"{' + memory held for communication streams' if al['stream_held'] else ''}"
+        f"{' + memory held for communication streams' if al['stream_held'] else ''}",
+        "  ",
     )
-    columns = COLUMNS + (PREDICTED_COLUMNS if prediction else [])
-    header = "  ".join(name.rjust(w) if i > 0 else name.ljust(w) for i, (name, w) in enumerate(columns))
+    return lines
+
+
+def _legend(predicted: bool, wide: bool) -> list:
+    """What the columns mean, for the columns shown."""
+    memory = (
+        "params/grads/optim: what the rank holds (optim: AdamW states + a separate fp32 master where kept); act: "
+        "activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; bufs: "
+        "communication buckets; work: backward and optimizer temporaries; alloc: allocator allowance; mem GiB = "
+        "their sum, against the device memory; components are those of the step's peak (peak at: end of forward, first "
+        "or last block of the backward, optimizer step). intra/inter: GB sent per device per step inside a node / "
+        "across nodes."
+        if wide
+        else "mem GiB: memory per device at the step's peak, against the device memory"
+        + ("" if predicted else "; intra/inter: GB sent per device per step inside a node / across nodes")
+        + " (its components"
+        + (", the communication per step and the step's split" if predicted else "")
+        + ": --wide; everything: --json)."
+    )
+    out = _wrap(f"{memory} Assumptions: docs/plan.md")
+    if predicted:
+        split = (
+            "step ms = comp (forward + backward) + x-intra + x-inter (communication compute does not hide, inside a "
+            "node / across nodes) + optim (-: not modelled, inside comp); "
+            if wide
+            else "step ms: the predicted step; "
+        )
+        out += _wrap(
+            f"predicted: {split}img/s/GPU = batch / step; img/s: all GPUs; eff: img/s/GPU against the baseline "
+            "node count's (1 node, or the fewest a group wider than a node fits on); extrap: yes where the point "
+            "has more ranks than any collective measurement or default the calibration rests on. Model: "
+            'docs/plan.md, "Predicted step time"'
+        )
+    return out
+
+
+def format_table(rows: list[dict], shared: dict, prediction: dict | None = None, wide: bool = False) -> str:
+    """The plan as text: by default the columns a user chooses by (under TABLE_WIDTH characters),
+    with `wide` also the memory's components, the communication per step and the step's split."""
+    out = prediction_head(prediction) if prediction else []
+    out += _assumptions(shared)
+    columns = columns_for(prediction is not None, wide)
+    header = _line([c.name for c in columns], columns)
     by_model: dict = {}
     for row in rows:
         by_model.setdefault(row["model"], []).append(row)
+    unit = "memory per device in GiB" + (", communication per step per device in GB" if wide or not prediction else "")
     for model, model_rows in by_model.items():
-        out.append("")
         params = model_rows[0]["params"]
         size = f"{params / 1e9:.3f}B" if params >= 1e9 else f"{params / 1e6:.1f}M"
-        out.append(f"{model}: {size} parameters — memory per device in GiB, communication per step per device in GB")
-        out.append(header)
-        out.append("-" * len(header))
-        for r in model_rows:
-            c = r["components_gib"]
-            fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
-            cells = [
-                r["strategy"],
-                str(r["nodes"]),
-                str(r["world_size"]),
-                _f(c["params"]),
-                _f(c["grads"]),
-                _f(c["optimizer"]),
-                _f(c["activations"]),
-                _f(c["in_flight"]),
-                _f(c["buckets"]),
-                _f(c["workspace"]),
-                _f(c["allocator"]),
-                _f(r["memory_gib"]),
-                fits,
-                PHASE_SHORT[r["peak_phase"]],
-                _f(r["communication"]["intra_node"] / GB),
-                _f(r["communication"]["inter_node"] / GB),
-            ]
-            if prediction:
-                cells += _predicted_cells(r["prediction"])
-            out.append(
-                "  ".join(
-                    cell.rjust(w) if i > 0 else cell.ljust(w)
-                    for i, (cell, (_, w)) in enumerate(zip(cells, columns, strict=True))
-                ).rstrip()
-            )
-    out.append("")
-    out.append(
-        "params/grads/optim: what the rank holds (optim: AdamW states + a separate fp32 master where kept); "
-        "act: activations and input batches; in-fl: unsharded units / gathered or cast parameters in flight; "
-        "bufs: communication buckets; work: backward and optimizer temporaries; alloc: allocator allowance; "
-        "total = sum, against the device memory; components are those of the step's peak (peak at: end of "
-        "forward, first or last block of the backward, optimizer step). intra/inter: GB sent per device per step "
-        "inside a node / across nodes. Assumptions: docs/plan.md"
-    )
+        out += ["", f"{model}: {size} parameters — {unit}", header, "-" * len(header)]
+        out += [_line([c.cell(r) for c in columns], columns) for r in model_rows]
+    out += [""] + _legend(prediction is not None, wide)
     if prediction:
-        out.append(
-            "predicted: step ms = comp (forward + backward) + x-intra + x-inter (communication compute does "
-            "not hide, inside a node / across nodes) + optim (-: not modelled, inside comp); img/s/GPU = batch / "
-            "step; img/s: all GPUs; eff: "
-            'img/s/GPU against 1 node\'s. Model: docs/plan.md, "Predicted step time"'
-        )
-        out.extend(f"  note: {n}" for n in prediction["calibration"]["notes"])
+        out += [f"  note: {n}" for n in prediction["calibration"]["notes"]]
         worth = prediction["not_worth_running"]
-        out.append(
+        out += _wrap(
             f"predicted not worth running ({prediction['rule'].split(': ', 1)[1]}): "
-            + ("none" if not worth else "; ".join(f"{w['model']} {w['strategy']} ({w['why']})" for w in worth))
+            + ("none" if not worth else "; ".join(f"{w['model']} {w['strategy']} ({w['why']})" for w in worth)),
+            "  ",
         )
     return "\n".join(out)
 
@@ -787,10 +860,11 @@ def main(argv=None) -> int:
         out = {"schema": SCHEMA_VERSION, "assumptions": shared, "rows": rows}
         print(json.dumps({**out, "prediction": prediction} if prediction else out, indent=1))
     else:
-        print(format_table(rows, shared, prediction))
-    if prediction and not args.no_figure:
+        print(format_table(rows, shared, prediction, wide=args.wide))
+    figure = figure_dir(args)
+    if prediction and figure is not None:
         try:
-            written = write_figure(prediction, rows, shared, args.figure)
+            written = write_figure(prediction, rows, shared, figure)
         except (OSError, RuntimeError) as exc:
             print(f"vit-scale plan: the predicted figure could not be drawn: {exc}", file=sys.stderr)
             return 1

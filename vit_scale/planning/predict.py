@@ -188,9 +188,8 @@ def read_fits(check: dict, where: str) -> list:
                 f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
                 f"{MIN_SIZES} (run vit-scale check in full mode)"
             )
+        _check_fit_values(entry, name, where)
         flags = tuple(str(f) for f in entry["flags"])
-        if not flags and not (entry["bus_gbps"] > 0 and entry["alpha_us"] >= 0):
-            flags = ("no positive bandwidth",)
         fits.append(
             Fit(
                 entry["collective"],
@@ -205,6 +204,30 @@ def read_fits(check: dict, where: str) -> list:
             )
         )
     return fits
+
+
+def _check_fit_values(entry: dict, name: str, where: str) -> None:
+    """A fit's numbers as a fit can give them: at least 2 ranks (a collective over one moves nothing);
+    for a fit the check marked usable (no flags), a finite bus bandwidth above 0 and a finite latency
+    of 0 or more (0 is where the fit clamps an intercept below zero). A marked fit is not used, so its
+    numbers may be anything the fit left (NaN, infinity); a usable one with such numbers was edited or
+    written by something else, and would time every collective as free or as forever."""
+    ranks = entry["ranks"]
+    if isinstance(ranks, float) and not ranks.is_integer() or ranks < 2:
+        raise UserError(f"--calibration: {where}: {name}: ranks must be a whole number of at least 2, got {ranks!r}")
+    per_node = entry.get("ranks_per_node")
+    if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
+        raise UserError(
+            f"--calibration: {where}: {name}: ranks_per_node must be a positive whole number, got {per_node!r}"
+        )
+    if entry["flags"]:
+        return
+    alpha, bus = entry["alpha_us"], entry["bus_gbps"]
+    if not (math.isfinite(bus) and bus > 0) or not (math.isfinite(alpha) and alpha >= 0):
+        raise UserError(
+            f"--calibration: {where}: {name}: a usable fit needs a finite bus_gbps above 0 and a finite alpha_us "
+            f"of 0 or more, got bus_gbps {bus!r} and alpha_us {alpha!r}"
+        )
 
 
 def _per_rank(f: Fit) -> Link:
@@ -377,6 +400,18 @@ def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
 # ---------------------------------------------------------------- compute
 
 
+def baseline_nodes(sc: Scenario) -> int:
+    """The node count a point's compute and scaling efficiency are taken at: 1, or for a group wider
+    than a node (HYBRID_16GPU on 8-GPU nodes) the fewest nodes the layout fits on."""
+    for nodes in range(1, sc.nodes + 1):
+        try:
+            dataclasses.replace(sc, nodes=nodes).validate()
+        except UserError:
+            continue
+        return nodes
+    return sc.nodes
+
+
 @dataclass(frozen=True)
 class MeasuredStep:
     """One ok run's step (global batch over its median images/s: run_ips) and the scenario it ran."""
@@ -485,8 +520,11 @@ class ComputeSource:
         return f"counted FLOPs over {self.peak:g} TFLOP/s x {self.efficiency:.0%} efficiency"
 
     def step_for(self, sc: Scenario, options: str = "") -> MeasuredStep:
-        """Same model, batch and precision on 1 node: the same strategy and options, else the same
-        strategy, else the fastest 1-node run of any strategy (the least communication in the way)."""
+        """Same model, batch and precision on the point's baseline node count (baseline_nodes: 1, or the
+        fewest a group wider than a node fits on): the same strategy and options, else the same strategy,
+        else the fastest run there of any strategy (the least communication in the way). A run on another
+        node count is no baseline: its step holds communication that a 1-node step does not, and taking
+        it as the rung would count that as compute (UserError)."""
         key = (sc.model, sc.batch_size, sc.precision)
         same = [s for s in self.steps if s.key == key]
         if not same:
@@ -496,14 +534,22 @@ class ComputeSource:
                 f"{sc.precision}; expected a run of the same model, batch and precision "
                 f"(it has: {', '.join(have) or 'no ok run'})"
             )
-        one_node = [s for s in same if s.scenario.nodes == 1] or same
+        nodes = baseline_nodes(sc)
+        rung = [s for s in same if s.scenario.nodes == nodes]
+        if not rung:
+            counts = ", ".join(str(n) for n in sorted({s.scenario.nodes for s in same}))
+            raise UserError(
+                f"--compute-from: {self.origin} has runs of {sc.model} at batch {sc.batch_size} in {sc.precision} "
+                f"on {counts} node(s) only; expected its rung on {nodes} node(s), the baseline of "
+                f"{sc.strategy} (the fewest nodes its groups fit on)"
+            )
         for pick in (
-            [s for s in one_node if s.scenario.strategy == sc.strategy and s.options == options],
-            [s for s in one_node if s.scenario.strategy == sc.strategy],
+            [s for s in rung if s.scenario.strategy == sc.strategy and s.options == options],
+            [s for s in rung if s.scenario.strategy == sc.strategy],
         ):
             if pick:
-                return min(pick, key=lambda s: (s.scenario.nodes, s.step_s))
-        return min(one_node, key=lambda s: (s.scenario.nodes, s.step_s))
+                return min(pick, key=lambda s: s.step_s)
+        return min(rung, key=lambda s: s.step_s)
 
     def compute_for(self, sc: Scenario, network: Network, options: str = "") -> Compute:
         if not self.origin:
@@ -522,6 +568,7 @@ def compute_from(path: str, runs: list | None = None) -> ComputeSource:
         if not os.path.isdir(path):
             raise UserError(f"--compute-from: {path} is not a directory; expected a run directory or a study directory")
         runs = reader.collect([path]).runs
+    _no_mfu_above_one(runs, "--compute-from")
     steps = [s for s in (measured_step(r) for r in runs) if s is not None]
     if not steps:
         raise UserError(
@@ -542,8 +589,22 @@ def compute_from_flops(peak: float | None, efficiency: float, where: str = "the 
     return ComputeSource(peak=peak, efficiency=efficiency)
 
 
+def _no_mfu_above_one(runs, option: str) -> None:
+    """An ok run whose end record claims more FLOP/s than its device's peak (MFU above 1) timed or
+    counted something wrong; its speed would make compute a fraction of what any device does."""
+    for r in runs:
+        mfu = (r.end or {}).get("mfu")
+        if r.status == "ok" and isinstance(mfu, (int, float)) and not isinstance(mfu, bool) and not mfu <= 1:
+            raise UserError(
+                f"{option}: {r.run_dir}: its end record's mfu is {mfu:g}, above 1 (more FLOP/s than the "
+                f"device's peak); expected runs whose MFU is at most 1"
+            )
+
+
 def efficiency_from_runs(runs) -> float | None:
-    """The median MFU of the ok runs that recorded one: the default efficiency for FLOPs."""
+    """The median MFU of the ok runs that recorded one: the default efficiency for FLOPs. A run with an
+    MFU above 1 is bad input (UserError)."""
+    _no_mfu_above_one(runs, "--efficiency-from")
     mfus = sorted(
         float((r.end or {})["mfu"])
         for r in runs
@@ -559,17 +620,18 @@ def predict(
     points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False, options: list | None = None
 ) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
-    point on 1 node. options: per point, the strategy options' JSON (prefers a compute run of the same
+    point on its baseline node count (baseline_nodes). options: per point, the strategy options' JSON (prefers a compute run of the same
     series). Raises UserError for a point whose compute source does not fit it."""
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
         comp = compute.compute_for(sc, calibration.network, opt)
         p = predict_step(sc, calibration.network, comp, blocking)
-        one = dataclasses.replace(sc, nodes=1)
+        nodes = baseline_nodes(sc)
+        one = dataclasses.replace(sc, nodes=nodes)
         key = repr(one)
         if key not in base:
-            base[key] = p if sc.nodes == 1 else predict_step(one, calibration.network, comp, blocking)
+            base[key] = p if sc.nodes == nodes else predict_step(one, calibration.network, comp, blocking)
         b = base[key]
         if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
             p.scaling_efficiency = p.images_per_s_per_gpu / b.images_per_s_per_gpu
@@ -584,6 +646,7 @@ __all__ = [
     "ComputeSource",
     "MeasuredStep",
     "StepPrediction",
+    "baseline_nodes",
     "blocking_for",
     "check_calibration",
     "choose_calibration",
