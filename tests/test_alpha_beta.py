@@ -10,10 +10,13 @@ from conftest import ROOT
 from vit_scale.planning.alpha_beta import (
     Link,
     Network,
+    allowed_algorithms,
     bus_factor,
     fit,
     network_from_profile,
     read_network,
+    ring_steps,
+    tree_steps,
 )
 
 SIZES = [8, 1024, 16 * 1024, 131072, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
@@ -98,16 +101,16 @@ def test_flat_latency_region_with_tight_spreads_is_monotone():
 
 
 def test_network_spanning_group_runs_at_slowest_hop():
-    """Across nodes: the across-nodes latency, and the smaller of the two bandwidths (a ring is as
-    slow as its slowest hop). all_gather of 1 GB over 4 ranks spanning nodes with intra 100 GB/s,
-    inter 25 GB/s, 30 us: 30e-6 + 1e9 * 0.75 / 25e9 = 0.03003 s; inside a node with 5 us:
-    5e-6 + 0.75e9 / 100e9 = 0.007505 s. A usable fit replaces its collective and scope only;
-    a marked one is not used."""
+    """Across nodes: a latency per ring step, and the smaller of the two bandwidths (a ring is as
+    slow as its slowest hop). all_gather of 1 GB over 4 ranks, one a node (3 steps, all across nodes),
+    intra 100 GB/s and 5 us a step, inter 25 GB/s and 30 us a step: 3 * 30e-6 + 1e9 * 0.75 / 25e9 =
+    0.03009 s; inside a node: 3 * 5e-6 + 0.75e9 / 100e9 = 0.007515 s. A usable fit (its 10 us over the
+    3 steps of its 4 ranks) replaces its collective and scope only; a marked one is not used."""
     net = Network(Link(5.0, 100.0), Link(30.0, 25.0))
-    assert net.seconds("all_gather", 1e9, 4, True) == pytest.approx(0.03003)
-    assert net.seconds("all_gather", 1e9, 4, False) == pytest.approx(0.007505)
+    assert net.seconds("all_gather", 1e9, 4, True) == pytest.approx(0.03009)
+    assert net.seconds("all_gather", 1e9, 4, False) == pytest.approx(0.007515)
     slow_inter = Network(Link(5.0, 10.0), Link(30.0, 25.0))
-    assert slow_inter.seconds("all_gather", 1e9, 4, True) == pytest.approx(30e-6 + 0.075)
+    assert slow_inter.seconds("all_gather", 1e9, 4, True) == pytest.approx(90e-6 + 0.075)
     good = fit("all_gather", "inter", 4, exact("all_gather", 4, 10.0, 50.0))
     bad = fit("all_reduce", "inter", 4, exact("all_reduce", 4, 10.0, 50.0, [8, 1024]))
     fitted = net.with_fits([good, bad])
@@ -119,12 +122,13 @@ def test_network_spanning_group_runs_at_slowest_hop():
 def test_spanning_bandwidth_grows_with_the_groups_ranks_per_node():
     """bus = min(intra, per-rank inter x the group's ranks on each node): intra 100 GB/s, inter 25 GB/s a
     rank. One rank a node (HSDP's replicas): 25; two: 50; eight (a ring over the whole node, every
-    NIC): 200, capped at 100. all_gather of 1 GB over 16 ranks, 8 a node: 30 us + 0.9375 GB / 100 GB/s.
+    NIC): 200, capped at 100. all_gather of 1 GB over 16 ranks, 8 a node: 15 ring steps, 1 across
+    nodes: 14 * 5 + 30 us + 0.9375 GB / 100 GB/s.
     A fit across nodes measured with 4 ranks a node at 40 GB/s is 10 GB/s a rank: 10 for a strided
     group, min(80, 100) = 80 with 8 a node; with 4 a node it is the fit itself."""
     net = Network(Link(5.0, 100.0), Link(30.0, 25.0))
     assert [net.link("all_gather", True, k).bus_gbps for k in (1, 2, 8)] == [25.0, 50.0, 100.0]
-    assert net.seconds("all_gather", 1e9, 16, True, 8) == pytest.approx(30e-6 + 0.9375e9 / 100e9)
+    assert net.seconds("all_gather", 1e9, 16, True, 8) == pytest.approx(100e-6 + 0.9375e9 / 100e9)
     assert net.link("all_gather", False, 8).bus_gbps == 100.0
     measured = fit("all_reduce", "inter", 8, exact("all_reduce", 8, 10.0, 40.0), ranks_per_node=4)
     assert measured.as_dict()["ranks_per_node"] == 4
@@ -172,7 +176,72 @@ def test_bad_network_section_names_the_key():
             },
             "x.yaml",
         )
-    with pytest.raises(ValueError, match="network needs exactly the keys inter_node, intra_node"):
+    with pytest.raises(ValueError, match="network needs the keys inter_node, intra_node"):
         network_from_profile({"network": {"intra_node": {"bus_gbps": 1, "latency_us": 1}}}, "x.yaml")
     assert network_from_profile({}, "x.yaml") is None
     assert math.isfinite(read_network(os.path.join(ROOT, "configs", "systems", "local.yaml")).intra.alpha_us)
+
+
+def test_steps_are_nccl_cost_models():
+    """NCCL src/graph/tuning.cc: a ring all-gather over n ranks takes n-1 steps, nodes-1 of them across
+    nodes; all-reduce 2(n-1), 2(nodes-1) across; the tree all-reduce 2(ppn-1) inside a node and
+    2 log2(nodes) across. 1024 ranks on 128 nodes: all-gather 1023 steps, 127 across (896 inside)."""
+    assert ring_steps("all_gather", 1024, 128) == (896, 127)
+    assert ring_steps("reduce_scatter", 8, 1) == (7, 0)
+    assert ring_steps("all_reduce", 16, 2) == (28, 2)
+    assert ring_steps("all_reduce", 128, 128) == (0, 254)
+    assert tree_steps(1024, 128) == (14, 14)
+    assert tree_steps(128, 128) == (0, 14)
+    assert ring_steps("all_gather", 1, 1) == (0, 0)
+
+
+def test_latency_grows_with_the_groups_ranks():
+    """The per-step form: a 55 KB-per-rank all-gather (55 KB x 1024 = 56.3 MB whole) over 8, 64 and 1024
+    ranks (1, 8 and 128 nodes of 8) with 4 us a step inside, 20 us across, 10 us launch, 50 GB/s bus. At
+    1024 ranks: 10 + 896 x 4 + 127 x 20 = 6134 us of latency, against 10 + 7 x 4 = 38 us at 8."""
+    net = Network(Link(4.0, 50.0), Link(20.0, 50.0), launch_us=10.0)
+    one = net.cost("all_gather", 55e3 * 8, 8, 1)
+    big = net.cost("all_gather", 55e3 * 1024, 1024, 128)
+    assert one.latency_s == pytest.approx(38e-6) and big.latency_s == pytest.approx(6134e-6)
+    assert big.bandwidth_s == pytest.approx(55e3 * 1023 / 50e9)
+    assert (big.intra_steps, big.inter_steps, big.algorithm) == (896, 127, "ring")
+
+
+def test_all_reduce_picks_tree_for_small_messages_at_scale_and_ring_for_large():
+    """all-reduce over 1024 ranks on 128 nodes, 4 us / 20 us a step, 50 GB/s. 1 MB: ring 10 + 1792*4 +
+    254*20 us = 12.258 ms of latency, tree 10 + 14*4 + 14*20 = 0.346 ms, plus 1e6 / (0.5*0.92*50e9) =
+    43 us: tree. 4 GB: ring's bandwidth term 4e9 * 2 * 1023/1024 / 50e9 = 0.1598 s beats the tree's
+    4e9 / 23e9 = 0.1739 s by more than ring's extra latency: ring. NCCL_ALGO=ring forces the ring."""
+    net = Network(Link(4.0, 50.0), Link(20.0, 50.0), launch_us=10.0)
+    small = net.cost("all_reduce", 1e6, 1024, 128)
+    assert small.algorithm == "tree" and small.latency_s == pytest.approx(346e-6)
+    assert net.algorithm("all_reduce", 4e9, 1024, 128) == "ring"
+    ring_only = Network(Link(4.0, 50.0), Link(20.0, 50.0), launch_us=10.0, algo="Ring")
+    assert ring_only.cost("all_reduce", 1e6, 1024, 128).latency_s == pytest.approx(12258e-6)
+
+
+def test_nccl_algo_forms():
+    """NCCL's parseList forms: a list, a negation, per-function prefixes; all-gather is a ring whatever
+    it says; a value that leaves no algorithm is an error naming the variable."""
+    assert allowed_algorithms("all_reduce", "") == ("ring", "tree")
+    assert allowed_algorithms("all_reduce", "Tree") == ("tree",)
+    assert allowed_algorithms("all_reduce", "^tree") == ("ring",)
+    assert allowed_algorithms("all_reduce", "ring;allreduce:tree") == ("tree",)
+    assert allowed_algorithms("all_reduce", "tree;allgather:ring") == ("tree",)
+    assert allowed_algorithms("all_gather", "tree") == ("ring",)
+    with pytest.raises(ValueError, match="NCCL_ALGO: 'collnetdirect' leaves all_reduce no algorithm"):
+        allowed_algorithms("all_reduce", "collnetdirect")
+
+
+def test_fit_spreads_its_latency_over_its_steps_and_marks_extrapolation():
+    """A fit of 70 us over 8 ranks in a node is 10 us a step (7 steps); one across 2 nodes x 8 ranks
+    (15 steps, 1 across) of 170 us, with the node's 10 us for its 14 inside steps, leaves 30 us for the
+    across step. The largest fitted group (16) is what a 32-rank group is extrapolated from."""
+    intra = fit("all_gather", "intra", 8, exact("all_gather", 8, 70.0, 100.0))
+    inter = fit("all_gather", "inter", 16, exact("all_gather", 16, 170.0, 50.0), ranks_per_node=8)
+    assert intra.link().alpha_us == pytest.approx(10.0)
+    assert inter.link(10.0).alpha_us == pytest.approx(30.0)
+    net = Network(Link(1.0, 100.0), Link(1.0, 10.0)).with_fits([intra, inter])
+    assert net.seconds("all_gather", 1e9, 16, True, 8) == pytest.approx(170e-6 + 1e9 * 15 / 16 / 50e9)
+    assert not net.extrapolated(16) and net.extrapolated(32)
+    assert not Network(Link(1.0, 1.0), Link(1.0, 1.0)).extrapolated(10**6)

@@ -1,21 +1,32 @@
-"""How long a collective takes: the latency-bandwidth (alpha-beta) model, its fit from timed points,
-and the documented defaults a system profile carries for when nothing was measured.
+"""How long a collective takes: the latency-bandwidth (alpha-beta) model in the per-step form of
+NCCL's own cost model, its fit from timed points, and the documented defaults a system profile carries
+for when nothing was measured.
 
-    t(S, n) = alpha + S * f(n) / B
+    ring:  t = launch + intra_steps x alpha_intra + inter_steps x alpha_inter + S * f(n) / B
+    tree:  t = launch + (2(ppn-1)) x alpha_intra + 2 log2(nodes) x alpha_inter + S / (0.5 x 0.92 x B)
 
-S is the whole tensor (all-reduce input, all-gather output, reduce-scatter input), n the ranks and
-f(n) the bus-bandwidth factor of nccl-tests' PERFORMANCE.md (all_reduce 2(n-1)/n, all_gather and
-reduce_scatter (n-1)/n), so that B is the "bus bandwidth" nccl-tests prints: what one rank's
-slowest link carries, comparable across collectives and rank counts.
+S is the whole tensor (all-reduce input, all-gather output, reduce-scatter input), n the ranks, f(n)
+the bus-bandwidth factor of nccl-tests' PERFORMANCE.md (all_reduce 2(n-1)/n, all_gather and
+reduce_scatter (n-1)/n), so that B is the "bus bandwidth" nccl-tests prints. The steps are those NCCL's
+src/graph/tuning.cc charges a latency for (ring_steps, tree_steps): a ring all-gather over n ranks on k
+nodes takes n-1 steps, k-1 of them across nodes; so a collective's latency grows with its ranks.
+All-gather and reduce-scatter run as rings; all-reduce as ring or tree, whichever is faster at that
+size and group (Network.cost), within what NCCL_ALGO allows.
 
-`fit` turns (size, seconds) points of one collective in one scope (within a node, across nodes)
-into alpha and B, and marks a fit it cannot vouch for (too few sizes, a large residual, latency
-points that run backwards) instead of handing it on silently. `read_network` reads a profile's
-`network:` section. Torch-free: the planner and the analysis use it. Formulas: docs/plan.md.
-"""
+API for callers: Network(intra=Link(alpha_step_us, bus_gbps), inter=Link(...), launch_us=...,
+measured_ranks=...).cost(collective, size, n, nodes, ranks_per_node) -> Cost (seconds, algorithm,
+latency and bandwidth parts, steps); .algorithm(...) the rule alone; .extrapolated(n) whether a group
+is larger than any measured.
+
+`fit` turns (size, seconds) points of one collective at one group size into a whole collective's
+alpha and B, and marks a fit it cannot vouch for (too few sizes, a large residual, latency points that
+run backwards) instead of handing it on silently; Fit.link spreads its alpha over the group's ring
+steps. `read_network` reads a profile's `network:` section. Torch-free: the planner and the analysis
+use it. Formulas and sources: docs/plan.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -44,16 +55,19 @@ def bus_factor(collective: str, n: int) -> float:
 
 @dataclass(frozen=True)
 class Link:
-    """alpha (latency, microseconds) and B (bus bandwidth, GB/s) of one scope, and where they came from."""
+    """One scope's per-step latency (alpha, microseconds: what each step of the algorithm waits besides its
+    bytes) and bus bandwidth (B, GB/s), and where they came from."""
 
     alpha_us: float
     bus_gbps: float
     source: str = ""
 
     def seconds(self, collective: str, size_bytes: float, n: int) -> float:
+        """A ring over n ranks inside this one scope: its steps x alpha + S f(n) / B."""
         if n < 2 or size_bytes <= 0:
             return 0.0
-        return self.alpha_us * 1e-6 + size_bytes * bus_factor(collective, n) / (self.bus_gbps * GB)
+        steps = sum(ring_steps(collective, n, 1))
+        return steps * self.alpha_us * 1e-6 + size_bytes * bus_factor(collective, n) / (self.bus_gbps * GB)
 
 
 @dataclass(frozen=True)
@@ -74,8 +88,27 @@ class Fit:
     def usable(self) -> bool:
         return not self.flags
 
-    def link(self) -> Link:
-        return Link(self.alpha_us, self.bus_gbps, f"fit of {self.collective} ({self.scope}, {self.ranks} ranks)")
+    @property
+    def nodes(self) -> int:
+        """Nodes the fitted group spanned: 1 inside a node; across nodes its ranks over its ranks per node
+        (one rank a node when not recorded)."""
+        if self.scope == "intra":
+            return 1
+        return max(1, self.ranks // (self.ranks_per_node or 1))
+
+    def link(self, intra_alpha_us: float | None = None) -> Link:
+        """The fit in the per-step form: its latency (the whole collective's, at its ranks) spread over the
+        ring steps it paid for. Across nodes, the steps inside a node are charged `intra_alpha_us` each
+        (the within-node per-step latency) and the rest is the across-nodes steps' (never below zero);
+        without it, every step is charged alike."""
+        intra, inter = ring_steps(self.collective, self.ranks, self.nodes)
+        if intra + inter == 0 or not math.isfinite(self.alpha_us):
+            alpha = self.alpha_us
+        elif inter and intra_alpha_us is not None:
+            alpha = max(0.0, self.alpha_us - intra * intra_alpha_us) / inter
+        else:
+            alpha = self.alpha_us / (intra + inter)
+        return Link(alpha, self.bus_gbps, f"fit of {self.collective} ({self.scope}, {self.ranks} ranks)")
 
     def as_dict(self) -> dict:
         return {
@@ -198,83 +231,246 @@ def _size(n: float) -> str:
 # ---------------------------------------------------------------- what a collective costs, per scope
 
 
+# ---------------------------------------------------------------- what a collective costs: the algorithm's steps
+
+ALGORITHMS = ("ring", "tree")
+# NCCL src/graph/tuning.cc (ncclTopoTuneModel) and ROCm/rccl src/graph/tuning.cc: the tree's bus bandwidth
+# is the ring's x 0.92 ("busBw = std::min(busBw * .92, ...)" for all-reduce), and an all-reduce over a tree
+# moves each byte up and down once: algorithm bandwidth = bus x 0.5 ("ratio *= .5")
+TREE_BUS_RATIO = 0.92
+ALGO_ENV = "NCCL_ALGO"  # RCCL reads the same variable (its sources keep NCCL's names)
+_ENV_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter"}
+
+
+def ring_steps(collective: str, n: int, nodes: int = 1) -> tuple[int, int]:
+    """(steps inside a node, steps across nodes) a ring pays a latency for, as NCCL's cost model counts
+    them (tuning.cc: nsteps = 2(n-1) for all-reduce, n-1 for all-gather and reduce-scatter; of those,
+    nInterSteps = 2(nodes-1), resp. nodes-1, cross a node boundary; the rest stay inside a node)."""
+    if collective not in BUS_FACTORS:
+        raise ValueError(f"collective: {collective!r} is not one of {', '.join(COLLECTIVES)}")
+    if n < 2:
+        return 0, 0
+    k = max(1, min(int(nodes), n))
+    total = 2 * (n - 1) if collective == "all_reduce" else n - 1
+    inter = 0 if k == 1 else (2 * (k - 1) if collective == "all_reduce" else k - 1)
+    return total - inter, inter
+
+
+def tree_steps(n: int, nodes: int = 1) -> tuple[int, int]:
+    """(steps inside a node, steps across nodes) of NCCL's tree all-reduce (tuning.cc: 2 x ((ppn-1) intra
+    + log2i(nodes) inter): a chain through each node's ranks, a binary tree across nodes, up and down)."""
+    if n < 2:
+        return 0, 0
+    k = max(1, min(int(nodes), n))
+    ppn = n // k
+    return 2 * (ppn - 1), 2 * (k.bit_length() - 1)
+
+
+def allowed_algorithms(collective: str, value: str | None = None) -> tuple:
+    """The algorithms the library may pick for `collective` under NCCL_ALGO (`value`; None or "" reads the
+    environment's, unset: all). Forms NCCL's parseList accepts: "ring", "tree,ring", "^tree",
+    "ring;allreduce:tree". All-gather and reduce-scatter run as rings whatever it says (NCCL and RCCL offer
+    them no tree; PAT, NVLS and CollNet are not modelled)."""
+    if collective != "all_reduce":
+        return ("ring",)
+    value = os.environ.get(ALGO_ENV, "") if value is None else value
+    if not value.strip():
+        return ALGORITHMS
+    chosen = None
+    for i, token in enumerate(value.split(";")):
+        prefix, _, elems = token.rpartition(":")
+        if prefix and _ENV_NAMES.get(prefix.strip().lower()) != collective:
+            continue
+        if not prefix and i > 0:
+            raise ValueError(f"{ALGO_ENV}: {value!r}: every entry after the first needs a prefix (allreduce:...)")
+        negate = elems.strip().startswith("^")
+        names = {e.strip().lower() for e in elems.strip().lstrip("^").split(",") if e.strip()}
+        chosen = tuple(a for a in ALGORITHMS if (a in names) != negate)
+    if chosen is None:
+        return ALGORITHMS
+    if not chosen:
+        raise ValueError(f"{ALGO_ENV}: {value!r} leaves {collective} no algorithm; the model knows ring and tree")
+    return chosen
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One collective's time and what it is made of."""
+
+    seconds: float
+    algorithm: str  # "ring" or "tree"
+    latency_s: float  # launch + steps x per-step latency
+    bandwidth_s: float
+    intra_steps: int
+    inter_steps: int
+
+
 @dataclass(frozen=True)
 class Network:
-    """The alpha-beta parameters a prediction uses: per scope, optionally per collective (from fits).
+    """What a collective costs in a prediction: per scope a per-step latency and a bus bandwidth
+    (optionally per collective, from a check's fits), a launch latency per collective, and the rule by
+    which the library picks its algorithm.
 
-    A group that spans nodes runs all of its bytes at the across-nodes rate (a ring is as slow as its
-    slowest hop), with the across-nodes latency. That rate depends on how many of a node's ranks the
-    group has: the profile's `inter_node.bus_gbps` is one rank's share of the node's NICs, and a ring
-    over k of a node's ranks uses k such shares (NCCL/RCCL open a channel per NIC, so a ring over all
-    of a node's ranks drives every NIC), bounded by the within-node rate:
+        t = launch + intra_steps x alpha_intra + inter_steps x alpha_inter + S f(n) / B     (ring)
+        t = launch + tree steps (same split) + S / (0.5 x tree_bus_ratio x B)               (tree all-reduce)
+
+    The steps are NCCL's cost model's (ring_steps, tree_steps); all-reduce takes whichever of ring and
+    tree is faster at that size and group (NCCL and RCCL pick by the same kind of estimate,
+    tuning.cc's latencies + size / bandwidths), within what NCCL_ALGO allows.
+
+    Bandwidth: a group that spans nodes runs all of its bytes at the across-nodes rate (a ring is as slow
+    as its slowest hop). That rate depends on how many of a node's ranks the group has: the profile's
+    `inter_node.bus_gbps` is one rank's share of the node's NICs, and a ring over k of a node's ranks
+    uses k such shares (NCCL/RCCL open a channel per NIC), bounded by the within-node rate:
         bus = min(intra, per-rank inter x k)
-    k = 1 for a strided group (HSDP's replicas: one rank per node, several groups sharing the NICs).
-    A fit across nodes was measured at its own ranks per node (Fit.ranks_per_node) and is rescaled
-    the same way.
+    k = 1 for a strided group (HSDP's replicas: one rank per node). A fit across nodes was measured at its
+    own ranks per node (Fit.ranks_per_node) and is rescaled the same way.
+
+    measured_ranks: the largest group whose collectives were measured for these figures (the largest fit,
+    or the profile's sources); a group beyond it is `extrapolated`. None: not known.
     """
 
     intra: Link
     inter: Link
     per_collective: dict = field(default_factory=dict)  # (collective, scope) -> Fit or Link, from usable fits
     source: str = ""
+    launch_us: float = 0.0  # per collective, whatever its ranks (NCCL's baseLatencies)
+    tree_bus_ratio: float = TREE_BUS_RATIO
+    measured_ranks: int | None = None
+    algo: str | None = None  # NCCL_ALGO as the run sets it; None: this process's environment
 
-    def link(self, collective: str, spans_nodes: bool, ranks_per_node: int = 1) -> Link:
-        scope = "inter" if spans_nodes else "intra"
-        k = max(1, int(ranks_per_node))
+    def _scope_link(self, collective: str, scope: str) -> Link:
         intra = self.per_collective.get((collective, "intra"))
         intra = intra.link() if isinstance(intra, Fit) else (intra or self.intra)
-        fitted = self.per_collective.get((collective, scope))
-        if fitted is not None:
-            if not isinstance(fitted, Fit):
-                return fitted
-            measured = fitted.link()
-            if not spans_nodes or not fitted.ranks_per_node or fitted.ranks_per_node == k:
-                return measured
-            bus = measured.bus_gbps * k / fitted.ranks_per_node
-            if k > fitted.ranks_per_node:
-                bus = min(bus, max(intra.bus_gbps, measured.bus_gbps))
-            return Link(measured.alpha_us, bus, f"{measured.source}, rescaled to {k} rank(s) per node")
+        if scope == "intra":
+            return intra
+        fitted = self.per_collective.get((collective, "inter"))
+        if isinstance(fitted, Fit):
+            return fitted.link(intra.alpha_us)
+        return fitted or self.inter
+
+    def link(self, collective: str, spans_nodes: bool, ranks_per_node: int = 1) -> Link:
+        """The per-step latency and bus bandwidth the group's steps of that scope pay (across nodes: the
+        bandwidth of the whole ring, rescaled to the group's ranks per node)."""
+        k = max(1, int(ranks_per_node))
+        intra = self._scope_link(collective, "intra")
         if not spans_nodes:
             return intra
-        return Link(self.inter.alpha_us, min(self.inter.bus_gbps * k, intra.bus_gbps), self.inter.source)
+        inter = self._scope_link(collective, "inter")
+        fitted = self.per_collective.get((collective, "inter"))
+        if isinstance(fitted, Fit):
+            if not fitted.ranks_per_node or fitted.ranks_per_node == k:
+                return inter
+            bus = inter.bus_gbps * k / fitted.ranks_per_node
+            if k > fitted.ranks_per_node:
+                bus = min(bus, max(intra.bus_gbps, inter.bus_gbps))
+            return Link(inter.alpha_us, bus, f"{inter.source}, rescaled to {k} rank(s) per node")
+        return Link(inter.alpha_us, min(inter.bus_gbps * k, intra.bus_gbps), inter.source)
+
+    def algorithm(self, collective: str, size_bytes: float, n: int, nodes: int = 1, ranks_per_node: int = 0) -> str:
+        """The algorithm the library runs this collective with: ring for all-gather and reduce-scatter;
+        for all-reduce the faster of ring and tree by this model's estimate, among those NCCL_ALGO allows."""
+        return self.cost(collective, size_bytes, n, nodes, ranks_per_node).algorithm
+
+    def cost(self, collective: str, size_bytes: float, n: int, nodes: int = 1, ranks_per_node: int = 0) -> Cost:
+        """The collective over n ranks on `nodes` nodes, ranks_per_node of them on each (0: n // nodes)."""
+        if n < 2 or size_bytes <= 0:
+            return Cost(0.0, "ring", 0.0, 0.0, 0, 0)
+        k = max(1, min(int(nodes), n))
+        per_node = ranks_per_node or max(1, n // k)
+        intra = self._scope_link(collective, "intra")
+        bw = self.link(collective, k > 1, per_node)
+        best = None
+        for algo in allowed_algorithms(collective, self.algo):
+            if algo == "ring":
+                steps = ring_steps(collective, n, k)
+                bandwidth = size_bytes * bus_factor(collective, n) / (bw.bus_gbps * GB)
+            else:
+                steps = tree_steps(n, k)
+                bandwidth = size_bytes / (0.5 * self.tree_bus_ratio * bw.bus_gbps * GB)
+            inter_alpha = bw.alpha_us if k > 1 else 0.0
+            latency = (self.launch_us + steps[0] * intra.alpha_us + steps[1] * inter_alpha) * 1e-6
+            c = Cost(latency + bandwidth, algo, latency, bandwidth, *steps)
+            if best is None or c.seconds < best.seconds:
+                best = c
+        return best
 
     def seconds(self, collective: str, size_bytes: float, n: int, spans_nodes: bool, ranks_per_node: int = 1) -> float:
-        return self.link(collective, spans_nodes, ranks_per_node).seconds(collective, size_bytes, n)
+        """Time of the collective over a group of n ranks, ranks_per_node of them on each node it spans."""
+        k = max(1, int(ranks_per_node))
+        nodes = -(-n // k) if spans_nodes else 1
+        return self.cost(collective, size_bytes, n, nodes, k if spans_nodes else n).seconds
+
+    def extrapolated(self, n: int) -> bool:
+        """Whether a group of n ranks is larger than any whose collectives these figures were measured at."""
+        return self.measured_ranks is not None and n > self.measured_ranks
 
     def with_fits(self, fits) -> Network:
-        """These defaults, replaced per collective and scope by every usable fit; marked fits are not used."""
+        """These defaults, replaced per collective and scope by every usable fit; marked fits are not used.
+        The largest fitted group becomes what predictions beyond it are extrapolated from."""
         table = dict(self.per_collective)
+        largest = self.measured_ranks
         for f in fits:
             if f.usable:
                 table[(f.collective, f.scope)] = f
+                largest = max(largest or 0, f.ranks)
         used = sorted(f"{c}/{s}" for c, s in table)
         source = self.source + (f"; fitted: {', '.join(used)}" if used else "")
-        return Network(self.intra, self.inter, table, source)
+        return dataclasses.replace(self, per_collective=table, source=source, measured_ranks=largest)
 
 
 NETWORK_KEYS = {"intra_node", "inter_node"}
-LINK_KEYS = {"bus_gbps", "latency_us"}
+# optional, beside the two scopes: launch_us (per collective), tree_bus_ratio, measured_ranks
+NETWORK_OPTIONAL = {"launch_us", "tree_bus_ratio", "measured_ranks"}
+# step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
+# as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
+LINK_KEYS = {"bus_gbps", "step_latency_us"}
+LEGACY_LINK_KEYS = {"bus_gbps", "latency_us"}
 
 
-def network_from_profile(data: dict, where: str) -> Network | None:
+def _positive(value, what: str, zero_ok: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{what} must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
+    if not (value >= 0 if zero_ok else value > 0):
+        raise ValueError(f"{what} must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
+    return float(value)
+
+
+def network_from_profile(data: dict, where: str, algo: str | None = None) -> Network | None:
     """The `network:` section of a system profile's YAML mapping, or None when it has none.
-    Bad values raise ValueError naming the key (the caller turns it into its one-line error)."""
+    Bad values raise ValueError naming the key (the caller turns it into its one-line error).
+    algo: the NCCL_ALGO the runs set (None: this process's environment)."""
     section = data.get("network")
     if section is None:
         return None
-    if not isinstance(section, dict) or set(section) - NETWORK_KEYS or NETWORK_KEYS - set(section):
-        raise ValueError(f"{where}: network needs exactly the keys {', '.join(sorted(NETWORK_KEYS))}")
+    if not isinstance(section, dict) or set(section) - NETWORK_KEYS - NETWORK_OPTIONAL or NETWORK_KEYS - set(section):
+        raise ValueError(
+            f"{where}: network needs the keys {', '.join(sorted(NETWORK_KEYS))} "
+            f"(and may have {', '.join(sorted(NETWORK_OPTIONAL))})"
+        )
     links = {}
     for key in sorted(NETWORK_KEYS):
         entry = section[key]
-        if not isinstance(entry, dict) or set(entry) != LINK_KEYS:
+        if not isinstance(entry, dict) or set(entry) not in (LINK_KEYS, LEGACY_LINK_KEYS):
             raise ValueError(f"{where}: network.{key} needs exactly the keys {', '.join(sorted(LINK_KEYS))}")
-        for sub in sorted(LINK_KEYS):
-            value = entry[sub]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-                raise ValueError(f"{where}: network.{key}.{sub} must be a positive number, got {value!r}")
-        links[key] = Link(float(entry["latency_us"]), float(entry["bus_gbps"]), f"{where} network.{key}")
-    return Network(links["intra_node"], links["inter_node"], source=f"defaults of {where}")
+        latency_key = "step_latency_us" if "step_latency_us" in entry else "latency_us"
+        alpha = _positive(entry[latency_key], f"{where}: network.{key}.{latency_key}")
+        bus = _positive(entry["bus_gbps"], f"{where}: network.{key}.bus_gbps")
+        links[key] = Link(alpha, bus, f"{where} network.{key}")
+    extra = {}
+    if "launch_us" in section:
+        extra["launch_us"] = _positive(section["launch_us"], f"{where}: network.launch_us", zero_ok=True)
+    if "tree_bus_ratio" in section:
+        ratio = _positive(section["tree_bus_ratio"], f"{where}: network.tree_bus_ratio")
+        if ratio > 1:
+            raise ValueError(f"{where}: network.tree_bus_ratio must be in (0, 1], got {ratio!r}")
+        extra["tree_bus_ratio"] = ratio
+    if "measured_ranks" in section:
+        ranks = section["measured_ranks"]
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
+            raise ValueError(f"{where}: network.measured_ranks must be a whole number of ranks >= 2, got {ranks!r}")
+        extra["measured_ranks"] = ranks
+    return Network(links["intra_node"], links["inter_node"], source=f"defaults of {where}", algo=algo, **extra)
 
 
 def read_network(path: str) -> Network | None:

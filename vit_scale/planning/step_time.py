@@ -101,6 +101,7 @@ class Coll:
     stream: str  # the process group: its collectives run one after another
     name: str = ""
     chained: bool = False  # after_backward only: ready when the previous entry ends (HSDP's all-reduce)
+    ranks: int = 0  # the group's size: a prediction with a group beyond the measured ones is extrapolated
 
 
 @dataclass
@@ -272,7 +273,7 @@ def _group_coll(
         return None
     spans = communication.spans_nodes(sc, n, kind, param)
     k = communication.ranks_per_node(sc, n, kind, param)
-    return Coll(net.seconds(collective, size, n, spans, k), "inter" if spans else "intra", stream, name, chained)
+    return Coll(net.seconds(collective, size, n, spans, k), "inter" if spans else "intra", stream, name, chained, n)
 
 
 def _buckets(sc: Scenario, shape: Shape, grad_bytes: float, first_cap: float, cap: float) -> list[tuple[int, float]]:
@@ -645,6 +646,9 @@ class StepPrediction:
     compute_source: str
     network_source: str
     scaling_efficiency: float | None = None
+    # a group larger than any whose collectives the network's figures were measured at (Network.extrapolated)
+    extrapolated: bool = False
+    largest_group: int = 0
 
     def as_dict(self) -> dict:
         return {
@@ -660,6 +664,8 @@ class StepPrediction:
             "rules": list(self.rules),
             "compute_source": self.compute_source,
             "network_source": self.network_source,
+            "extrapolated": self.extrapolated,
+            "largest_group": self.largest_group,
         }
 
 
@@ -701,6 +707,7 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
         backward_ahead=plan.backward_ahead,
     )
     per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
+    largest = max((c.ranks for c in _colls(plan)), default=0)
     rules = plan.rules + (
         ["blocking collectives: each one waited for where it is issued"] if blocking and plan.blocking_applies else []
     )
@@ -710,8 +717,16 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
         images_per_s_per_gpu=per_gpu,
         images_per_s=None if per_gpu is None else per_gpu * sc.world,
         rules=rules,
+        extrapolated=network.extrapolated(largest),
+        largest_group=largest,
         **common,
     )
+
+
+def _colls(plan: UnitPlan):
+    for u in plan.units:
+        yield from (c for c in (u.gather_forward, u.gather_backward, *u.after_backward) if c is not None)
+    yield from (c for c in plan.after_step if c is not None)
 
 
 def predict_curve(sc: Scenario, nodes: list, network: Network, compute: Compute, blocking: bool = False) -> list:
