@@ -620,8 +620,8 @@ def predict(
     points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False, options: list | None = None
 ) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
-    point on its baseline node count (baseline_nodes). options: per point, the strategy options' JSON (prefers a compute run of the same
-    series). Raises UserError for a point whose compute source does not fit it."""
+    point on its baseline node count (baseline_nodes). options: per point, the strategy options' JSON
+    (prefers a compute run of the same series). Raises UserError for a point whose compute source does not fit it."""
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""

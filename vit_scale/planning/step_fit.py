@@ -1,0 +1,273 @@
+"""One collective's per-step latency and bus bandwidth, fitted from its timings at several group sizes,
+in the form vit_scale.planning.alpha_beta.Network prices a ring with:
+
+    t = launch + intra_steps(n, k) x alpha_intra + inter_steps(n, k) x alpha_inter + S f(n) / B
+
+(n ranks on k nodes; the steps are alpha_beta.ring_steps, NCCL's tuning.cc count). Within a node
+(k = 1) the unknowns are launch, alpha_intra and 1/B; across nodes alpha_inter and 1/B, with launch
+and alpha_intra taken from the same collective's fit within a node (the steps inside each node of an
+across-nodes ring cost what they cost there). Launch and per-step latency come apart only when the
+groups differ in their steps: from one group size the whole latency is put on the steps (launch 0),
+and the fit says so in its notes.
+
+Weighted least squares (weights 1/t^2: relative errors, sizes over six orders of magnitude), each
+latency at least 0 (the best fit over the latencies held at 0 where a free one would go below). A fit
+is marked, not used, for too few sizes, a large residual, latency points that run backwards at some
+group size, or no bandwidth. `vit-scale check` (full mode) writes one StepFit.as_dict() per collective
+and scope into check.json's `step_fits`; vit_scale.planning.predict reads them back. Torch-free.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from vit_scale.planning.alpha_beta import (
+    COLLECTIVES,
+    GB,
+    MAX_RESIDUAL,
+    MIN_SIZES,
+    MONOTONE_NOISE,
+    SCOPES,
+    Link,
+    _backwards,
+    bus_factor,
+    ring_steps,
+)
+
+ONE_GROUP_NOTE = "one group size: its latency is put on the ring's steps (launch not told apart)"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One timed size at one group size: n ranks over `nodes` nodes."""
+
+    size: float
+    seconds: float
+    spread: float
+    ranks: int
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class StepFit:
+    collective: str
+    scope: str
+    step_latency_us: float  # per ring step of this scope
+    launch_us: float  # per collective, whatever its ranks
+    bus_gbps: float  # the ring's bus bandwidth (across nodes: with ranks_per_node ranks of each node in it)
+    groups: tuple  # the group sizes (ranks) it was fitted from
+    max_rel_residual: float
+    sizes: int  # distinct sizes over all groups
+    flags: tuple = ()  # why it should not be used; empty when it can
+    notes: tuple = ()
+    ranks_per_node: int | None = None  # across nodes: ranks of each node in the fitted groups
+    intra_latency_us: float = 0.0  # across nodes: the per-step latency its steps inside a node were charged
+
+    @property
+    def usable(self) -> bool:
+        return not self.flags
+
+    @property
+    def largest_ranks(self) -> int:
+        return max(self.groups, default=0)
+
+    def link(self) -> Link:
+        """The fit as Network takes a scope's figures: across nodes the bandwidth is one rank's share
+        (Network.link multiplies it back by a group's ranks per node)."""
+        bus = self.bus_gbps / self.ranks_per_node if self.scope == "inter" and self.ranks_per_node else self.bus_gbps
+        groups = ", ".join(map(str, self.groups))
+        return Link(self.step_latency_us, bus, f"step fit of {self.collective} ({self.scope}, {groups} ranks)")
+
+    def predict(self, p: Point) -> float:
+        intra, inter = ring_steps(self.collective, p.ranks, p.nodes)
+        alpha_intra = self.intra_latency_us if self.scope == "inter" else self.step_latency_us
+        latency = self.launch_us + intra * alpha_intra + inter * (self.step_latency_us if self.scope == "inter" else 0)
+        return latency * 1e-6 + p.size * bus_factor(self.collective, p.ranks) / (self.bus_gbps * GB)
+
+    def as_dict(self) -> dict:
+        return {
+            "collective": self.collective,
+            "scope": self.scope,
+            "step_latency_us": _round(self.step_latency_us, 4),
+            "launch_us": _round(self.launch_us, 4),
+            "bus_gbps": _round(self.bus_gbps, 4),
+            "groups": list(self.groups),
+            "largest_ranks": self.largest_ranks,
+            "max_rel_residual": _round(self.max_rel_residual, 4),
+            "sizes": self.sizes,
+            "usable": self.usable,
+            "flags": list(self.flags),
+            "notes": list(self.notes),
+            **({"ranks_per_node": self.ranks_per_node} if self.ranks_per_node else {}),
+            **({"intra_latency_us": _round(self.intra_latency_us, 4)} if self.scope == "inter" else {}),
+        }
+
+
+def _round(x: float, digits: int) -> float:
+    # check.json stays strict JSON: a value the fit could not give is 0 there, and the fit is flagged
+    return round(x, digits) if math.isfinite(x) else 0.0
+
+
+def _solve(rows: list, ys: list, ws: list) -> list | None:
+    """Weighted least squares: the coefficients c minimising sum w (row . c - y)^2 (normal equations,
+    Gaussian elimination with pivoting); None when they are not determined."""
+    m = len(rows[0])
+    a = [[sum(w * r[i] * r[j] for r, w in zip(rows, ws, strict=True)) for j in range(m)] for i in range(m)]
+    b = [sum(w * r[i] * y for r, y, w in zip(rows, ys, ws, strict=True)) for i in range(m)]
+    for col in range(m):
+        pivot = max(range(col, m), key=lambda i: abs(a[i][col]))
+        scale = max(abs(v) for row in a for v in row) or 1.0
+        if abs(a[pivot][col]) <= 1e-12 * scale:
+            return None
+        a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
+        for i in range(col + 1, m):
+            f = a[i][col] / a[col][col]
+            a[i] = [x - f * y for x, y in zip(a[i], a[col], strict=True)]
+            b[i] -= f * b[col]
+    c = [0.0] * m
+    for i in reversed(range(m)):
+        c[i] = (b[i] - sum(a[i][j] * c[j] for j in range(i + 1, m))) / a[i][i]
+    return c
+
+
+def _nonnegative_latencies(columns: list, ys: list, ws: list, latency: list) -> list:
+    """The least-squares coefficients with every latency column (indices in `latency`) at least 0: of the
+    fits with some latencies held at 0, the best whose free latencies are all non-negative."""
+    best, best_sse = None, math.inf
+    n = len(columns)
+    unused = [i for i in range(n) if not any(columns[i])]  # a column of zeros: no unknown there
+    for held in itertools.chain.from_iterable(itertools.combinations(latency, r) for r in range(len(latency) + 1)):
+        free = [i for i in range(n) if i not in held and i not in unused]
+        if not free:
+            continue
+        rows = [[col[i] for i in free] for col in zip(*columns, strict=True)]
+        c = _solve(rows, ys, ws)
+        if c is None:
+            continue
+        full = [0.0] * n
+        for i, v in zip(free, c, strict=True):
+            full[i] = v
+        if any(full[i] < 0 for i in latency):
+            continue
+        sse = sum(
+            w * (sum(full[i] * columns[i][k] for i in range(n)) - y) ** 2
+            for k, (y, w) in enumerate(zip(ys, ws, strict=True))
+        )
+        if sse < best_sse * (1 - 1e-12):
+            best, best_sse = full, sse
+    return best or [0.0] * n
+
+
+def fit_steps(
+    collective: str,
+    scope: str,
+    points,
+    intra: StepFit | None = None,
+    ranks_per_node: int | None = None,
+    min_sizes: int = MIN_SIZES,
+    max_residual: float = MAX_RESIDUAL,
+    noise: float = MONOTONE_NOISE,
+) -> StepFit:
+    """The per-step fit of one collective in one scope from Points at one or more group sizes. Across
+    nodes, `intra` (the same collective's usable fit within a node) gives the launch and the latency of
+    the steps inside each node; without it they are 0 and the notes say so."""
+    if collective not in COLLECTIVES or scope not in SCOPES:
+        raise ValueError(f"collective/scope: {collective!r}/{scope!r}; expected one of {COLLECTIVES} / {SCOPES}")
+    pts = sorted((p for p in points if p.ranks >= 2 and p.seconds > 0), key=lambda p: (p.ranks, p.size))
+    groups = tuple(sorted({p.ranks for p in pts}))
+    sizes = len({p.size for p in pts})
+    flags, notes = [], []
+    if sizes < min_sizes:
+        flags.append(f"too few points: {sizes} distinct size(s), a fit needs at least {min_sizes}")
+    if not pts:
+        return StepFit(collective, scope, math.nan, math.nan, math.nan, groups, math.nan, 0, ("no points",))
+    steps = [ring_steps(collective, p.ranks, p.nodes if scope == "inter" else 1) for p in pts]
+    xs = [p.size * bus_factor(collective, p.ranks) for p in pts]
+    ts = [p.seconds for p in pts]
+    ws = [1.0 / (t * t) for t in ts]
+    usable_intra = intra is not None and intra.usable
+    if scope == "intra":
+        # unknowns: launch, per-step latency, 1/B (launch only where the groups' steps differ)
+        if len({s[0] for s in steps}) > 1:
+            columns, latency = [[1.0] * len(pts), [s[0] for s in steps], xs], [0, 1]
+        else:
+            columns, latency = [[0.0] * len(pts), [s[0] for s in steps], xs], [1]
+            notes.append(ONE_GROUP_NOTE)
+        ys = ts
+        launch_s, intra_s = 0.0, 0.0
+    else:
+        launch_s = intra.launch_us * 1e-6 if usable_intra else 0.0
+        intra_s = intra.step_latency_us * 1e-6 if usable_intra else 0.0
+        if not usable_intra and any(s[0] for s in steps):
+            notes.append("no usable fit within a node: its steps inside each node charged no latency apart")
+        ys = [t - launch_s - s[0] * intra_s for t, s in zip(ts, steps, strict=True)]
+        columns, latency = [[0.0] * len(pts), [s[1] for s in steps], xs], [1]
+    c = _nonnegative_latencies(columns, ys, ws, latency)
+    launch = c[0] if scope == "intra" else launch_s
+    alpha, slope = c[1], c[2]
+    if slope <= 0:
+        flags.append("no bandwidth: time does not grow with size")
+    bus = 1.0 / slope / GB if slope > 0 else math.inf
+    fitted = StepFit(
+        collective,
+        scope,
+        alpha * 1e6,
+        launch * 1e6,
+        bus,
+        groups,
+        0.0,
+        sizes,
+        (),
+        (),
+        ranks_per_node if scope == "inter" else None,
+        intra_s * 1e6,
+    )
+    residual = (
+        max((abs(fitted.predict(p) - p.seconds) / p.seconds for p in pts), default=math.inf) if slope > 0 else math.inf
+    )
+    if residual > max_residual:
+        flags.append(f"large residual: {residual:.0%} > {max_residual:.0%}")
+    for n in groups:
+        backwards = _backwards([(p.size, p.seconds, p.spread) for p in pts if p.ranks == n], noise)
+        if backwards:
+            flags.append(f"{n} ranks: {backwards}")
+            break
+    return StepFit(
+        collective,
+        scope,
+        alpha * 1e6,
+        launch * 1e6,
+        bus,
+        groups,
+        residual,
+        sizes,
+        tuple(flags),
+        tuple(notes),
+        fitted.ranks_per_node,
+        fitted.intra_latency_us,
+    )
+
+
+STEP_FIT_KEYS = ("collective", "scope", "step_latency_us", "launch_us", "bus_gbps", "groups", "max_rel_residual",
+                 "sizes", "flags")  # fmt: skip
+
+
+def from_dict(entry: dict) -> StepFit:
+    """A check.json `step_fits` entry back into a StepFit (the caller has checked the keys and types)."""
+    per_node = entry.get("ranks_per_node")
+    return StepFit(
+        entry["collective"],
+        entry["scope"],
+        float(entry["step_latency_us"]),
+        float(entry["launch_us"]),
+        float(entry["bus_gbps"]),
+        tuple(int(n) for n in entry["groups"]),
+        float(entry["max_rel_residual"]),
+        int(entry["sizes"]),
+        tuple(str(f) for f in entry["flags"]),
+        tuple(str(n) for n in entry.get("notes") or ()),
+        int(per_node) if per_node else None,
+        float(entry.get("intra_latency_us") or 0.0),
+    )
