@@ -33,7 +33,7 @@ from vit_scale.launch.world import free_port
 
 PROG = "vit-scale check"  # the name messages and check.json's "tool" give, unless --prog names another
 PROGRAM = ("-m", "vit_scale.check.worker")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: step_fits, the per-step fits over every group size (1 had fits alone)
 FLAGS = ("--quick", "--which-env")
 OPTIONS = (
     "--system",
@@ -558,7 +558,7 @@ class Check:
         return found[-1] if found else None
 
     def assemble(self, facts: dict, attempts: list, stamp: str = "") -> dict:
-        from vit_scale.check.collectives import fits_of
+        from vit_scale.check.collectives import fits_of, step_fits_of
         from vit_scale.check.environment import collective_logs, transport_facts
 
         logs = collective_logs(self.out, stamp, [a["log"] for a in attempts])
@@ -589,8 +589,10 @@ class Check:
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
             "facts": facts,
             "out": self.out,
-            # the alpha-beta line of each collective and scope, from the size sweep (docs/check.md)
+            # the alpha-beta line of each collective, scope and group size, from the size sweep, and the
+            # per-step fit over every group size that a prediction uses (docs/check.md)
             "fits": fits_of((facts.get("interconnect") or {}).get("measurements") or []),
+            "step_fits": step_fits_of((facts.get("interconnect") or {}).get("measurements") or []),
         }
 
 

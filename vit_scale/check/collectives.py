@@ -168,9 +168,73 @@ def expected_sum(ranks: int) -> int:
 FIT_SCOPE = {"node": "intra", "world": "inter"}
 
 
+def step_fits_of(measurements: list) -> list[dict]:
+    """The per-step fit (vit_scale.planning.step_fit.fit_steps) of each collective in each scope from
+    its right measurements at every group size: StepFit.as_dict() each, within a node before across
+    nodes (an across-nodes fit takes its launch and in-node step latency from the within-node one)."""
+    from vit_scale.planning.step_fit import Point, fit_steps
+
+    points: dict = {}
+    for m in measurements:
+        if not m.get("correct") or not m.get("time_s"):
+            continue
+        nodes = int(m.get("nodes") or 1) if m["scope"] == "world" else 1
+        point = Point(m["bytes"], m["time_s"], m.get("spread_s") or 0.0, m["ranks"], nodes)
+        points.setdefault((m["collective"], FIT_SCOPE[m["scope"]]), []).append(point)
+    out, intra = [], {}
+    for scope in ("intra", "inter"):
+        for collective in COLLECTIVES:
+            if (collective, scope) not in points:
+                continue
+            mine = points[(collective, scope)]
+            found = fit_steps(
+                collective,
+                scope,
+                mine,
+                intra=intra.get(collective),
+                ranks_per_node=max(p.ranks // p.nodes for p in mine) if scope == "inter" else None,
+            )
+            if scope == "intra":
+                intra[collective] = found
+            out.append(found.as_dict())
+    return out
+
+
+def group_sizes(per_node: int, nodes: int, quick: bool) -> list[tuple[str, int, int]]:
+    """(scope, ranks in a group, nodes it spans) of every group size measured: within a node 2, 4, ...
+    ranks up to the node's (each dividing it, so that every rank is in one group), across nodes 2, 4, ...
+    whole nodes up to all of them (each dividing the node count); quick mode only the largest of each."""
+
+    def doublings(top: int) -> list[int]:
+        out, n = [], 2
+        while n < top:
+            if top % n == 0:
+                out.append(n)
+            n *= 2
+        return ([] if quick else out) + [top]
+
+    scopes = [("node", m, 1) for m in doublings(per_node)] if per_node > 1 else []
+    return scopes + ([("world", k * per_node, k) for k in doublings(nodes)] if nodes > 1 else [])
+
+
+def partition(names: list, scope: str, ranks: int) -> list[list[int]]:
+    """The groups of one group size, every rank in exactly one (so all ranks run the same calls, and the
+    groups of a size measure at once, as the strategies' groups communicate at once): within a node,
+    each node's ranks in runs of `ranks`; across nodes, the ranks of runs of ranks / per-node nodes."""
+    by_node: dict = {}
+    for r, name in enumerate(names):
+        by_node.setdefault(name, []).append(r)
+    if scope == "node":
+        return [mine[i : i + ranks] for mine in by_node.values() for i in range(0, len(mine), ranks)]
+    per_node = len(next(iter(by_node.values())))
+    nodes = list(by_node.values())
+    span = ranks // per_node
+    return [sorted(r for node in nodes[i : i + span] for r in node) for i in range(0, len(nodes), span)]
+
+
 def fits_of(measurements: list) -> list[dict]:
-    """The alpha-beta fit (vit_scale.planning.alpha_beta.fit) of each collective in each scope, from
-    its measured sizes (a wrong result is not a point), each point with its spread:
+    """The alpha-beta fit (vit_scale.planning.alpha_beta.fit) of each collective in each scope at each
+    group size, from its measured sizes (a wrong result is not a point), each point with its spread:
     alpha_beta.Fit.as_dict() each, in the order measured. A flagged fit is kept, flagged: the
     prediction does not use it and the check's table says why."""
     from vit_scale.planning.alpha_beta import fit
@@ -182,11 +246,11 @@ def fits_of(measurements: list) -> list[dict]:
     for m in measurements:
         if not m.get("correct") or not m.get("time_s"):
             continue
-        groups.setdefault((m["collective"], m["scope"]), {"ranks": m["ranks"], "points": []})["points"].append(
-            (m["bytes"], m["time_s"], m.get("spread_s"))
-        )
+        groups.setdefault((m["collective"], m["scope"], m["ranks"]), {"ranks": m["ranks"], "points": []})[
+            "points"
+        ].append((m["bytes"], m["time_s"], m.get("spread_s")))
     out = []
-    for (collective, scope), g in groups.items():
+    for (collective, scope, _), g in groups.items():
         k = g["ranks"] if scope == "node" else per_node
         found = fit(collective, FIT_SCOPE[scope], g["ranks"], g["points"], ranks_per_node=k).as_dict()
         if not (math.isfinite(found["alpha_us"]) and math.isfinite(found["max_rel_residual"])):
@@ -218,40 +282,41 @@ def scopes_for(names: list) -> list[tuple[str, int]]:
     return scopes + ([("world", len(names))] if nodes > 1 else [])
 
 
-def node_groups(world, names: list):
-    """My node's group: one group per node, made on every rank (torch needs every rank in every
-    new_group call), from the node names the ranks report, so that a cyclic placement of ranks
-    still groups each node's own."""
+def my_group(world, groups: list[list[int]]):
+    """My group of `groups` (None: the whole world), made on every rank: torch needs every rank in every
+    new_group call, in the same order."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
+    if len(groups) == 1 and len(groups[0]) == world.world_size:
+        return None
     mine = None
-    for node in dict.fromkeys(names):
-        group = dist.new_group(
-            [r for r, name in enumerate(names) if name == node], timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-        )
-        if world.node_name == node:
+    for ranks in groups:
+        group = dist.new_group(ranks, timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+        if world.rank in ranks:
             mine = group
     return mine
 
 
-def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict], list[dict]]:
-    """Every collective at every size, within each node (when a node has several ranks) and across
-    nodes (when there are several): (measurements, sizes left out with why: memory or the time
-    budget), the same on every rank."""
+def measure_all(world, sizes: list[Size], settings: Settings, quick: bool = False) -> tuple[list[dict], list[dict]]:
+    """Every collective at every size and group size (group_sizes: within a node and across nodes;
+    in quick mode the largest of each scope only): (measurements, sizes left out with why: memory or the
+    time budget), the same on every rank. The groups of one size measure at once; each measurement is
+    the slowest group's."""
     import torch.distributed as dist
 
     names = [None] * world.world_size
     dist.all_gather_object(names, world.node_name)
-    scopes = scopes_for(names)
-    nodes = len(set(names))
-    group = node_groups(world, names) if nodes > 1 and scopes[0][0] == "node" else None
+    scopes_for(names)  # uneven placement is refused before any group is made
+    per_node, nodes = names.count(names[0]), len(set(names))
+    plan = group_sizes(per_node, nodes, quick)
     room = agreed_min(free_bytes_per_rank(world), None, world.device)
-    share_s = settings.sweep_budget_s / max(1, len(scopes) * len(COLLECTIVES))
+    share_s = settings.sweep_budget_s / max(1, len(plan) * len(COLLECTIVES))
     results, skipped = [], []
-    for scope, ranks in scopes:
-        scope_group = group if scope == "node" else None
+    for scope, ranks, span in plan:
+        groups = partition(names, scope, ranks)
+        group = my_group(world, groups)
         for collective in COLLECTIVES:
             started, done = time.perf_counter(), []
             for size in sizes:
@@ -269,11 +334,11 @@ def measure_all(world, sizes: list[Size], settings: Settings) -> tuple[list[dict
                         }
                     )
                     continue
-                one = measure(world, collective, size, scope_group, ranks, settings)
-                if scope == "node" and nodes > 1:
-                    one = slowest_node(world, one)  # every node measured at once; the slowest is reported
+                one = measure(world, collective, size, group, ranks, settings)
+                if len(groups) > 1:
+                    one = slowest_node(world, one)  # every group measured at once; the slowest is reported
                 done.append(one)
-                results.append({"scope": scope, "nodes": 1 if scope == "node" else nodes, **one})
+                results.append({"scope": scope, "nodes": span, **one})
     dist.barrier()
     return results, skipped
 

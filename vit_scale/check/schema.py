@@ -105,6 +105,44 @@ FIT = {
     "then": {"properties": {"flags": {"maxItems": 0}, "bus_gbps": {"exclusiveMinimum": 0}}},
 }
 
+# vit_scale.planning.step_fit.StepFit.as_dict(): per collective and scope, from every group size,
+# t = launch + intra_steps x alpha_intra + inter_steps x alpha_inter + S f(n) / B (step_latency_us: this scope's alpha)
+STEP_FIT = {
+    "type": "object",
+    "required": [
+        "collective",
+        "scope",
+        "step_latency_us",
+        "launch_us",
+        "bus_gbps",
+        "groups",
+        "largest_ranks",
+        "max_rel_residual",
+        "sizes",
+        "usable",
+        "flags",
+        "notes",
+    ],
+    "properties": {
+        "collective": {"enum": list(COLLECTIVES)},
+        "scope": {"enum": ["intra", "inter"]},
+        "step_latency_us": {"type": "number", "minimum": 0},
+        "launch_us": {"type": "number", "minimum": 0},
+        "bus_gbps": {"type": "number", "minimum": 0},
+        "groups": {"type": "array", "items": {"type": "integer", "minimum": 2}, "minItems": 1},
+        "largest_ranks": {"type": "integer", "minimum": 2},
+        "max_rel_residual": {"type": "number", "minimum": 0},
+        "sizes": {"type": "integer", "minimum": 0},
+        "usable": {"type": "boolean"},
+        "flags": {"type": "array", "items": {"type": "string"}},
+        "notes": {"type": "array", "items": {"type": "string"}},
+        "ranks_per_node": {"type": "integer", "minimum": 1},
+        "intra_latency_us": {"type": "number", "minimum": 0},
+    },
+    "if": {"properties": {"usable": {"const": True}}},
+    "then": {"properties": {"flags": {"maxItems": 0}, "bus_gbps": {"exclusiveMinimum": 0}}},
+}
+
 STRATEGY_ROW = {
     "type": "object",
     "required": ["label", "precision", "status", "error"],
@@ -227,9 +265,10 @@ CHECK_SCHEMA = {
         "lines",
         "ok",
         "exit_code",
+        "step_fits",
     ],
     "properties": {
-        "schema": {"const": 1},
+        "schema": {"const": 2},
         "tool": {"type": "string"},
         "time_iso": {"type": "string"},
         "system": {"type": "string"},
@@ -260,6 +299,7 @@ CHECK_SCHEMA = {
         },
         "facts": FACTS,
         "fits": {"type": "array", "items": FIT},
+        "step_fits": {"type": "array", "items": STEP_FIT},
         "lines": {"type": "array", "items": LINE, "minItems": 1},
         "ok": {"type": "boolean"},
         "exit_code": {"enum": [0, 1]},

@@ -308,6 +308,8 @@ def interconnect_lines(check: dict, facts: dict) -> list[Line]:
 
 def scope_text(measurements: list, scope: str) -> str:
     mine = [m for m in measurements if m["scope"] == scope]
+    largest = max(m["ranks"] for m in mine)
+    mine = [m for m in mine if m["ranks"] == largest]  # the widest group of the scope: what the strategies span
     big = [m for m in mine if m["size"] in NAMED_SIZES]
     small = min((m for m in mine if m["size"] == "latency"), key=lambda m: m["bytes"], default=None)
     text = f"{SCOPE_TEXT[scope]} ({mine[0]['ranks']} ranks): busbw " + ", ".join(
@@ -319,17 +321,21 @@ def scope_text(measurements: list, scope: str) -> str:
 
 
 def fit_lines(check: dict, facts: dict) -> list[Line]:
-    """One line a collective and scope: its alpha-beta fit (check.json's `fits`), what a prediction
-    uses as its cost; a fit the prediction will not use says why, as a warning (never a failure: the
-    collectives themselves were right)."""
+    """One line a collective and scope: its per-step fit over every group size (check.json's
+    `step_fits`; a check of schema 1 had `fits`, one group size each), what a prediction uses as its
+    cost; a fit the prediction will not use says why, as a warning (never a failure: the collectives
+    themselves were right)."""
     skipped = ((facts.get("interconnect") or {}).get("skipped")) or []
     out = []
-    for f in check.get("fits") or []:
+    for f in check.get("step_fits") or []:
         left = [s for s in skipped if s["collective"] == f["collective"] and FIT_SCOPE[s["scope"]] == f["scope"]]
         why = "; ".join(dict.fromkeys(s["why"].split(":")[0] for s in left))
+        groups = ", ".join(map(str, f["groups"]))
         text = (
-            f"alpha {f['alpha_us']:.4g} us, B {f['bus_gbps']:.4g} GB/s, {f['ranks']} ranks, largest residual "
-            f"{f['max_rel_residual']:.0%} ({f['sizes']} sizes{f'; {len(left)} left out: {why}' if left else ''})"
+            f"per step {f['step_latency_us']:.4g} us, launch {f['launch_us']:.4g} us, B {f['bus_gbps']:.4g} GB/s, "
+            f"from {groups} ranks, largest residual {f['max_rel_residual']:.0%} "
+            f"({f['sizes']} sizes{f'; {len(left)} left out: {why}' if left else ''})"
+            + "".join(f"; {note}" for note in f.get("notes") or [])
         )
         name = f"{f['collective']} fit {f['scope']}"
         if f["flags"]:

@@ -279,7 +279,7 @@ def interconnect(world, spec: dict, facts: Facts) -> None:
     before = live_groups()
     try:
         settings = QUICK if spec["quick"] else FULL
-        measured, skipped = measure_all(world, sizes, settings)
+        measured, skipped = measure_all(world, sizes, settings, quick=spec["quick"])
         found = {
             "model": spec["model"],
             "measurements": measured,

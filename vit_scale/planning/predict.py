@@ -34,13 +34,16 @@ from vit_scale.distributed.deepspeed import DeepSpeedConfig
 from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
+from vit_scale.planning import step_fit
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
 from vit_scale.planning.scenario import Scenario
 from vit_scale.planning.shapes import Shape
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
 from vit_scale.record import reader
+from vit_scale.record.check_file import CHECK_SCHEMAS  # 1: fits at one group size each; 2: step_fits as well
 
 CALIBRATIONS = ("check", "profile", "none")
+STEP_FIT_KEYS = step_fit.STEP_FIT_KEYS
 FIT_KEYS = ("collective", "scope", "ranks", "alpha_us", "bus_gbps", "max_rel_residual", "sizes", "flags")
 BISECT_STEPS = 32  # halvings of the compute interval: 2^-32 of the step, far below its noise
 
@@ -148,10 +151,10 @@ def read_check(path: str) -> dict:
         raise UserError(
             f"--calibration: {path} is not JSON; expected a check.json written by vit-scale check"
         ) from None
-    if not isinstance(data, dict) or data.get("schema") != 1 or "system" not in data:
+    if not isinstance(data, dict) or data.get("schema") not in CHECK_SCHEMAS or "system" not in data:
         raise UserError(
-            f"--calibration: {path} is not a check.json of schema 1 (no schema/system keys); "
-            f"expected one written by vit-scale check"
+            f"--calibration: {path} is not a check.json of schema {' or '.join(map(str, CHECK_SCHEMAS))} (no "
+            f"schema/system keys); expected one written by vit-scale check"
         )
     return data
 
@@ -285,6 +288,8 @@ def check_calibration(
             f"--calibration: {path} is a check of {checked}, whose messages are smaller than "
             f"{', '.join(larger)}'s; expected a check of {larger[-1]} (or a larger model)"
         )
+    if data.get("schema", 1) >= 2:
+        return _step_calibration(path, data, defaults)
     fits = read_fits(data, path)
     usable = [f for f in fits if f.usable]
     notes = [f"{f.collective}/{f.scope} not used: {'; '.join(f.flags)}" for f in fits if not f.usable]
@@ -325,6 +330,109 @@ def check_calibration(
         fitted,
         over,
     )
+
+
+def read_step_fits(check: dict, where: str) -> list:
+    """check.json's `step_fits` (schema 2: one step_fit.StepFit.as_dict each) back into StepFits, each
+    checked as read_fits checks a fit: bad input is a UserError naming the entry."""
+    found = check.get("step_fits")
+    if not isinstance(found, list) or not found:
+        raise UserError(
+            f"--calibration: {where} has no step_fits (from the size sweep); run vit-scale check in full "
+            f"mode (without --quick) to measure them"
+        )
+    fits = []
+    for i, entry in enumerate(found):
+        if not isinstance(entry, dict) or any(k not in entry for k in STEP_FIT_KEYS):
+            raise UserError(f"--calibration: {where}: step_fits[{i}] needs the keys {', '.join(STEP_FIT_KEYS)}")
+        name = f"step_fits[{i}] ({entry['collective']}, {entry['scope']})"
+        if entry["collective"] not in COLLECTIVES or entry["scope"] not in SCOPES:
+            raise UserError(
+                f"--calibration: {where}: {name}: collective must be one of {', '.join(COLLECTIVES)} "
+                f"and scope one of {', '.join(SCOPES)}"
+            )
+        numbers = [entry[k] for k in ("step_latency_us", "launch_us", "bus_gbps", "max_rel_residual", "sizes")]
+        groups = entry["groups"]
+        if (
+            any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers)
+            or not isinstance(entry["flags"], list)
+            or not isinstance(groups, list)
+            or not groups
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in groups)
+        ):
+            raise UserError(
+                f"--calibration: {where}: {name}: step_latency_us, launch_us, bus_gbps, max_rel_residual and "
+                f"sizes must be numbers, flags a list and groups a list of whole numbers of ranks, each at least 2"
+            )
+        if entry["sizes"] < MIN_SIZES:
+            raise UserError(
+                f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
+                f"{MIN_SIZES} (run vit-scale check in full mode)"
+            )
+        per_node = entry.get("ranks_per_node")
+        if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
+            raise UserError(
+                f"--calibration: {where}: {name}: ranks_per_node must be a positive whole number, got {per_node!r}"
+            )
+        if not entry["flags"]:
+            values = {k: entry[k] for k in ("step_latency_us", "launch_us", "bus_gbps")}
+            if not (math.isfinite(values["bus_gbps"]) and values["bus_gbps"] > 0) or any(
+                not (math.isfinite(values[k]) and values[k] >= 0) for k in ("step_latency_us", "launch_us")
+            ):
+                raise UserError(
+                    f"--calibration: {where}: {name}: a usable fit needs a finite bus_gbps above 0 and a finite "
+                    f"step_latency_us and launch_us of 0 or more, got {values}"
+                )
+        fits.append(step_fit.from_dict(entry))
+    return fits
+
+
+def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Calibration:
+    """A schema-2 check.json's usable per-step fits over `defaults`: each (collective, scope) fitted
+    prices its ring steps and bytes with the fit; the launch latency is the within-node fits' (median);
+    a group beyond the largest any usable fit saw is extrapolated."""
+    fits = read_step_fits(data, path)
+    usable = [f for f in fits if f.usable]
+    notes = [f"{f.collective}/{f.scope} not used: {'; '.join(f.flags)}" for f in fits if not f.usable]
+    if not usable:
+        if defaults is None:
+            raise UserError(
+                f"--calibration: {path} has no usable fit and the system profile no network defaults; "
+                f"expected at least one usable fit"
+            )
+        flagged = "; ".join(f"{f.collective}/{f.scope} not used: {', '.join(f.flags)}" for f in fits)
+        return dataclasses.replace(defaults, notes=(f"check.json's fits were all flagged: {flagged}", *defaults.notes))
+    if defaults is not None:
+        base = defaults.network
+    else:
+        by_scope = {
+            s: next(
+                (f.link() for f in sorted(usable, key=lambda f: f.collective != "all_reduce") if f.scope == s), None
+            )
+            for s in SCOPES
+        }
+        for s, other in (("intra", "inter"), ("inter", "intra")):
+            if by_scope[s] is None:
+                notes.append(f"no usable {s}-node fit and no profile defaults: {s} timed with the {other} fit")
+                by_scope[s] = by_scope[other]
+        base = Network(by_scope["intra"], by_scope["inter"], source=f"fits of {os.path.basename(path)}")
+    table = dict(base.per_collective)
+    for f in usable:
+        table[(f.collective, f.scope)] = f.link()
+    launches = sorted(f.launch_us for f in usable if f.scope == "intra")
+    launch = launches[len(launches) // 2] if launches else base.launch_us
+    fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
+    largest = max(f.largest_ranks for f in usable)
+    network = dataclasses.replace(
+        base,
+        per_collective=table,
+        launch_us=launch,
+        measured_ranks=largest,
+        source=f"{path}: {base.source}; step fits: {', '.join(fitted)} (groups up to {largest} ranks)",
+    )
+    covered = {(f.collective, f.scope) for f in usable}
+    over = defaults is not None and any((c, s) not in covered for c in COLLECTIVES for s in SCOPES)
+    return Calibration("check", network, path, tuple(notes), fitted, over)
 
 
 def choose_calibration(
@@ -664,5 +772,6 @@ __all__ = [
     "read_check",
     "read_fits",
     "read_profile",
+    "read_step_fits",
     "scenario_of_run",
 ]

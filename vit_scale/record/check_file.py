@@ -14,6 +14,7 @@ import os
 import re
 
 CHECK_FILE = "check.json"
+CHECK_SCHEMAS = (1, 2)  # the check.json schemas this reads (vit_scale.check.cli.SCHEMA_VERSION writes the last)
 # A study's check of its N nodes (what `vit-scale study --check` writes): check-n<N>.json, or
 # check-n<N>-<MODEL>.json where the study has one model, as each job of a --per-model sweep has: those
 # jobs run side by side on one node count, each checking its own model into the same study directory.
@@ -37,7 +38,8 @@ def read_check_file(path: str) -> dict | None:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and data.get("schema") == 1 else None
+    # schema 2 adds the per-step fits (step_fits); everything schema 1 had is there as it was
+    return data if isinstance(data, dict) and data.get("schema") in CHECK_SCHEMAS else None
 
 
 def verdict(check: dict) -> str:
@@ -76,11 +78,11 @@ def bandwidth_rows(check: dict) -> list[dict]:
 
 
 def latency_rows(check: dict) -> list[dict]:
-    """The smallest size of each collective and scope: its time is the latency."""
+    """The smallest size of each collective, scope and group size: its time is the latency."""
     found = ((check.get("facts") or {}).get("interconnect") or {}).get("measurements") or []
     smallest: dict = {}
     for m in found:
-        key = (m.get("collective"), m.get("scope"))
+        key = (m.get("collective"), m.get("scope"), m.get("ranks"))
         if m.get("size") == "latency" and (key not in smallest or m["bytes"] < smallest[key]["bytes"]):
             smallest[key] = m
     return list(smallest.values())
