@@ -41,6 +41,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_plan_predict",
         "test_prediction",
         "test_stats",
+        "test_step_fit",
         "test_step_meter",
         "test_step_time",
         "test_traces_hta",

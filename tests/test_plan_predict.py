@@ -265,6 +265,12 @@ def bad_inputs(tmp_path) -> list:
             options={"precision": "fp32", "activation_checkpointing": False},
         )
     )
+    two_nodes = os.path.dirname(write_run(runs, study="d", model="vit_base", nodes=2, batch=32, ips=100.0))
+    fast = str(tmp_path / "fast")  # a run claiming far more FLOP/s than its device's peak
+    write_run(fast, study="e", model="vit_base", batch=32, ips=1e7)
+    one_rank, infinite = synthetic_fits(40.0, 2.0), synthetic_fits(40.0, 2.0)
+    one_rank[0]["ranks"] = 1
+    infinite[2]["bus_gbps"] = float("inf")
     cal, comp = "--calibration", "--compute-from"
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
@@ -289,6 +295,14 @@ def bad_inputs(tmp_path) -> list:
         (["--efficiency-from", str(tmp_path / "absent")], ["--efficiency-from", "absent is not a directory"]),
         (["--efficiency-from", empty], ["--efficiency-from", "no ok run that recorded an MFU"]),
         (["--efficiency-from", runs, "--efficiency", "0.3"], ["--efficiency-from", "--efficiency cannot"]),
+        ([comp, two_nodes], [two_nodes, "on 2 node(s) only", "expected its rung on 1 node(s)"]),
+        ([comp, fast], ["--compute-from", "mfu is", "above 1", "expected runs whose MFU is at most 1"]),
+        (["--efficiency-from", fast], ["--efficiency-from", "above 1"]),
+        (
+            [cal, write_check(tmp_path / "one.json", one_rank)],
+            ["fits[0]", "ranks must be a whole number of at least 2"],
+        ),
+        ([cal, write_check(tmp_path / "inf.json", infinite)], ["fits[2]", "finite bus_gbps above 0", "inf"]),
     ]
 
 
@@ -333,6 +347,19 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path):
 
 
 # ---------------------------------------------------------------- the figure
+
+
+def test_json_writes_no_figure_unless_asked(tmp_path, monkeypatch, capsys):
+    """`plan --json` prints the document and writes nothing into the working directory; `--figure DIR`
+    asks for the figure (drawn in test_the_predicted_figure_is_written)."""
+    monkeypatch.chdir(tmp_path)
+    assert plan.main(BASE + ["--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["prediction"] and "predicted figure" not in captured.err
+    assert not os.listdir(tmp_path)
+    assert plan.figure_dir(plan.parse_args(BASE + ["--json", "--figure", "fig"])) == "fig"
+    assert plan.figure_dir(plan.parse_args(BASE)) == "."  # the table: the current directory, as always
+    assert plan.figure_dir(plan.parse_args(BASE + ["--no-figure"])) is None
 
 
 def test_the_predicted_figure_is_written(tmp_path):
