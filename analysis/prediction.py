@@ -10,7 +10,10 @@ the study's own 1-node rung (each strategy its own 1-node run where there is one
 the check's, else read off the device (cpu: local, rocm: frontier, cuda: cuda).
 
 Measured is the point's median images/s (the results table's ips_point_median: what the figures plot),
-and the 1-node rung's compute comes from that same median, so a rung reproduces itself exactly.
+and the 1-node rung's compute comes from that same median, so a rung reproduces itself exactly: a
+point whose run gave the compute has role "compute" and no error (it is the input, not a prediction);
+every other point has role "predicted". `extrapolated`: a group of the point is larger than any whose
+collectives the calibration measured (vit_scale.planning.alpha_beta.Network.extrapolated).
 
 A run that did not fit (status oom or skipped) gets no prediction, and its row says so; a point the
 planner predicts not to fit in the device's memory (the start record's device_memory_gib) gets none
@@ -36,6 +39,8 @@ from vit_scale.planning import predict as pr
 from .table import point_ips
 
 BELOW = 0.20  # a point this far below its prediction is explained
+# a row's role: its step gave the compute of its strategy's predictions (its rung), or it was predicted
+COMPUTE, PREDICTED = "compute", "predicted"
 CHECK_FILE = "check.json"
 NODE_CHECK_FILE = "check-n{nodes}.json"  # a sweep job's check of its own nodes (vit_scale.record.check_file)
 NOT_FITTING = {"oom": "the run ran out of memory", "skipped": "the run was skipped as not fitting"}
@@ -51,6 +56,8 @@ COLUMNS = [
     "batch_per_device",
     "precision",
     "status",
+    "role",
+    "extrapolated",
     "measured_ips",
     "predicted_ips",
     "error",
@@ -221,6 +228,7 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
             world = run.start.get("world") or {}
             blocking = pr.blocking_for(world.get("backend"), world.get("device_type"))
             p = pr.predict([sc], cal, sources[directory], blocking, options=[_options(run)])[0]
+            rung = sources[directory].step_for(sc, _options(run)).run_dir
         except (UserError, ValueError, TypeError, KeyError) as exc:
             # a record the planner cannot place (a label it does not know, a malformed option): the
             # point goes unpredicted and the report says why; the rest of the analysis goes on
@@ -228,6 +236,9 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
             continue
         measured = medians.get(os.path.normpath(run.run_dir), math.nan) if row["status"] == "ok" else math.nan
         out = _row(row, measured, sc, p, cal, traced.get(os.path.normpath(run.run_dir)))
+        if os.path.normpath(rung) == os.path.normpath(run.run_dir):
+            # the point whose step gave the compute reproduces itself by construction: not a prediction
+            out.update(role=COMPUTE, error=math.nan, explanation="")
         why = _not_predicted(row["status"], p, sc)
         if why:
             # no speed drawn over a failure mark (analysis/figures/predicted.py draws predicted_ips)
@@ -278,6 +289,8 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
         "batch_per_device": int(row["batch_per_device"]),
         "precision": sc.precision,
         "status": row["status"],
+        "role": PREDICTED,
+        "extrapolated": bool(p.extrapolated),
         "measured_ips": measured,
         "predicted_ips": predicted,
         # rounded, and + 0.0 so that a rung that reproduces itself reads +0.0%, not -0.0%

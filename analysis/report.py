@@ -755,14 +755,24 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
 
     if predicted is None or (predicted.rows.empty and not predicted.notes):
         return []
+    from .prediction import COMPUTE
+
     rows = predicted.rows
     blocks = [Block("h2", "Measured against predicted")]
+    given = rows[rows["role"] == COMPUTE]
+    rows = rows[rows["role"] != COMPUTE]
     compared = rows[rows["error"].notna()]
-    median = (
-        f" Median |error| over {len(compared)} measured point(s): {compared['error'].abs().median():.1%}."
-        if not compared.empty
-        else ""
-    )
+    if not compared.empty:
+        median = f" Median |error| over {len(compared)} predicted point(s): {compared['error'].abs().median():.1%}."
+    else:
+        median = " No point was predicted beyond the ones that gave the compute: no error to report."
+    if not given.empty:
+        median += (
+            f" Left out of the errors, as the prediction's input: {len(given)} point(s) whose step gave the "
+            f"compute ("
+            + ", ".join(f"{r['model']} {r['series']} on {int(r['nodes'])} node(s)" for _, r in given.iterrows())
+            + ")."
+        )
     used = "; ".join(predicted.calibrations) or "none"
     blocks.append(
         Block(
@@ -789,7 +799,8 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
                 int(r["nodes"]),
                 int(r["world_size"]),
                 tbl.format_ips(r["measured_ips"]) if not math.isnan(r["measured_ips"]) else r["status"].upper(),
-                tbl.format_ips(r["predicted_ips"]) if not math.isnan(r["predicted_ips"]) else "",
+                (tbl.format_ips(r["predicted_ips"]) if not math.isnan(r["predicted_ips"]) else "")
+                + (" (extrapolated)" if bool(r["extrapolated"]) else ""),
                 _f(r["error"], "{:+.1%}"),
             ]
             for _, r in rows.iterrows()

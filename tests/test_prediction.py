@@ -265,7 +265,11 @@ def test_point_forty_percent_below_untraced(tmp_path):
     assert two["predicted_ips"] == pytest.approx(p.images_per_s, rel=1e-6)
     assert two["error"] == pytest.approx(-0.4, abs=1e-3) and two["calibration"] == "profile"
     one = rows[rows["nodes"] == 1].iloc[0]
-    assert one["error"] == pytest.approx(0.0, abs=1e-6)  # the rung reproduces itself
+    # the rung gave the compute: it reproduces itself, and is kept apart from the errors
+    assert one["role"] == "compute" and two["role"] == "predicted" and math.isnan(one["error"])
+    assert one["predicted_ips"] == pytest.approx(one["measured_ips"], rel=1e-6)
+    assert "Median |error| over 1 predicted point(s): 40.0%." in text
+    assert "Left out of the errors, as the prediction's input: 1 point(s) whose step gave the compute" in text
     # the step is 1/0.6 of the predicted one: the gap is 2/3 of it
     gap = two["predicted_step_ms"] * (1 / 0.6 - 1)
     compute = two["predicted_compute_ms"]
@@ -276,6 +280,19 @@ def test_point_forty_percent_below_untraced(tmp_path):
     assert f"compute would have to grow {(compute + gap) / compute:.2f}x" in line
     assert "exposed inter-node communication would have to grow" in line
     assert not any(x.startswith("- vit_base DDP on 1 node(s)") for x in text.splitlines())
+
+
+def test_a_study_of_1_node_points_reports_no_error(tmp_path):
+    """Only the points that gave the compute: nothing was predicted, so no "median |error| 0.0%"."""
+    root = str(tmp_path / "runs")
+    for strategy in ("DDP", "FULL_SHARD"):
+        write_run(root, study="s", strategy=strategy, nodes=1, ips=800.0)
+    rows, text = _analyse(root, str(tmp_path / "out"))
+    assert set(rows["role"]) == {"compute"} and rows["error"].isna().all()
+    section = text.split("## Measured against predicted")[1]
+    assert "Median |error|" not in section and "0.0%" not in section
+    assert "No point was predicted beyond the ones that gave the compute: no error to report." in section
+    assert "2 point(s) whose step gave the compute (vit_base DDP on 1 node(s), vit_base FULL_SHARD on 1" in section
 
 
 def test_point_forty_percent_below_traced(tmp_path):
@@ -363,7 +380,8 @@ def test_measured_is_the_point_median_and_its_rung_reproduces_itself(tmp_path):
     assert medians.loc[2, "ips_mean"] > 1.05 * medians.loc[2, "ips_point_median"]  # the two statistics differ
     for nodes in (1, 2):
         assert rows.loc[nodes, "measured_ips"] == pytest.approx(medians.loc[nodes, "ips_point_median"])
-    assert rows.loc[1, "error"] == pytest.approx(0.0, abs=1e-6)
+    assert rows.loc[1, "role"] == "compute" and math.isnan(rows.loc[1, "error"])
+    assert rows.loc[1, "predicted_ips"] == pytest.approx(800.0, rel=1e-6)  # the rung reproduces its median
     assert rows.loc[2, "error"] == pytest.approx(1200.0 / rows.loc[2, "predicted_ips"] - 1)
 
 
