@@ -41,6 +41,11 @@ from analysis.figures._style import COLUMN_WIDTH, LINE, series_colors, series_ma
 NAME = "weak_scaling_plan"
 ROW_KEYS = ("model", "params", "strategy", "nodes", "world_size", "fits", "images_per_s")
 NOT_FIT = ("does not fit (predicted)", lambda: Line2D([], [], color="grey", marker="x", ls="none", ms=4))
+# a point whose groups are larger than any the calibration measured: the model's reach, not a measurement's
+EXTRAPOLATED = (
+    "extrapolated (open marker)",
+    lambda: Line2D([], [], color="grey", marker="o", mfc="white", ls="none", ms=4),
+)
 
 
 class BadInput(Exception):
@@ -73,6 +78,8 @@ def table(data: dict) -> pd.DataFrame:
     df["series"] = df["strategy"]
     df["batch_per_device"] = int(data.get("batch_size") or 0)
     df["predicted_ips"] = pd.to_numeric(df["images_per_s"], errors="coerce")
+    # older predictions (before the per-step latency model) carry no flag: none extrapolated
+    df["extrapolated"] = [bool(r.get("extrapolated")) for r in data["rows"]]
     return df
 
 
@@ -82,7 +89,7 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
     models = model_order(df)
     nrows, ncols = panel_grid(len(models), width, max_cols=3)
     label = labeller(df)
-    legend_labels = sorted({label(k) for k, _ in lines(df)}) + [NOT_FIT[0]]
+    legend_labels = sorted({label(k) for k, _ in lines(df)}) + [NOT_FIT[0], EXTRAPOLATED[0]]
     cal = (data.get("calibration") or {}).get("kind", "none")
     compute = (data.get("compute") or {}).get("kind", "?")
     facts = (
@@ -99,7 +106,7 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
         for i, model in enumerate(models):
             ax = axes[i // ncols][i % ncols]
             sub = df[df["model"] == model]
-            counts = {"predicted": 0, "not_fit": 0}
+            counts = {"predicted": 0, "not_fit": 0, "extrapolated": 0}
             slots: dict = {}
             for key, line in lines(sub):
                 color, marker = colors[key[1]], markers[key[1]]
@@ -111,12 +118,18 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
                     handles.setdefault(key, h)
                     counts["predicted"] += 1
                     curves[(model, key[1])] = list(zip(fit["nodes"].astype(int), fit["predicted_ips"], strict=True))
+                    far = fit[fit["extrapolated"]]
+                    if not far.empty:
+                        ax.plot(
+                            far["nodes"], far["predicted_ips"], ls="none", marker=marker, mfc="white", mec=color, ms=4
+                        )
+                        counts["extrapolated"] += len(far)
                 missing = line[line["predicted_ips"].isna() | (line["fits"] == False)]  # noqa: E712
                 counts["not_fit"] += mark_failures(ax, list(missing["nodes"]), color, slots)
             ips_panel(ax, sub["nodes"], model_title(df, model), "nodes", i % ncols == 0, slots)
             drawn[model] = counts
         hide_unused(axes, len(models))
-        extra = mark_entries(drawn.values(), not_fit=NOT_FIT)
+        extra = mark_entries(drawn.values(), not_fit=NOT_FIT, extrapolated=EXTRAPOLATED)
         facts_and_legend(fig, axes, slot, facts, series_items(handles, label) + extra, width)
     return Plot(
         NAME,
@@ -125,7 +138,8 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
         drawn,
         "Images/s of the whole job predicted by vit_scale.planning.predict, log scale, against nodes (log2), "
         "dashed as every prediction is in the study's figures, in each strategy's colour; × marks a point "
-        "predicted not to fit in device memory.",
+        "predicted not to fit in device memory; an open marker, a point extrapolated beyond the largest group "
+        "whose collectives the calibration measured.",
         extra={"predicted": curves, "facts": facts},
     )
 

@@ -382,7 +382,14 @@ def test_the_predicted_figure_is_written(tmp_path):
     # what the figure draws: a dashed curve per strategy that fits, an x where it does not
     drawn = plan_figure.draw(data)
     assert set(drawn.extra["predicted"]) == {("vit_base", "DDP"), ("vit_base", "FULL_SHARD"), ("vit_3b", "FULL_SHARD")}
-    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2} and drawn.drawn["vit_base"]["not_fit"] == 0
+    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2, "extrapolated": 0}
+    assert drawn.drawn["vit_base"]["not_fit"] == 0
+    # a point beyond the largest measured group: an open marker over its curve, and its legend entry
+    data["rows"][-1].update(fits=True, images_per_s=500.0, extrapolated=True)
+    far = plan_figure.draw(data)
+    model = data["rows"][-1]["model"]
+    assert far.drawn[model]["extrapolated"] == 1
+    assert "extrapolated (open marker)" in [t.get_text() for t in far.figure.legends[0].get_texts()]
     curve = dict(drawn.extra["predicted"][("vit_base", "DDP")])
     want = {r["nodes"]: r["images_per_s"] for r in data["rows"] if r["model"] == "vit_base" and r["strategy"] == "DDP"}
     assert curve == pytest.approx(want)

@@ -334,7 +334,7 @@ def test_predicted_figure_is_registered_and_drawn(tmp_path):
     assert any(f.name == "weak scaling against prediction" for f in figures.FIGURES)
     plots, _ = figures.all_plots(results, predictions=predicted.rows)
     plot = next(p for p in plots if p.name == "weak_scaling_predicted")
-    assert plot.drawn["vit_base"] == {"measured": 2, "predicted": 2, "failed": 0}
+    assert plot.drawn["vit_base"] == {"measured": 2, "predicted": 2, "extrapolated": 0, "failed": 0}
     curves = plot.extra["predicted"]
     for label in ("DDP", "FULL_SHARD"):
         key = next(k for k in curves if k[2] == label)
@@ -514,7 +514,7 @@ def test_no_dashed_point_over_a_failure_mark(tmp_path):
     predicted = prediction.build(coll.runs, results)
     plots, _ = figures.all_plots(results, predictions=predicted.rows)
     plot = next(p for p in plots if p.name == "weak_scaling_predicted")
-    assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "failed": 1}  # lines, lines, marks
+    assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "extrapolated": 0, "failed": 1}
     assert [x for x, _ in next(iter(plot.extra["predicted"].values()))] == [1, 2]
 
 

@@ -44,12 +44,18 @@ from ._spec import FigureSpec
 from ._style import COLUMN_WIDTH, NOT_OK, style, styles_for
 
 PREDICTED = ("predicted (dashed)", lambda: Line2D([], [], color="grey", ls="--", lw=0.9))
+EXTRAPOLATED = (
+    "extrapolated (open marker)",
+    lambda: Line2D([], [], color="grey", marker="o", mfc="white", ls="none", ms=4),
+)
 KEY = ["model"] + LINE_COLUMNS + ["world_size"]
 
 
 def _with_predictions(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataFrame:
-    cols = KEY + ["predicted_ips"]
-    pred = predictions[cols].drop_duplicates(KEY)
+    pred = predictions.assign(
+        extrapolated=predictions["extrapolated"].astype(bool) if "extrapolated" in predictions else False
+    )
+    pred = pred[KEY + ["predicted_ips", "extrapolated"]].drop_duplicates(KEY)
     return runs.merge(pred, on=KEY, how="left")
 
 
@@ -79,7 +85,7 @@ def weak_scaling_predicted(
     models = model_order(runs)
     nrows, ncols = panel_grid(len(models), width, max_cols=3)
     label = labeller(runs)
-    legend_labels = sorted({label(k) for k, _ in lines(runs)}) + [PREDICTED[0], NOT_OK[0]]
+    legend_labels = sorted({label(k) for k, _ in lines(runs)}) + [PREDICTED[0], EXTRAPOLATED[0], NOT_OK[0]]
     cals = predictions["calibration"].dropna().unique() if "calibration" in predictions else []
     facts = (
         run_facts(runs)
@@ -96,7 +102,7 @@ def weak_scaling_predicted(
             ax = axes[i // ncols][i % ncols]
             sub = runs[runs["model"] == model]
             xcol, xname = tbl.x_axis(sub)
-            counts = {"measured": 0, "predicted": 0, "failed": 0}
+            counts = {"measured": 0, "predicted": 0, "extrapolated": 0, "failed": 0}
             slots: dict = {}
             n_bars = 0
             for key, line in lines(sub):
@@ -113,12 +119,16 @@ def weak_scaling_predicted(
                     counts["predicted"] += 1
                     xs = pred[xcol].astype(int)
                     curves[(model, *key)] = list(zip(xs, pred["predicted_ips"], strict=True))
+                    far = pred[pred["extrapolated"] == True]  # noqa: E712 - a NaN (no prediction) is not extrapolated
+                    if not far.empty:
+                        ax.plot(far[xcol], far["predicted_ips"], ls="none", marker=marker, mfc="white", mec=color, ms=4)
+                        counts["extrapolated"] += len(far)
                 counts["failed"] += mark_failures(ax, list(not_ok(line)[xcol]), color, slots)
             ips_panel(ax, sub[xcol], model_title(df, model), xname, i % ncols == 0, slots)
             drawn[model] = counts
             bars[model] = n_bars
         hide_unused(axes, len(models))
-        extra = mark_entries(drawn.values(), predicted=PREDICTED, failed=NOT_OK)
+        extra = mark_entries(drawn.values(), predicted=PREDICTED, extrapolated=EXTRAPOLATED, failed=NOT_OK)
         facts_and_legend(fig, axes, slot, facts, series_items(handles, label) + extra, width)
     return Plot(
         "weak_scaling_predicted",
@@ -129,7 +139,8 @@ def weak_scaling_predicted(
         f"error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker), and the images/s "
         "vit_scale.planning.predict gives for the same points (dashed, same colour), its compute from the "
         "median of the study's 1-node rung and its collectives from the calibration named above "
-        "(prediction.csv); × marks a run that did not finish ok.",
+        "(prediction.csv); an open marker, a prediction extrapolated beyond the largest group whose collectives "
+        "the calibration measured; × marks a run that did not finish ok.",
         extra={"predicted": curves, "errorbars": bars, "facts": facts},
     )
 

@@ -602,6 +602,7 @@ def write_figure(prediction: dict, rows: list, shared: dict, directory: str) -> 
                 "images_per_s": r["prediction"]["images_per_s"],
                 "images_per_s_per_gpu": r["prediction"]["images_per_s_per_gpu"],
                 "scaling_efficiency": r["prediction"]["scaling_efficiency"],
+                "extrapolated": bool(r["prediction"].get("extrapolated")),
             }
             for r in rows
         ],
