@@ -274,24 +274,32 @@ def test_study_check_refuses_to_start_and_says_each_failure_in_one_line(broken_s
 
 
 def assert_fits(check: dict, min_sizes: int, pairs: set) -> None:
-    """check.json's `fits`: one per collective and scope asked, each from at least `min_sizes` sizes,
-    a usable one with a latency and a positive bus bandwidth, a flagged one saying why."""
+    """check.json's `fits` (one per collective, scope and group size) and `step_fits` (one per collective
+    and scope, over every group size: with 2 ranks a node and 2 nodes, one size each, 2 and 4 ranks), each
+    from at least `min_sizes` sizes, a usable one with a latency and a positive bus bandwidth, a flagged
+    one saying why; the check's line of each is the step fit's."""
     fits = {(f["collective"], f["scope"]): f for f in check["fits"]}
-    assert set(fits) == pairs, check["fits"]
+    assert set(fits) == pairs and len(check["fits"]) == len(pairs), check["fits"]
+    steps = {(f["collective"], f["scope"]): f for f in check["step_fits"]}
+    assert set(steps) == pairs, check["step_fits"]
     for f in fits.values():
         assert f["sizes"] >= min_sizes and f["ranks"] == (2 if f["scope"] == "intra" else 4), f
+    for f in steps.values():
+        assert f["sizes"] >= min_sizes and f["groups"] == [2 if f["scope"] == "intra" else 4], f
         if f["usable"]:
-            assert f["alpha_us"] >= 0 and f["bus_gbps"] > 0 and not f["flags"], f
+            assert f["step_latency_us"] >= 0 and f["launch_us"] >= 0 and f["bus_gbps"] > 0 and not f["flags"], f
         else:
             assert f["flags"] and all(isinstance(flag, str) and flag for flag in f["flags"]), f
         line = lines_of(check)[f"{f['collective']} fit {f['scope']}"]
         assert not line["needed"] and line["status"] == ("info" if f["usable"] else "warn"), line
         assert ("not used: " in line["text"]) != f["usable"], line
+        assert f"from {f['groups'][0]} ranks" in line["text"], line
 
 
 def assert_calibrates(check: dict, path: str) -> None:
-    """vit_scale.planning.predict takes the file as a calibration: its usable fits replace the profile's
-    defaults, each flagged one is named as not used, and a prediction comes out."""
+    """vit_scale.planning.predict takes the file as a calibration: its usable step fits replace the
+    profile's defaults, each flagged one is named as not used, and a prediction comes out, extrapolated
+    beyond the largest group the check formed."""
     from vit_scale.planning import predict
     from vit_scale.planning.scenario import Scenario
 
@@ -299,14 +307,18 @@ def assert_calibrates(check: dict, path: str) -> None:
         path, predict.profile_path("local"), system="local", models=["vit_micro"], precisions=["fp32"]
     )
     # a check whose fits were all flagged calibrates nothing: the profile's defaults, said so
-    assert cal.kind == ("check" if any(f["usable"] for f in check["fits"]) else "profile"), cal.describe()
-    for f in check["fits"]:
+    usable = [f for f in check["step_fits"] if f["usable"]]
+    assert cal.kind == ("check" if usable else "profile"), cal.describe()
+    for f in check["step_fits"]:
         named = f"{f['collective']}/{f['scope']}"
         assert (f"{named} not used: " in cal.describe()) != f["usable"], cal.describe()
         assert ((f["collective"], f["scope"]) in cal.network.per_collective) == f["usable"]
     sc = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=2, gpus_per_node=2, batch_size=8, precision="fp32")
-    step = predict.predict([sc], cal, predict.compute_from_flops(1.0, 0.5), blocking=True)[0]
+    far = Scenario(model="vit_micro", strategy="FULL_SHARD", nodes=8, gpus_per_node=2, batch_size=8, precision="fp32")
+    step, beyond = predict.predict([sc, far], cal, predict.compute_from_flops(1.0, 0.5), blocking=True)
     assert step.images_per_s > 0 and step.breakdown.exposed_inter_s > 0
+    if usable:
+        assert not step.extrapolated and beyond.extrapolated
 
 
 def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
