@@ -35,7 +35,7 @@ from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
-from vit_scale.planning.scenario import Scenario
+from vit_scale.planning.scenario import Scenario, baseline_nodes
 from vit_scale.planning.shapes import Shape
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
 from vit_scale.record import reader
@@ -485,8 +485,9 @@ class ComputeSource:
         return f"counted FLOPs over {self.peak:g} TFLOP/s x {self.efficiency:.0%} efficiency"
 
     def step_for(self, sc: Scenario, options: str = "") -> MeasuredStep:
-        """Same model, batch and precision on 1 node: the same strategy and options, else the same
-        strategy, else the fastest 1-node run of any strategy (the least communication in the way)."""
+        """Same model, batch and precision on the scenario's baseline node count (1, or the fewest nodes a
+        group wider than a node fits on): the same strategy and options, else the same strategy, else the
+        fastest run of any strategy there (the least communication in the way)."""
         key = (sc.model, sc.batch_size, sc.precision)
         same = [s for s in self.steps if s.key == key]
         if not same:
@@ -496,7 +497,12 @@ class ComputeSource:
                 f"{sc.precision}; expected a run of the same model, batch and precision "
                 f"(it has: {', '.join(have) or 'no ok run'})"
             )
-        one_node = [s for s in same if s.scenario.nodes == 1] or same
+        first = baseline_nodes(sc)
+        one_node = (
+            [s for s in same if s.scenario.nodes == first and s.scenario.strategy == sc.strategy]
+            or [s for s in same if s.scenario.nodes == 1]
+            or same
+        )
         for pick in (
             [s for s in one_node if s.scenario.strategy == sc.strategy and s.options == options],
             [s for s in one_node if s.scenario.strategy == sc.strategy],
@@ -559,20 +565,28 @@ def predict(
     points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False, options: list | None = None
 ) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
-    point on 1 node. options: per point, the strategy options' JSON (prefers a compute run of the same
-    series). Raises UserError for a point whose compute source does not fit it."""
+    point on its baseline (1 node, or the fewest nodes a group wider than a node fits on: baseline_nodes).
+    options: per point, the strategy options' JSON (prefers a compute run of the same series). Raises
+    UserError for a point whose compute source does not fit it."""
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
         comp = compute.compute_for(sc, calibration.network, opt)
         p = predict_step(sc, calibration.network, comp, blocking)
-        one = dataclasses.replace(sc, nodes=1)
+        first = baseline_nodes(sc)
+        one = dataclasses.replace(sc, nodes=first)
         key = repr(one)
         if key not in base:
-            base[key] = p if sc.nodes == 1 else predict_step(one, calibration.network, comp, blocking)
+            base[key] = p if sc.nodes == first else predict_step(one, calibration.network, comp, blocking)
         b = base[key]
+        p.baseline_nodes = first
         if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
             p.scaling_efficiency = p.images_per_s_per_gpu / b.images_per_s_per_gpu
+        if first > 1:
+            p.rules = p.rules + [
+                f"baseline: {first} nodes, the fewest {sc.strategy} fits on ({sc.gpus_per_node} GPUs a node); "
+                "efficiency against it"
+            ]
         p.rules = p.rules + [f"calibration: {calibration.describe()}"]
         out.append(p)
     return out

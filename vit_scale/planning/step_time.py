@@ -653,6 +653,7 @@ class StepPrediction:
     # a group larger than any whose collectives the network's figures were measured at (Network.extrapolated)
     extrapolated: bool = False
     largest_group: int = 0
+    baseline_nodes: int = 1  # the node count scaling_efficiency is against
 
     def as_dict(self) -> dict:
         return {
@@ -670,6 +671,7 @@ class StepPrediction:
             "network_source": self.network_source,
             "extrapolated": self.extrapolated,
             "largest_group": self.largest_group,
+            "baseline_nodes": self.baseline_nodes,
         }
 
 
@@ -734,13 +736,18 @@ def _colls(plan: UnitPlan):
 
 
 def predict_curve(sc: Scenario, nodes: list, network: Network, compute: Compute, blocking: bool = False) -> list:
-    """Weak scaling: the scenario on each node count, each with its images/s per GPU over 1 node's."""
+    """Weak scaling: the scenario on each node count, each with its images/s per GPU over its baseline's
+    (1 node, or the fewest a group wider than a node fits on)."""
     import dataclasses
 
-    base = predict_step(dataclasses.replace(sc, nodes=1), network, compute, blocking)
+    from vit_scale.planning.scenario import baseline_nodes
+
+    first = baseline_nodes(sc)
+    base = predict_step(dataclasses.replace(sc, nodes=first), network, compute, blocking)
     rows = []
     for n in nodes:
-        p = base if n == 1 else predict_step(dataclasses.replace(sc, nodes=n), network, compute, blocking)
+        p = base if n == first else predict_step(dataclasses.replace(sc, nodes=n), network, compute, blocking)
+        p.baseline_nodes = first
         if p.images_per_s_per_gpu is not None and base.images_per_s_per_gpu:
             p.scaling_efficiency = p.images_per_s_per_gpu / base.images_per_s_per_gpu
         rows.append(p)
