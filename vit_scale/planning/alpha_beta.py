@@ -338,6 +338,10 @@ class Network:
     tree_bus_ratio: float = TREE_BUS_RATIO
     measured_ranks: int | None = None
     algo: str | None = None  # NCCL_ALGO as the run sets it; None: this process's environment
+    # a ring that spans nodes pays at least this for every step, inside a node too (tuning.cc: "Inter-node
+    # rings still have to launch nsteps * net overhead", intraLat = max(intraLat, netOverhead)): the rank at
+    # each node boundary forwards all n-1 chunks through the network, one message each
+    net_overhead_us: float = 0.0
 
     def _scope_link(self, collective: str, scope: str) -> Link:
         intra = self.per_collective.get((collective, "intra"))
@@ -389,7 +393,8 @@ class Network:
                 steps = tree_steps(n, k)
                 bandwidth = size_bytes / (0.5 * self.tree_bus_ratio * bw.bus_gbps * GB)
             inter_alpha = bw.alpha_us if k > 1 else 0.0
-            latency = (self.launch_us + steps[0] * intra.alpha_us + steps[1] * inter_alpha) * 1e-6
+            intra_alpha = max(intra.alpha_us, self.net_overhead_us) if (k > 1 and algo == "ring") else intra.alpha_us
+            latency = (self.launch_us + steps[0] * intra_alpha + steps[1] * inter_alpha) * 1e-6
             c = Cost(latency + bandwidth, algo, latency, bandwidth, *steps)
             if best is None or c.seconds < best.seconds:
                 best = c
@@ -420,8 +425,9 @@ class Network:
 
 
 NETWORK_KEYS = {"intra_node", "inter_node"}
-# optional, beside the two scopes: launch_us (per collective), tree_bus_ratio, measured_ranks
-NETWORK_OPTIONAL = {"launch_us", "tree_bus_ratio", "measured_ranks"}
+# optional, beside the two scopes: launch_us (per collective), net_overhead_us (per step of a ring spanning
+# nodes), tree_bus_ratio, measured_ranks
+NETWORK_OPTIONAL = {"launch_us", "net_overhead_us", "tree_bus_ratio", "measured_ranks"}
 # step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
 # as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
 LINK_KEYS = {"bus_gbps", "step_latency_us"}
@@ -458,8 +464,9 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
         bus = _positive(entry["bus_gbps"], f"{where}: network.{key}.bus_gbps")
         links[key] = Link(alpha, bus, f"{where} network.{key}")
     extra = {}
-    if "launch_us" in section:
-        extra["launch_us"] = _positive(section["launch_us"], f"{where}: network.launch_us", zero_ok=True)
+    for key in ("launch_us", "net_overhead_us"):
+        if key in section:
+            extra[key] = _positive(section[key], f"{where}: network.{key}", zero_ok=True)
     if "tree_bus_ratio" in section:
         ratio = _positive(section["tree_bus_ratio"], f"{where}: network.tree_bus_ratio")
         if ratio > 1:

@@ -68,6 +68,10 @@ class StateMemory:
     buckets: dict
     optimizer_temporaries: float
     stream_held: dict = field(default_factory=lambda: _const(0.0))
+    # freed on the host, not yet reusable (the device is behind): counted in the allocator's active bytes,
+    # which the seed-003 authors measured, but not in what must fit, since the caching allocator
+    # synchronises and reclaims such blocks before it raises out-of-memory (synchronize_and_free_events)
+    pending_frees: dict = field(default_factory=lambda: _const(0.0))
     autocast: bool = False  # activations under torch.autocast (fp32 residual stream) or not
     compute_bytes: int = 4  # bytes of a low-precision activation / parameter copy
     optimizer_impl: str = ""
@@ -84,6 +88,9 @@ class MemoryPrediction:
     total: float  # bytes the device must have
     optimizer_impl: str
     notes: list[str]
+    # bytes allocated or freed but not yet reusable (held for another stream), the largest over the
+    # phases: the prediction of torch's memory_stats()["active_bytes.all.peak"]
+    peak_active: float = 0.0
 
     @property
     def components(self) -> dict:
@@ -172,7 +179,7 @@ def _fsdp1(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
     largest = min(local, shape.largest_tensor) if opts.use_orig_params else max(blk, root)
     temporaries = _optimizer_temporaries(impl, local, largest)
     grads = _per_phase(0, 4.0 * blk, 4.0 * local, 4.0 * local)
-    notes, stream_held = [], _const(0.0)
+    notes, stream_held, pending_frees = [], _const(0.0), _const(0.0)
     if lay.sharding == "NO_SHARD":
         if mp:
             # each unit's low-precision copy, and its low-precision gradient before the fp32 cast
@@ -196,7 +203,19 @@ def _fsdp1(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
             in_flight = _per_phase(
                 n_fwd * unit + rootc, n_bwd * unit + rootc + grad_tmp, n_bwd * unit + rootc + grad_tmp, 0
             )
+        # Freed but not yet reusable ("active" in the allocator's stats): FSDP1 frees a unit's unsharded
+        # parameter on the host (_flat_param.py _free_unsharded_flat_param: record_stream onto the compute
+        # stream, then _free_storage) while the device is still behind, and the previous unit's unsharded
+        # gradient stays held by the post-backward stream until its reduce-scatter ends
+        # (_runtime_utils.py _post_backward_hook -> _reduce_grad, record_stream). With limit_all_gathers the
+        # host waits before a new all-gather once 2 frees are pending (_limiter_utils._FreeEventQueue,
+        # _max_num_inflight_all_gathers = 2; _runtime_utils._unshard): 2 units' parameters pending. Without
+        # it the host runs as far ahead as it gets ahead of the device: the allowance's cpu_ahead_units, an
+        # assumption (docs/plan.md).
+        held_grad = c * g * blk
+        pending_frees = _per_phase(2 * unit, 2 * unit + held_grad, 2 * unit + held_grad, 0)
         if not opts.limit_all_gathers:
+            # the verdict's conservative side, as before: the host's gathers ahead counted in what must fit
             ahead = float(min(L, sc.allowance.cpu_ahead_units) * unit)
             stream_held = _per_phase(ahead, ahead, ahead, 0)
             notes.append(
@@ -217,6 +236,7 @@ def _fsdp1(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemo
         buckets=_const(0.0),
         optimizer_temporaries=temporaries,
         stream_held=stream_held,
+        pending_frees=pending_frees,
         compute_bytes=c,
         optimizer_impl=impl,
         notes=notes,
@@ -478,6 +498,7 @@ def predict(sc: Scenario, lay: Layout | None = None) -> MemoryPrediction:
     need = {p: allocated[p] + sum(allowance[p].values()) for p in PHASES}
     peak_phase = max(PHASES, key=lambda p: need[p])
     peak_allocated_phase = max(PHASES, key=lambda p: allocated[p])
+    active = {p: allocated[p] + max(st.stream_held[p], st.pending_frees[p]) for p in PHASES}
     return MemoryPrediction(
         phases=phases,
         peak_phase=peak_phase,
@@ -487,4 +508,5 @@ def predict(sc: Scenario, lay: Layout | None = None) -> MemoryPrediction:
         total=need[peak_phase],
         optimizer_impl=st.optimizer_impl,
         notes=list(lay.notes) + st.notes,
+        peak_active=max(active.values()),
     )

@@ -36,7 +36,7 @@ from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning import step_fit
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
-from vit_scale.planning.scenario import Scenario
+from vit_scale.planning.scenario import Scenario, baseline_nodes
 from vit_scale.planning.shapes import Shape
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
 from vit_scale.record import reader
@@ -508,18 +508,6 @@ def blocking_for(backend: str | None, device_type: str | None = None) -> bool:
 # ---------------------------------------------------------------- compute
 
 
-def baseline_nodes(sc: Scenario) -> int:
-    """The node count a point's compute and scaling efficiency are taken at: 1, or for a group wider
-    than a node (HYBRID_16GPU on 8-GPU nodes) the fewest nodes the layout fits on."""
-    for nodes in range(1, sc.nodes + 1):
-        try:
-            dataclasses.replace(sc, nodes=nodes).validate()
-        except UserError:
-            continue
-        return nodes
-    return sc.nodes
-
-
 @dataclass(frozen=True)
 class MeasuredStep:
     """One ok run's step (global batch over its median images/s: run_ips) and the scenario it ran."""
@@ -728,21 +716,28 @@ def predict(
     points: list, calibration: Calibration, compute: ComputeSource, blocking: bool = False, options: list | None = None
 ) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
-    point on its baseline node count (baseline_nodes). options: per point, the strategy options' JSON
-    (prefers a compute run of the same series). Raises UserError for a point whose compute source does not fit it."""
+    point on its baseline (1 node, or the fewest nodes a group wider than a node fits on: baseline_nodes).
+    options: per point, the strategy options' JSON (prefers a compute run of the same series). Raises
+    UserError for a point whose compute source does not fit it."""
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
         comp = compute.compute_for(sc, calibration.network, opt)
         p = predict_step(sc, calibration.network, comp, blocking)
-        nodes = baseline_nodes(sc)
-        one = dataclasses.replace(sc, nodes=nodes)
+        first = baseline_nodes(sc)
+        one = dataclasses.replace(sc, nodes=first)
         key = repr(one)
         if key not in base:
-            base[key] = p if sc.nodes == nodes else predict_step(one, calibration.network, comp, blocking)
+            base[key] = p if sc.nodes == first else predict_step(one, calibration.network, comp, blocking)
         b = base[key]
+        p.baseline_nodes = first
         if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
             p.scaling_efficiency = p.images_per_s_per_gpu / b.images_per_s_per_gpu
+        if first > 1:
+            p.rules = p.rules + [
+                f"baseline: {first} nodes, the fewest {sc.strategy} fits on ({sc.gpus_per_node} GPUs a node); "
+                "efficiency against it"
+            ]
         p.rules = p.rules + [f"calibration: {calibration.describe()}"]
         out.append(p)
     return out
@@ -754,7 +749,6 @@ __all__ = [
     "ComputeSource",
     "MeasuredStep",
     "StepPrediction",
-    "baseline_nodes",
     "blocking_for",
     "check_calibration",
     "choose_calibration",

@@ -96,6 +96,20 @@ class Scenario:
                 raise UserError(f"deepspeed.hpz_partition_size: {hpz} must divide the world size ({self.world})")
 
 
+def baseline_nodes(sc: Scenario) -> int:
+    """The smallest node count the scenario's strategy can run on (its weak-scaling baseline): 1, or for a
+    group wider than a node (HYBRID_16GPU on 8-GPU nodes, a ZeRO++ partition of 16) the fewest nodes
+    whose ranks it divides."""
+    label = parse_strategy(sc.strategy)
+    groups = [label.hybrid_group or 1]
+    if label.label == "ZEROPP" and sc.deepspeed.hpz_partition_size:
+        groups.append(sc.deepspeed.hpz_partition_size)
+    n = 1
+    while any((n * sc.gpus_per_node) % g for g in groups) and n < 1 << 16:
+        n += 1
+    return n
+
+
 def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: float | None, **extra) -> Scenario:
     """A Scenario for the run `cfg` describes, on `nodes` x `gpus_per_node` ranks."""
     return Scenario(

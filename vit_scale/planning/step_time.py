@@ -510,20 +510,24 @@ def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> 
         # waits for the free of the unit two back (_max_num_inflight_all_gathers = 2) before issuing an
         # all-gather, so unit i's all-gather overlaps unit i-1's forward; forward_prefetch
         # (_pre_forward_unshard -> _prefetch_handle FORWARD) issues unit i+1's right after unit i's,
-        # before the limiter waits again: two units ahead. Without the limiter the host runs ahead as far
-        # as it gets ahead of the device (the allowance's cpu_ahead_units).
-        if limit:
-            ahead = 2 if forward_prefetch else 1
-        else:
-            ahead = max(1, sc.allowance.cpu_ahead_units)
+        # before the limiter waits again: two units ahead. Without the limiter the host issues as far
+        # ahead as it runs ahead of the device; on one NCCL stream per group that changes no collective's
+        # order, and what it does to the allocator (more memory pending, so cudaMalloc retries, as the
+        # seed-003 authors measured the limiter helping) is not modelled for speed: predicted as with it.
+        ahead = 2 if forward_prefetch else 1
         # _pre_backward_hook -> _prefetch_handle BACKWARD (BACKWARD_PRE) before the unit's gradient
         # computation; _post_backward_hook -> _post_backward_reshard -> _prefetch_handle (BACKWARD_POST)
         # after it, ahead of _reduce_grad's reduce-scatter; none: _pre_backward_hook of the next unit
         # unshards it, behind the reduce-scatter already on the group's stream
         rules.append(
-            f"FSDP1: forward all-gathers {ahead} unit(s) ahead (limit_all_gathers={limit}, "
-            f"forward_prefetch={forward_prefetch}); backward_prefetch={prefetch}"
+            f"FSDP1: forward all-gathers {ahead} unit(s) ahead (forward_prefetch={forward_prefetch}); "
+            f"backward_prefetch={prefetch}"
         )
+        if not limit:
+            rules.append(
+                "limit_all_gathers=False: not modelled for speed (predicted as with the limiter); "
+                "its memory is (the host's gathers pending free)"
+            )
     if sharding == "SHARD_GRAD_OP":
         rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
     else:
@@ -649,6 +653,7 @@ class StepPrediction:
     # a group larger than any whose collectives the network's figures were measured at (Network.extrapolated)
     extrapolated: bool = False
     largest_group: int = 0
+    baseline_nodes: int = 1  # the node count scaling_efficiency is against
 
     def as_dict(self) -> dict:
         return {
@@ -666,6 +671,7 @@ class StepPrediction:
             "network_source": self.network_source,
             "extrapolated": self.extrapolated,
             "largest_group": self.largest_group,
+            "baseline_nodes": self.baseline_nodes,
         }
 
 
@@ -730,13 +736,18 @@ def _colls(plan: UnitPlan):
 
 
 def predict_curve(sc: Scenario, nodes: list, network: Network, compute: Compute, blocking: bool = False) -> list:
-    """Weak scaling: the scenario on each node count, each with its images/s per GPU over 1 node's."""
+    """Weak scaling: the scenario on each node count, each with its images/s per GPU over its baseline's
+    (1 node, or the fewest a group wider than a node fits on)."""
     import dataclasses
 
-    base = predict_step(dataclasses.replace(sc, nodes=1), network, compute, blocking)
+    from vit_scale.planning.scenario import baseline_nodes
+
+    first = baseline_nodes(sc)
+    base = predict_step(dataclasses.replace(sc, nodes=first), network, compute, blocking)
     rows = []
     for n in nodes:
-        p = base if n == 1 else predict_step(dataclasses.replace(sc, nodes=n), network, compute, blocking)
+        p = base if n == first else predict_step(dataclasses.replace(sc, nodes=n), network, compute, blocking)
+        p.baseline_nodes = first
         if p.images_per_s_per_gpu is not None and base.images_per_s_per_gpu:
             p.scaling_efficiency = p.images_per_s_per_gpu / base.images_per_s_per_gpu
         rows.append(p)

@@ -1,0 +1,198 @@
+"""The model against published measurements: the seed-003 authors' FSDP1 weak-scaling curves on OLCF
+Frontier (tests/data/frontier_published.json: images/s and peak active memory per GCD, 1-128 nodes).
+
+    data = load()                                   # the JSON, each series naming its source file
+    rows = speed_rows(data, network)                # one row per measured point beyond the baseline
+    s = summary(rows, memory_rows(data))            # the figures issue 28 sets bars on
+
+Each series' compute is its own baseline rung (1 node, 2 for HYBRID_16GPU): the measured step less the
+exposed communication the model predicts for that rung (predict.compute_of), as `--compute-from` does
+with a study directory. Nothing here is fitted: the network comes from the system profile (whose figures
+come from collective microbenchmarks), and the curves are only compared against. The no-communication
+baseline (every point at its series' baseline images/s per GPU: perfect weak scaling) is reported beside
+the model's score. Torch-free. Used by tests/test_published_frontier.py and
+benchmarks/prediction_accuracy.py --frontier; the figures are in docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+from vit_scale.planning import memory
+from vit_scale.planning.alpha_beta import Network
+from vit_scale.planning.predict import MeasuredStep, compute_of
+from vit_scale.planning.scenario import Scenario, baseline_nodes
+from vit_scale.planning.step_time import predict_step
+
+HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join(HERE, "tests", "data", "frontier_published.json")
+LOW_EFFICIENCY = 0.8  # issue 28: the points whose measured efficiency is below this get their own bar
+# "FULL_SHARD falls below a hybrid": by more than the curves' own noise. The authors' HYBRID_1GPU runs reach
+# 1.03 of their 1-node rung at 2-8 nodes (vit_base, vit_3b: superlinear, i.e. noise of +-3%), and FULL_SHARD's
+# 1-node rung is up to 5% above the hybrids' (vit_3b: 83 against 79 images/s), so a gap under 5% is not a
+# crossing. A definition of the metric, read off the measured curves' spread, not a model constant.
+CROSSING_MARGIN = 0.05
+GIB = 1024**3
+
+
+def load(path: str = DATA) -> dict:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def _scenario(data: dict, model: str, strategy: str, nodes: int) -> Scenario:
+    return Scenario(
+        model,
+        strategy,
+        nodes=nodes,
+        gpus_per_node=int(data["ranks_per_node"]),
+        batch_size=int(data["batch_size"]),
+        precision=str(data["precision"]),
+        activation_checkpointing=bool(data["activation_checkpointing"]),
+        device_memory_gib=None,
+    )
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    model: str
+    strategy: str
+    nodes: int
+    baseline_nodes: int
+    measured: float  # images/s per GCD
+    predicted: float
+    measured_efficiency: float  # against the series' baseline rung
+    predicted_efficiency: float
+    baseline: float  # the baseline rung's images/s per GCD: the no-communication prediction
+    extrapolated: bool
+    source: str
+
+    @property
+    def error(self) -> float:
+        return (self.predicted - self.measured) / self.measured
+
+    @property
+    def no_comm_error(self) -> float:
+        return (self.baseline - self.measured) / self.measured
+
+
+def speed_rows(data: dict, network: Network) -> list:
+    """Every measured point above its series' baseline rung, predicted from that rung."""
+    rows = []
+    ranks = int(data["ranks_per_node"])
+    for s in data["speed"]:
+        points = dict(zip(s["nodes"], s["images_per_s"], strict=True))
+        first = baseline_nodes(_scenario(data, s["model"], s["strategy"], 1))
+        if first not in points:
+            raise ValueError(f"{s['source']}: no point at its baseline of {first} node(s)")
+        base_sc = _scenario(data, s["model"], s["strategy"], first)
+        base_ips = points[first] / (first * ranks)
+        step = MeasuredStep(base_sc, base_sc.batch_size / base_ips, s["source"], False)
+        comp = compute_of(step, network)
+        for n, total in sorted(points.items()):
+            if n <= first:
+                continue
+            p = predict_step(dataclasses.replace(base_sc, nodes=n), network, comp)
+            measured = total / (n * ranks)
+            rows.append(
+                SpeedRow(
+                    s["model"],
+                    s["strategy"],
+                    n,
+                    first,
+                    measured,
+                    p.images_per_s_per_gpu,
+                    measured / base_ips,
+                    p.images_per_s_per_gpu / base_ips,
+                    base_ips,
+                    p.extrapolated,
+                    s["source"],
+                )
+            )
+    return rows
+
+
+def crossings(rows: list) -> list:
+    """Per model and hybrid strategy: the node count from which FULL_SHARD's images/s per GCD stays more than
+    CROSSING_MARGIN below the hybrid's, measured and predicted (None: not within the node counts measured)."""
+    by = {}
+    for r in rows:
+        by.setdefault((r.model, r.strategy), {})[r.nodes] = r
+    out = []
+    for (model, strategy), points in sorted(by.items()):
+        if not strategy.startswith("HYBRID_") or (model, "FULL_SHARD") not in by:
+            continue
+        full = by[(model, "FULL_SHARD")]
+        nodes = sorted(set(points) & set(full))
+        result = {}
+        for which in ("measured", "predicted"):
+            below = [getattr(full[n], which) < (1 - CROSSING_MARGIN) * getattr(points[n], which) for n in nodes]
+            cross = None
+            for i, n in enumerate(nodes):
+                if all(below[i:]):
+                    cross = n
+                    break
+            result[which] = cross
+        out.append({"model": model, "hybrid": strategy, **result})
+    return out
+
+
+def crossing_factor(c: dict, largest: int = 128) -> float:
+    """How far apart the predicted and measured crossings are (>= 1; a crossing that did not happen is
+    taken as one beyond the largest node count measured, twice it)."""
+    m = c["measured"] or 2 * largest
+    p = c["predicted"] or 2 * largest
+    return max(m, p) / min(m, p)
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    model: str
+    strategy: str
+    nodes: int
+    measured_gib: float
+    predicted_gib: float
+    source: str
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_gib - self.measured_gib) / self.measured_gib
+
+
+def memory_rows(data: dict) -> list:
+    """The authors' peak active memory per GCD against memory.predict's peak_active."""
+    out = []
+    for s in data["memory_points"]:
+        for n, gib in zip(s["nodes"], s["peak_gib"], strict=True):
+            m = memory.predict(_scenario(data, s["model"], s["strategy"], n))
+            out.append(MemoryRow(s["model"], s["strategy"], n, gib, m.peak_active / GIB, s["source"]))
+    return out
+
+
+def summary(rows: list, mem: list) -> dict:
+    """The figures issue 28 sets its bars on, the model's and the no-communication baseline's."""
+    low = [r for r in rows if r.measured_efficiency < LOW_EFFICIENCY]
+    cross = crossings(rows)
+
+    def med(xs):
+        return statistics.median(xs) if xs else float("nan")
+
+    return {
+        "points": len(rows),
+        "low_efficiency_points": len(low),
+        "median_abs_error": med([abs(r.error) for r in rows]),
+        "median_abs_error_low_efficiency": med([abs(r.error) for r in low]),
+        "max_abs_error": max(abs(r.error) for r in rows),
+        "no_comm_median_abs_error": med([abs(r.no_comm_error) for r in rows]),
+        "no_comm_median_abs_error_low_efficiency": med([abs(r.no_comm_error) for r in low]),
+        "no_comm_max_abs_error": max(abs(r.no_comm_error) for r in rows),
+        "crossings": cross,
+        "max_crossing_factor": max((crossing_factor(c) for c in cross), default=1.0),
+        "memory_points": len(mem),
+        "memory_max_abs_error": max(abs(m.error) for m in mem),
+        "extrapolated_points": sum(r.extrapolated for r in rows),
+    }
