@@ -62,7 +62,16 @@ def test_group_sizes_and_their_groups():
     ]
 
 
+# a ring spanning nodes pays the network's overhead on its in-node steps too (NCCL tuning.cc)
+OVERHEAD = dataclasses.replace(TRUE, net_overhead_us=30.0)
+
+
 def test_fit_gives_back_the_per_step_form_from_every_group_size():
+    spanning = {(f["collective"], f["scope"]): f for f in step_fits_of(measurements(network=OVERHEAD))}
+    for collective in COLLECTIVES:
+        f = spanning[(collective, "inter")]
+        assert f["usable"] and f["intra_latency_us"] == pytest.approx(30.0, rel=1e-3)
+        assert f["step_latency_us"] == pytest.approx(20.0, rel=1e-3)
     fits = {(f["collective"], f["scope"]): f for f in step_fits_of(measurements())}
     assert set(fits) == {(c, s) for c in COLLECTIVES for s in ("intra", "inter")}
     for (_, scope), f in fits.items():
@@ -84,8 +93,9 @@ def write_check(path, step_fits, schema=2) -> str:
     return str(path)
 
 
-def test_a_schema_2_check_calibrates_and_says_what_is_extrapolated(tmp_path):
-    check = write_check(tmp_path / "check.json", step_fits_of(measurements()))
+@pytest.mark.parametrize("true", [TRUE, OVERHEAD], ids=["no-overhead", "overhead"])
+def test_a_schema_2_check_calibrates_and_says_what_is_extrapolated(tmp_path, true):
+    check = write_check(tmp_path / "check.json", step_fits_of(measurements(network=true)))
     profile = pr.profile_path("frontier")
     cal = pr.choose_calibration(check, profile, system="frontier", models=["vit_base"], precisions=["bf16"])
     assert cal.kind == "check" and not cal.over_defaults and cal.network.measured_ranks == 32
@@ -94,7 +104,7 @@ def test_a_schema_2_check_calibrates_and_says_what_is_extrapolated(tmp_path):
     for collective in COLLECTIVES:
         for n, nodes in ((8, 1), (32, 4), (128, 16)):
             got = net.seconds(collective, 2**20, n, nodes > 1, n // nodes)
-            assert got == pytest.approx(TRUE.cost(collective, 2**20, n, nodes, n // nodes).seconds, rel=1e-3)
+            assert got == pytest.approx(true.cost(collective, 2**20, n, nodes, n // nodes).seconds, rel=1e-3)
     comp = pr.compute_from_flops(191.5, 0.4)
     sc = Scenario("vit_base", "FULL_SHARD", nodes=4, gpus_per_node=8, batch_size=32, precision="bf16")
     far = Scenario("vit_base", "FULL_SHARD", nodes=16, gpus_per_node=8, batch_size=32, precision="bf16")

@@ -421,12 +421,17 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
         table[(f.collective, f.scope)] = f.link()
     launches = sorted(f.launch_us for f in usable if f.scope == "intra")
     launch = launches[len(launches) // 2] if launches else base.launch_us
+    # what the in-node steps of a ring spanning nodes paid in the across-nodes fits replaces the profile's
+    # network overhead (the fits' per-step latencies hold it; adding the profile's would count it twice)
+    spans = sorted(f.intra_latency_us for f in usable if f.scope == "inter")
+    overhead = spans[len(spans) // 2] if spans else base.net_overhead_us
     fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
     largest = max(f.largest_ranks for f in usable)
     network = dataclasses.replace(
         base,
         per_collective=table,
         launch_us=launch,
+        net_overhead_us=overhead,
         measured_ranks=largest,
         source=f"{path}: {base.source}; step fits: {', '.join(fitted)} (groups up to {largest} ranks)",
     )

@@ -4,9 +4,11 @@ in the form vit_scale.planning.alpha_beta.Network prices a ring with:
     t = launch + intra_steps(n, k) x alpha_intra + inter_steps(n, k) x alpha_inter + S f(n) / B
 
 (n ranks on k nodes; the steps are alpha_beta.ring_steps, NCCL's tuning.cc count). Within a node
-(k = 1) the unknowns are launch, alpha_intra and 1/B; across nodes alpha_inter and 1/B, with launch
-and alpha_intra taken from the same collective's fit within a node (the steps inside each node of an
-across-nodes ring cost what they cost there). Launch and per-step latency come apart only when the
+(k = 1) the unknowns are launch, alpha_intra and 1/B; across nodes alpha_inter and 1/B, the launch
+taken from the same collective's fit within a node, and, from groups over several node counts, the
+latency of the steps inside each node of a ring spanning nodes (NCCL charges them at least its network
+overhead: tuning.cc; `intra_latency_us`, which the planner takes as Network.net_overhead_us); from one
+node count those steps are charged the within-node fit's latency. Launch and per-step latency come apart only when the
 groups differ in their steps: from one group size the whole latency is put on the steps (launch 0),
 and the fit says so in its notes.
 
@@ -114,12 +116,15 @@ def _solve(rows: list, ys: list, ws: list) -> list | None:
     """Weighted least squares: the coefficients c minimising sum w (row . c - y)^2 (normal equations,
     Gaussian elimination with pivoting); None when they are not determined."""
     m = len(rows[0])
+    # columns scaled to unit weighted norm first: bytes (up to 1e9) and step counts (1 to 1e3) side by side
+    # would otherwise leave the steps' pivots below any sane threshold
+    norms = [math.sqrt(sum(w * r[i] ** 2 for r, w in zip(rows, ws, strict=True))) or 1.0 for i in range(m)]
+    rows = [[r[i] / norms[i] for i in range(m)] for r in rows]
     a = [[sum(w * r[i] * r[j] for r, w in zip(rows, ws, strict=True)) for j in range(m)] for i in range(m)]
     b = [sum(w * r[i] * y for r, y, w in zip(rows, ys, ws, strict=True)) for i in range(m)]
     for col in range(m):
         pivot = max(range(col, m), key=lambda i: abs(a[i][col]))
-        scale = max(abs(v) for row in a for v in row) or 1.0
-        if abs(a[pivot][col]) <= 1e-12 * scale:
+        if abs(a[pivot][col]) <= 1e-10:  # unit columns: a pivot this small is a column the others make
             return None
         a[col], a[pivot], b[col], b[pivot] = a[pivot], a[col], b[pivot], b[col]
         for i in range(col + 1, m):
@@ -129,7 +134,7 @@ def _solve(rows: list, ys: list, ws: list) -> list | None:
     c = [0.0] * m
     for i in reversed(range(m)):
         c[i] = (b[i] - sum(a[i][j] * c[j] for j in range(i + 1, m))) / a[i][i]
-    return c
+    return [c[i] / norms[i] for i in range(m)]
 
 
 def _nonnegative_latencies(columns: list, ys: list, ws: list, latency: list) -> list:
@@ -200,11 +205,24 @@ def fit_steps(
     else:
         launch_s = intra.launch_us * 1e-6 if usable_intra else 0.0
         intra_s = intra.step_latency_us * 1e-6 if usable_intra else 0.0
-        if not usable_intra and any(s[0] for s in steps):
-            notes.append("no usable fit within a node: its steps inside each node charged no latency apart")
-        ys = [t - launch_s - s[0] * intra_s for t, s in zip(ts, steps, strict=True)]
-        columns, latency = [[0.0] * len(pts), [s[1] for s in steps], xs], [1]
+        in_node = [s[0] for s in steps]
+        if len({p.nodes for p in pts}) > 1 and any(in_node):
+            # several node counts: the in-node steps of a ring spanning nodes get a latency of their own (NCCL
+            # charges them at least its network overhead, tuning.cc), told apart from the across-nodes steps
+            ys = [t - launch_s for t in ts]
+            columns, latency = [[0.0] * len(pts), [s[1] for s in steps], xs, in_node], [1, 3]
+        else:
+            if any(in_node):
+                notes.append(
+                    "one node count: the steps inside each node charged the within-node fit's latency"
+                    if usable_intra
+                    else "one node count and no usable fit within a node: steps inside each node charged nothing"
+                )
+            ys = [t - launch_s - s[0] * intra_s for t, s in zip(ts, steps, strict=True)]
+            columns, latency = [[0.0] * len(pts), [s[1] for s in steps], xs], [1]
     c = _nonnegative_latencies(columns, ys, ws, latency)
+    if len(c) > 3:
+        intra_s = c[3]
     launch = c[0] if scope == "intra" else launch_s
     alpha, slope = c[1], c[2]
     if slope <= 0:
