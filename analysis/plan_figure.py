@@ -6,7 +6,7 @@ bottom of its panel.
 
     python analysis/plan_figure.py DIR/weak_scaling_plan.json --out DIR
 
-The JSON is what vit_scale/planning/cli.py writes (docs/plan.md, "Before the allocation"). vit_scale
+The JSON is what vit_scale/plan/figure.py writes (docs/plan.md, "Before the allocation"). vit_scale
 runs this as a subprocess: it may not import analysis. Exit codes: 0 drawn, 2 bad input (one line).
 """
 

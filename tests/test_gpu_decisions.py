@@ -152,9 +152,9 @@ def test_low_level_zero_offload_is_refused_on_rocm_in_the_table():
 def test_trainer_and_plan_refuse_low_level_zero_offload_on_rocm_with_one_line(capsys):
     """The trainer's check with a World that says rocm (no ROCm GPU here); it refuses before
     importing colossalai. `vit-scale plan` in-process, as the shell would run it."""
+    from vit_scale import plan
     from vit_scale.distributed.capabilities import refusal
     from vit_scale.distributed.colossalai import ColossalAIStrategy
-    from vit_scale.planning import cli as plan
 
     cfg = load_config(None, OFFLOAD)
     expected = refusal("CAI_LOW_LEVEL_ZERO", "bf16", "rocm", cfg)

@@ -11,11 +11,11 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
+from vit_scale import plan
 from vit_scale.config import load_config
 from vit_scale.models import MODELS, count_params, get_spec
+from vit_scale.plan import build_rows, parser
 from vit_scale.planning import Scenario, plan_row, predict_for_run
-from vit_scale.planning import cli as plan
-from vit_scale.planning.cli import _parser, build_rows
 from vit_scale.planning.shapes import Shape
 
 # Seed 003's setting, as docs/plan.md states it: a 64 GiB MI250X GCD, 8 a node, batch 32 per GCD,
@@ -186,7 +186,7 @@ def test_every_label_has_a_row():
         row
         for precision in ("bf16", "fp16")
         for row in build_rows(
-            _parser().parse_args(["--model", "vit_1b", "--nodes", "1,2", "--device", "cuda", "--precision", precision])
+            parser().parse_args(["--model", "vit_1b", "--nodes", "1,2", "--device", "cuda", "--precision", precision])
         )[0]
     ]
     labels = {r["strategy"] for r in rows}
@@ -232,7 +232,7 @@ def test_json_output_follows_the_schema(capsys):
 def test_pairs_the_device_cannot_run_are_left_out_with_the_capability_tables_reason(capsys):
     from vit_scale.distributed.capabilities import refusal
 
-    rows, shared = build_rows(_parser().parse_args(["--model", "vit_base", "--precision", "fp32"]))  # rocm
+    rows, shared = build_rows(parser().parse_args(["--model", "vit_base", "--precision", "fp32"]))  # rocm
     labels = {r["strategy"] for r in rows}
     assert {"CAI_GEMINI", "CAI_DDP_FP16"}.isdisjoint(labels) and {"DDP", "FULL_SHARD", "CAI_FSDP"} <= labels
     assert shared["device"] == "rocm" and shared["refused"] == {

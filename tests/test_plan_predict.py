@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 
 from conftest import PYTHON, ROOT
+from vit_scale import plan
 from vit_scale.errors import UserError
-from vit_scale.planning import cli as plan
 from vit_scale.planning import predict as pr
 from vit_scale.planning.alpha_beta import BUS_FACTORS, fit
 from vit_scale.planning.scenario import Scenario
@@ -549,7 +549,7 @@ def test_forecast_takes_the_efficiency_from_the_studys_runs(tmp_path, monkeypatc
 
 def test_forecast_failure_is_one_line_and_the_study_goes_on(tmp_path, monkeypatch, capsys):
     """A planner bug cannot be produced on purpose: plan() is replaced by one that raises, as a bug would."""
-    from vit_scale.planning import cli as plan_cli
+    from vit_scale import plan as plan_cli
     from vit_scale.study.forecast import forecast
 
     run = _study_run(tmp_path, monkeypatch, "frontier", "models: [vit_base]\nstrategies: [DDP]\npredict: true\n")

@@ -113,7 +113,7 @@ def test_a_schema_2_check_calibrates_and_says_what_is_extrapolated(tmp_path, tru
 
 
 def test_bad_fits_are_one_line_exit_2_and_nothing_written(tmp_path, capsys):
-    from vit_scale.planning import cli as plan
+    from vit_scale import plan
 
     good = step_fits_of(measurements())
     cases = [

@@ -6,7 +6,7 @@ import sys
 
 COMMANDS = {
     "train": ("vit_scale.recipes.train", "one run: one model under one strategy on the launched ranks"),
-    "plan": ("vit_scale.planning.cli", "what fits where: memory per device and communication per step"),
+    "plan": ("vit_scale.plan", "what fits where: memory per device and communication per step"),
     "finetune": ("vit_scale.recipes.finetune", "fine-tune on real images: evaluation, pretrained weights, checkpoints"),
     "study": ("vit_scale.study.cli", "a study: many runs launched, supervised, recorded, resumed, then analysed"),
     "sweep": ("vit_scale.study.sweep", "a study across Slurm jobs: one per node count, then the analysis job"),

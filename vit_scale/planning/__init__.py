@@ -2,7 +2,7 @@
 
     row = plan_row(Scenario(model="vit_3b", strategy="NO_SHARD", nodes=1, gpus_per_node=8))
 
-`vit_scale.planning.cli` is `vit-scale plan ...`; the trainer's session calls `predict_for_run`.
+`vit_scale.plan` (above this layer) is `vit-scale plan ...`; the trainer's session calls `predict_for_run`.
 Nothing here imports torch. Formulas and assumptions: docs/plan.md.
 """
 

@@ -1,7 +1,7 @@
 """`predict: true` in a study file (or `--predict true`): before the first run, the table of
 `vit-scale plan --system` for the study's models, strategies and node counts, the predicted
 weak-scaling figure in the study's report directory, and the strategies predicted not worth
-running (vit_scale.planning.cli.not_worth_running states the rule). It names them; it runs them all.
+running (vit_scale.plan.not_worth_running states the rule). It names them; it runs them all.
 
 Calibration: the study's check.json when it carries fits (a full `vit-scale check`), else the system
 profile's defaults. Compute: the study's own 1-node runs when an earlier submission left some (of
@@ -94,7 +94,7 @@ def forecast(study) -> None:
 
 
 def _forecast(study) -> None:
-    from vit_scale.planning import cli as plan_cli
+    from vit_scale import plan as plan_cli
 
     print()
     if study.one_machine:

@@ -1,0 +1,110 @@
+"""The plan's prediction (with --system): each row's predicted step and speed from
+vit_scale.planning.predict, the calibration and compute it used, and the strategies not worth running."""
+
+from __future__ import annotations
+
+import os
+
+from vit_scale.errors import UserError
+
+from .options import DEFAULT_EFFICIENCY
+
+OPTIMIZER_NOTE = "not modelled: inside compute"  # no compute source times the optimizer step apart
+NOT_WORTH = 0.5  # a strategy below this share of the best at the largest node count
+
+
+def predict_rows(args, rows: list, scenarios: list) -> dict:
+    """Each row's prediction (row["prediction"]) and what they share: the calibration, the compute
+    source and the strategies predicted not worth running. Bad input raises UserError, before anything
+    is written."""
+    from vit_scale.planning import predict as pr
+
+    profile = pr.profile_path(args.system)
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    cal = pr.choose_calibration(
+        args.calibration, profile, system=args.system, models=models, precisions=[args.precision]
+    )
+    if args.compute_from is not None:
+        compute = pr.compute_from(args.compute_from)
+        compute_text = (
+            f"measured run: {compute.describe()}, each point's compute its 1-node step less the "
+            f"communication predicted exposed there"
+        )
+    else:
+        efficiency, stated = _efficiency(args)
+        compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency, os.path.basename(profile))
+        compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
+    blocking = pr.blocking_for(None, args.device)
+    for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):
+        row["prediction"] = p.as_dict()
+        step = row["prediction"]["step"]
+        if step is not None and not step["optimizer_s"]:
+            # no compute source times the optimizer apart (a measured step holds it, the FLOPs' efficiency
+            # absorbs it): null, not a predicted 0
+            step["optimizer_s"], step["optimizer"] = None, OPTIMIZER_NOTE
+    return {
+        "system": args.system,
+        "calibration": {
+            "kind": cal.kind,
+            "label": cal.label,
+            "source": cal.source,
+            "notes": list(cal.notes),
+            "text": cal.describe(),
+        },
+        "compute": {"kind": compute.kind, "text": compute_text},
+        "not_worth_running": not_worth_running(rows),
+        "rule": (
+            f"not worth running: at the largest node count planned, the strategy does not fit, or its "
+            f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model"
+        ),
+    }
+
+
+def _efficiency(args) -> tuple[float, str]:
+    """The FLOPs' efficiency and where it came from: --efficiency, the median MFU of --efficiency-from's
+    run records, else DEFAULT_EFFICIENCY, assumed."""
+    from vit_scale.planning import predict as pr
+    from vit_scale.record import reader
+
+    if args.efficiency is not None:
+        return args.efficiency, "--efficiency"
+    if args.efficiency_from is not None:
+        if not os.path.isdir(args.efficiency_from):
+            raise UserError(
+                f"--efficiency-from: {args.efficiency_from} is not a directory; expected a run or study directory"
+            )
+        runs = reader.collect([args.efficiency_from]).runs
+        mfu = pr.efficiency_from_runs(runs)
+        if mfu is None:
+            raise UserError(
+                f"--efficiency-from: {args.efficiency_from} holds no ok run that recorded an MFU; expected run "
+                f"records of vit-scale train (their end record's mfu)"
+            )
+        n = sum(1 for r in runs if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)))
+        return mfu, f"the median MFU of {n} run(s) in {args.efficiency_from}"
+    return DEFAULT_EFFICIENCY, "assumed; --efficiency F states another, --compute-from RUNDIR measures it"
+
+
+def not_worth_running(rows: list, share: float = NOT_WORTH) -> list:
+    """Per model, at its largest node count: the strategies that do not fit there, or whose predicted
+    images/s is below `share` of the best strategy's (rows with a "prediction")."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model and "prediction" in r]
+        if not mine:
+            continue
+        largest = max(r["nodes"] for r in mine)
+        last = [r for r in mine if r["nodes"] == largest]
+        speeds = {r["strategy"]: r["prediction"]["images_per_s"] for r in last}
+        known = {k: v for k, v in speeds.items() if v}
+        best = max(known, key=known.get) if known else None
+        for r in last:
+            ips = speeds[r["strategy"]]
+            if r["prediction"]["fits"] is False or not ips:
+                why = f"does not fit on {largest} node(s)"
+            elif best and ips < share * known[best]:
+                why = f"{ips / known[best]:.0%} of {best}'s images/s on {largest} node(s)"
+            else:
+                continue
+            out.append({"model": model, "strategy": r["strategy"], "why": why})
+    return out
