@@ -6,7 +6,11 @@ FSDP all-gathers before a Block's forward and reduce-scatters after its backward
 gradient bucket (25 MiB of fp32 gradients, torch's default bucket_cap_mb) and, in full mode, ZeRO's
 bucket (DeepSpeed's reduce_bucket_size and allgather_bucket_size, at most the whole model) and a
 sweep in steps of 8x from 8 B to the largest of these, so that an alpha-beta line
-(vit_scale.planning.alpha_beta.fit) is fitted per collective and scope from at least 8 sizes.
+(vit_scale.planning.alpha_beta.fit) is fitted per collective, scope and group size from at least 8
+sizes. Group sizes (full mode): every one the allocation can form (group_sizes: 2, 4, ... ranks within
+a node, 2, 4, ... nodes across), the groups of a size partitioning the ranks and measuring at once;
+the per-step fit over all of them (vit_scale.planning.step_fit.fit_steps, step_fits_of) is what the
+planner prices a collective with.
 Bounds: a size whose buffers would take more than MEMORY_SHARE of a rank's free memory is left out,
 and the sweep's sizes (not the named ones) stop where a collective's share of the time budget
 (Settings.sweep_budget_s) would run out; what was left out, and why, is in the measurements' list.

@@ -33,7 +33,7 @@ from vit_scale.planning.alpha_beta import (
     MONOTONE_NOISE,
     SCOPES,
     Link,
-    _backwards,
+    _backwards,  # the single-size fit's test for latency running backwards, applied per group size
     bus_factor,
     ring_steps,
 )
