@@ -666,6 +666,9 @@ def test_the_sweeps_time_budget_extends_the_line_of_what_was_measured():
     assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=1.0).startswith("time budget: ")
     assert left_out("all_reduce", sweep, 2, 0, FULL, [small, big], left_s=100.0) == ""
     assert left_out("all_reduce", Size("bucket", 8 + 10**7, "fp32", ""), 2, 0, FULL, [small, big], 0.0) == ""
+    # a group narrower than the scope's widest: its named sizes only feed the fit, within the budget
+    narrow = left_out("all_reduce", Size("bucket", 8 + 10**7, "fp32", ""), 2, 0, FULL, [small, big], 0.0, False)
+    assert narrow.startswith("time budget: ")
     assert left_out("all_reduce", sweep, 2, 4 * 10**7, FULL, [], 100.0).startswith("memory: ")
 
 

@@ -318,14 +318,18 @@ def measure_all(world, sizes: list[Size], settings: Settings, quick: bool = Fals
     room = agreed_min(free_bytes_per_rank(world), None, world.device)
     share_s = settings.sweep_budget_s / max(1, len(plan) * len(COLLECTIVES))
     results, skipped = [], []
+    widest = {scope: max(r for s, r, _ in plan if s == scope) for scope, _, _ in plan}
     for scope, ranks, span in plan:
         groups = partition(names, scope, ranks)
         group = my_group(world, groups)
+        # the strategies' own sizes whatever the budget at the scope's widest group (the check's lines and
+        # the report's bandwidths); at narrower ones they feed the fit, within the budget like the sweep's
+        named_always = ranks == widest[scope]
         for collective in COLLECTIVES:
             started, done = time.perf_counter(), []
             for size in sizes:
                 left_s = share_s - (time.perf_counter() - started)
-                why = left_out(collective, size, ranks, room, settings, done, left_s)
+                why = left_out(collective, size, ranks, room, settings, done, left_s, named_always)
                 if why:
                     skipped.append(
                         {
@@ -354,15 +358,24 @@ def buffer_bytes(collective: str, size: Size, ranks: int) -> int:
 
 
 def left_out(
-    collective: str, size: Size, ranks: int, room: float, settings: Settings, done: list, left_s: float
+    collective: str,
+    size: Size,
+    ranks: int,
+    room: float,
+    settings: Settings,
+    done: list,
+    left_s: float,
+    named_always: bool = True,
 ) -> str:
     """Why this size is not measured ("" when it is): its buffers would not fit in MEMORY_SHARE of
-    the rank's free memory, or (a sweep size) its expected time would run past the collective's
-    share of the sweep's time budget. Decided from agreed figures, so every rank decides the same."""
+    the rank's free memory, or (a sweep size, or any size where not named_always: the groups narrower
+    than a scope's widest, whose named sizes only feed the fit) its expected time would run past the
+    collective's share of the sweep's time budget. Decided from agreed figures, so every rank decides
+    the same."""
     need = buffer_bytes(collective, size, ranks)
     if room > 0 and need > MEMORY_SHARE * room:
         return f"memory: {human_bytes(need)} of buffers, more than {MEMORY_SHARE:.0%} of {human_bytes(room)} free"
-    if size.name in NAMED_SIZES or not done:
+    if (size.name in NAMED_SIZES and named_always) or not done:
         return ""
     calls = settings.warmup + 2 + settings.min_iterations * settings.repeats
     expected = expected_seconds(done, size.nbytes) * calls
