@@ -135,7 +135,8 @@ def test_json_carries_the_prediction_per_row(capsys):
 
 
 def test_efficiency_from_run_records(capsys, tmp_path):
-    """--efficiency-from: the FLOPs' efficiency is the median MFU of the ok runs there, and the output says so."""
+    """--efficiency-from: each model's FLOPs' efficiency is the median MFU of that model's ok runs there,
+    and the output says so; a model with no such run is a one-line error (an MFU does not carry over)."""
     runs = str(tmp_path / "runs")
     mfus = []
     for nodes, ips in ((1, 800.0), (2, 1500.0), (4, 2800.0)):
@@ -143,10 +144,14 @@ def test_efficiency_from_run_records(capsys, tmp_path):
         with open(metrics) as fh:
             mfus.append(json.loads(fh.read().splitlines()[-1])["mfu"])
     write_run(runs, study="s", nodes=8, ips=None, status="oom")  # no MFU: not counted
-    out = run_json(capsys, BASE + ["--efficiency-from", runs])
+    assert plan.main(BASE + ["--efficiency-from", runs, "--json", "--no-figure"]) == 2
+    err = capsys.readouterr().err
+    assert "--efficiency-from: no ok run of vit_3b recorded an MFU" in err and "(it has vit_base)" in err
+    one_model = ["--system", "frontier", "--model", "vit_base", "--nodes", "1,2", "--strategy", "DDP,FULL_SHARD"]
+    out = run_json(capsys, one_model + ["--efficiency-from", runs])
     median = sorted(mfus)[1]
     text = out["prediction"]["compute"]["text"]
-    assert f"x {median:.0%} efficiency" in text and f"the median MFU of 3 run(s) in {runs}" in text
+    assert f"each model's MFU (vit_base {median:.0%})" in text and f"the median MFU of 3 run(s) in {runs}" in text
     got = row(out, "vit_base", "DDP", 1)["prediction"]
     sc = Scenario("vit_base", "DDP", nodes=1, gpus_per_node=8, batch_size=32, precision="bf16", device_memory_gib=64.0)
     net = pr.profile_calibration(pr.profile_path("frontier")).network

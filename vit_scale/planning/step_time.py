@@ -70,14 +70,27 @@ class Compute:
 
     @classmethod
     def from_flops(cls, sc: Scenario, peak_tflops: float, efficiency: float, optimizer_s: float = 0.0) -> Compute:
-        """The counted FLOPs over peak x efficiency (efficiency stated by the caller: MFU of a run)."""
+        """The step from an MFU: model FLOPs over peak x efficiency. Model FLOPs are forward + backward
+        without activation checkpointing's recompute, as a run's recorded MFU counts them
+        (vit_scale.models.flops_per_image: torch's FlopCounterMode over one forward and backward), so an
+        MFU measured under checkpointing, which spent part of its time recomputing, gives back the step it
+        was measured on. The recompute is inside that step: forward and backward split as the executed
+        FLOPs are (1:3 under checkpointing, else 1:2)."""
         if not peak_tflops > 0 or not 0 < efficiency <= 1:
             raise ValueError("compute: peak_tflops must be positive and efficiency in (0, 1]")
         rate = peak_tflops * 1e12 * efficiency
         f = forward_flops_per_image(sc.shape)
-        forward = sc.batch_size * (f["stem"] + sc.shape.L * f["block"] + f["head"]) / rate
-        total = sc.batch_size * train_flops_per_image(sc.shape, sc.activation_checkpointing) / rate
-        return cls(forward, total - forward, optimizer_s, f"FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%})")
+        fwd = f["stem"] + sc.shape.L * f["block"] + f["head"]
+        total = sc.batch_size * train_flops_per_image(sc.shape) / rate
+        executed = train_flops_per_image(sc.shape, sc.activation_checkpointing)
+        forward = total * fwd / executed
+        recompute = " (MFU: recompute inside)" if sc.activation_checkpointing else ""
+        return cls(
+            forward,
+            total - forward,
+            optimizer_s,
+            f"model FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%}){recompute}",
+        )
 
 
 def _unit_compute(sc: Scenario, compute: Compute) -> list[tuple[float, float]]:
