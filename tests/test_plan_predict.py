@@ -515,3 +515,19 @@ def test_forecast_failure_is_one_line_and_the_study_goes_on(tmp_path, monkeypatc
     forecast(run)  # returns: the study goes on
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     assert lines == ["predicted: not available: 'bucket'"]
+
+
+def test_a_group_wider_than_a_node_takes_its_smallest_node_count_as_baseline(capsys):
+    """The seed-003 authors' vit_15b HYBRID_16GPU on 8-GCD nodes cannot run on 1 node: the plan used to
+    exit 2 on that 1-node baseline. Its baseline is 2 nodes (the efficiency there is 1), the rules say so,
+    and each point says whether its largest group (16 ranks: the shard group) lies beyond what the
+    Frontier profile's sources measured (32 ranks): no. FULL_SHARD over 8 nodes (64 ranks) does."""
+    argv = ["--system", "frontier", "--model", "vit_15b", "--strategy", "HYBRID_16GPU,FULL_SHARD"]
+    out = run_json(capsys, argv + ["--nodes", "2,8", "--activation-checkpointing"])
+    h16 = row(out, "vit_15b", "HYBRID_16GPU", 2)["prediction"]
+    assert h16["baseline_nodes"] == 2 and h16["scaling_efficiency"] == pytest.approx(1.0)
+    assert any("baseline: 2 nodes, the fewest HYBRID_16GPU fits on" in r for r in h16["rules"])
+    at8 = row(out, "vit_15b", "HYBRID_16GPU", 8)["prediction"]
+    assert (at8["largest_group"], at8["extrapolated"]) == (16, False)
+    full = row(out, "vit_15b", "FULL_SHARD", 8)["prediction"]
+    assert full["baseline_nodes"] == 1 and (full["largest_group"], full["extrapolated"]) == (64, True)
