@@ -1,7 +1,17 @@
-"""How close the predicted weak-scaling curve comes to the measured one, on this machine.
+"""How close the predicted weak-scaling curve comes to the measured one: on this machine (--local, the
+default), or against the seed-003 authors' published Frontier curves (--frontier).
 
-    python benchmarks/prediction_accuracy.py [--dir DIR] [--keep] [--check-json PATH] [--study-dir PATH]
+    python benchmarks/prediction_accuracy.py [--local] [--dir DIR] [--keep] [--check-json PATH] [--study-dir PATH]
+    python benchmarks/prediction_accuracy.py --frontier
 
+--frontier: predicts every point of tests/data/frontier_published.json (FSDP1, bf16, batch 32,
+activation checkpointing, 2-128 nodes of 8 GCDs; DDP and the authors' 5B left out) from the Frontier
+profile's network defaults and each series' own baseline rung (vit_scale/planning/published.py), and
+prints per point the measured and predicted images/s per GCD and efficiency, then issue 28's figures
+(median |error| over all points and over those below 0.8 efficiency, the largest error, each crossing,
+the peak-memory error) with the no-communication baseline's score beside them. Seconds, no runs.
+
+--local:
 Runs `vit-scale check` in full mode on 2 emulated nodes of the local system (its size sweep and
 alpha-beta fits: the calibration), then the local study (configs/studies/local.yaml, what the
 README's first command runs: vit_micro, 5 strategies, 1 and 2 emulated nodes of 2 CPU ranks),
@@ -91,7 +101,80 @@ def median_abs(rows: list, nodes: int = 2) -> float | None:
     return statistics.median(errors) if errors else None
 
 
+def frontier_main() -> int:
+    """The Frontier section: the model against the published curves. Exit 0 when issue 28's bars are met."""
+    from vit_scale.planning import published as pub
+    from vit_scale.planning.alpha_beta import read_network
+
+    started = time.perf_counter()
+    profile = os.path.join(ROOT, "configs", "systems", "frontier.yaml")
+    net = read_network(profile)
+    data = pub.load()
+    rows = pub.speed_rows(data, net)
+    mem = pub.memory_rows(data)
+    s = pub.summary(rows, mem)
+    print(f"network: {net.source}; published data: {data['repository']} @ {data['commit'][:12]}")
+    print(
+        f"\n{'model':9} {'strategy':14} {'nodes':>5} {'measured':>9} {'predicted':>9} {'error':>7} "
+        f"{'eff meas':>8} {'eff pred':>8} {'no-comm':>8}  (images/s per GCD)"
+    )
+    for r in rows:
+        print(
+            f"{r.model:9} {r.strategy:14} {r.nodes:5d} {r.measured:9.2f} {r.predicted:9.2f} {r.error:+7.1%} "
+            f"{r.measured_efficiency:8.2f} {r.predicted_efficiency:8.2f} {r.no_comm_error:+8.1%}"
+            + ("  extrapolated" if r.extrapolated else "")
+        )
+    print("\ncrossings (the node count from which FULL_SHARD stays >5% below the hybrid):")
+    for c in s["crossings"]:
+        print(
+            f"  {c['model']:9} {c['hybrid']:14} measured {c['measured'] or '-':>4}  predicted "
+            f"{c['predicted'] or '-':>4}  factor {pub.crossing_factor(c):.1f}"
+        )
+    print("\npeak active memory per GCD (GiB):")
+    for m in mem:
+        print(
+            f"  {m.model:9} {m.strategy:14} {m.nodes:4d} measured {m.measured_gib:7.2f} "
+            f"predicted {m.predicted_gib:7.2f} {m.error:+6.1%}"
+        )
+    low64 = sorted(abs(r.error) for r in rows if r.measured_efficiency < pub.LOW_EFFICIENCY and r.nodes <= 64)
+    figures = [
+        ("median |error|, all points", s["median_abs_error"], s["no_comm_median_abs_error"], 0.15),
+        (
+            "median |error|, efficiency < 0.8",
+            s["median_abs_error_low_efficiency"],
+            s["no_comm_median_abs_error_low_efficiency"],
+            0.25,
+        ),
+        ("  the same, up to 64 nodes", statistics.median(low64), None, 0.25),
+        ("max |error|", s["max_abs_error"], s["no_comm_max_abs_error"], None),
+        ("largest crossing factor", s["max_crossing_factor"], None, 2.0),
+        ("max |memory error|", s["memory_max_abs_error"], None, 0.10),
+    ]
+    print(f"\n{'figure':36} {'model':>8} {'no-comm':>8} {'bar':>6}")
+    met = True
+    for name, value, base, bar in figures:
+        ok = bar is None or value <= bar
+        met = met and ok
+        fmt = (lambda x: f"{x:.2f}x") if "factor" in name else (lambda x: f"{x:.1%}")
+        print(
+            f"{name:36} {fmt(value):>8} {'' if base is None else fmt(base):>8} "
+            f"{'' if bar is None else fmt(bar):>6}{'' if ok else '  missed'}"
+        )
+    print(
+        f"\n{s['points']} points ({s['extrapolated_points']} beyond the largest group the profile's sources "
+        f"measured), {s['memory_points']} memory points; {time.perf_counter() - started:.1f} s, {load()}"
+    )
+    return 0 if met else 1
+
+
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--frontier" in argv:
+        return frontier_main()
+    return local_main([a for a in argv if a != "--local"])
+
+
+def local_main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", help="where to run (default: a temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the directory")

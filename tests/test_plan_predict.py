@@ -152,7 +152,8 @@ def test_json_carries_the_prediction_per_row(capsys):
 
 
 def test_efficiency_from_run_records(capsys, tmp_path):
-    """--efficiency-from: the FLOPs' efficiency is the median MFU of the ok runs there, and the output says so."""
+    """--efficiency-from: each model's FLOPs' efficiency is the median MFU of that model's ok runs there,
+    and the output says so; a model with no such run is a one-line error (an MFU does not carry over)."""
     runs = str(tmp_path / "runs")
     mfus = []
     for nodes, ips in ((1, 800.0), (2, 1500.0), (4, 2800.0)):
@@ -160,10 +161,14 @@ def test_efficiency_from_run_records(capsys, tmp_path):
         with open(metrics) as fh:
             mfus.append(json.loads(fh.read().splitlines()[-1])["mfu"])
     write_run(runs, study="s", nodes=8, ips=None, status="oom")  # no MFU: not counted
-    out = run_json(capsys, BASE + ["--efficiency-from", runs])
+    assert plan.main(BASE + ["--efficiency-from", runs, "--json", "--no-figure"]) == 2
+    err = capsys.readouterr().err
+    assert "--efficiency-from: no ok run of vit_3b recorded an MFU" in err and "(it has vit_base)" in err
+    one_model = ["--system", "frontier", "--model", "vit_base", "--nodes", "1,2", "--strategy", "DDP,FULL_SHARD"]
+    out = run_json(capsys, one_model + ["--efficiency-from", runs])
     median = sorted(mfus)[1]
     text = out["prediction"]["compute"]["text"]
-    assert f"x {median:.0%} efficiency" in text and f"the median MFU of 3 run(s) in {runs}" in text
+    assert f"each model's MFU (vit_base {median:.0%})" in text and f"the median MFU of 3 run(s) in {runs}" in text
     got = row(out, "vit_base", "DDP", 1)["prediction"]
     sc = Scenario("vit_base", "DDP", nodes=1, gpus_per_node=8, batch_size=32, precision="bf16", device_memory_gib=64.0)
     net = pr.profile_calibration(pr.profile_path("frontier")).network
@@ -561,3 +566,19 @@ def test_forecast_failure_is_one_line_and_the_study_goes_on(tmp_path, monkeypatc
     forecast(run)  # returns: the study goes on
     lines = [line for line in capsys.readouterr().out.splitlines() if line]
     assert lines == ["predicted: not available: 'bucket'"]
+
+
+def test_a_group_wider_than_a_node_takes_its_smallest_node_count_as_baseline(capsys):
+    """The seed-003 authors' vit_15b HYBRID_16GPU on 8-GCD nodes cannot run on 1 node: the plan used to
+    exit 2 on that 1-node baseline. Its baseline is 2 nodes (the efficiency there is 1), the rules say so,
+    and each point says whether its largest group (16 ranks: the shard group) lies beyond what the
+    Frontier profile's sources measured (32 ranks): no. FULL_SHARD over 8 nodes (64 ranks) does."""
+    argv = ["--system", "frontier", "--model", "vit_15b", "--strategy", "HYBRID_16GPU,FULL_SHARD"]
+    out = run_json(capsys, argv + ["--nodes", "2,8", "--activation-checkpointing"])
+    h16 = row(out, "vit_15b", "HYBRID_16GPU", 2)["prediction"]
+    assert h16["baseline_nodes"] == 2 and h16["scaling_efficiency"] == pytest.approx(1.0)
+    assert any("baseline: 2 nodes, the fewest HYBRID_16GPU fits on" in r for r in h16["rules"])
+    at8 = row(out, "vit_15b", "HYBRID_16GPU", 8)["prediction"]
+    assert (at8["largest_group"], at8["extrapolated"]) == (16, False)
+    full = row(out, "vit_15b", "FULL_SHARD", 8)["prediction"]
+    assert full["baseline_nodes"] == 1 and (full["largest_group"], full["extrapolated"]) == (64, True)

@@ -18,6 +18,7 @@ from vit_scale.planning.step_time import (
     _buckets,
     _ds_buckets,
     _unit_plan,
+    forward_flops_per_image,
     predict_curve,
     predict_step,
     timeline,
@@ -455,3 +456,18 @@ def test_compute_from_flops_and_blocking_collectives():
     assert predict_step(ddp, FLAT, comp, blocking=True).rules == predict_step(ddp, FLAT, comp).rules
     with pytest.raises(ValueError, match="efficiency"):
         Compute.from_flops(sc, 1.0, 1.5)
+
+
+def test_an_mfu_under_checkpointing_gives_back_its_step():
+    """A recorded MFU counts model FLOPs without the recompute (vit_scale.models.flops_per_image): a run
+    of 1.0 s at MFU m under activation checkpointing did 3F of model FLOPs and 4F of work. Applied back, the
+    step is 1.0 s, not 4/3 s, split as the executed FLOPs are: forward 1/4, backward (recompute in) 3/4."""
+    sc = Scenario(model="vit_base", strategy="DDP", nodes=1, gpus_per_node=1, activation_checkpointing=True)
+    model_flops = sc.batch_size * train_flops_per_image(sc.shape)
+    mfu = model_flops / (1.0 * 191.5e12)
+    comp = Compute.from_flops(sc, 191.5, mfu)
+    assert comp.forward_s + comp.backward_s == pytest.approx(1.0)
+    f = forward_flops_per_image(sc.shape)
+    fwd = f["stem"] + sc.shape.L * f["block"] + f["head"]
+    assert comp.forward_s == pytest.approx(fwd / train_flops_per_image(sc.shape, True))
+    assert "recompute inside" in comp.source

@@ -33,6 +33,11 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
     else:
         efficiency, stated = _efficiency(args)
         compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency, os.path.basename(profile))
+        if args.efficiency_from is not None:
+            # an MFU is its own model's: each point takes the median of its model's runs
+            from vit_scale.record import reader
+
+            compute.efficiencies = pr.efficiencies_from_runs(reader.collect([args.efficiency_from]).runs)
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
     blocking = pr.blocking_for(None, args.device)
     for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):

@@ -96,18 +96,19 @@ class Fit:
             return 1
         return max(1, self.ranks // (self.ranks_per_node or 1))
 
-    def link(self, intra_alpha_us: float | None = None) -> Link:
-        """The fit in the per-step form: its latency (the whole collective's, at its ranks) spread over the
-        ring steps it paid for. Across nodes, the steps inside a node are charged `intra_alpha_us` each
-        (the within-node per-step latency) and the rest is the across-nodes steps' (never below zero);
-        without it, every step is charged alike."""
+    def link(self, intra_alpha_us: float | None = None, launch_us: float = 0.0) -> Link:
+        """The fit in the per-step form: its latency (the whole collective's, at its ranks), less the
+        per-collective `launch_us` the network adds anyway, spread over the ring steps it paid for. Across
+        nodes, the steps inside a node are charged `intra_alpha_us` each (the within-node per-step latency)
+        and the rest is the across-nodes steps' (never below zero); without it, every step alike."""
         intra, inter = ring_steps(self.collective, self.ranks, self.nodes)
+        steps_us = max(0.0, self.alpha_us - launch_us) if math.isfinite(self.alpha_us) else self.alpha_us
         if intra + inter == 0 or not math.isfinite(self.alpha_us):
             alpha = self.alpha_us
         elif inter and intra_alpha_us is not None:
-            alpha = max(0.0, self.alpha_us - intra * intra_alpha_us) / inter
+            alpha = max(0.0, steps_us - intra * intra_alpha_us) / inter
         else:
-            alpha = self.alpha_us / (intra + inter)
+            alpha = steps_us / (intra + inter)
         return Link(alpha, self.bus_gbps, f"fit of {self.collective} ({self.scope}, {self.ranks} ranks)")
 
     def as_dict(self) -> dict:
@@ -345,12 +346,12 @@ class Network:
 
     def _scope_link(self, collective: str, scope: str) -> Link:
         intra = self.per_collective.get((collective, "intra"))
-        intra = intra.link() if isinstance(intra, Fit) else (intra or self.intra)
+        intra = intra.link(launch_us=self.launch_us) if isinstance(intra, Fit) else (intra or self.intra)
         if scope == "intra":
             return intra
         fitted = self.per_collective.get((collective, "inter"))
         if isinstance(fitted, Fit):
-            return fitted.link(intra.alpha_us)
+            return fitted.link(intra.alpha_us, self.launch_us)
         return fitted or self.inter
 
     def link(self, collective: str, spans_nodes: bool, ranks_per_node: int = 1) -> Link:

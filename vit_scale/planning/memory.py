@@ -168,79 +168,10 @@ def _ddp(sc: Scenario, shape: Shape, precision: str) -> StateMemory:
 
 
 def _fsdp1(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemory:
-    g, L = lay.shard, shape.L
-    mp = precision != "fp32"
-    c = _bytes(precision)  # param_dtype = reduce_dtype in the trainer's MixedPrecision
-    blk, root = _shard_pad(shape.block_params, g), _shard_pad(shape.root_params, g)
-    local = L * blk + root
-    opts = sc.fsdp
-    impl = _auto_optimizer(sc, plain_tensor_params=True)
-    # the optimizer sees one FlatParameter shard per unit, or the original parameters' views
-    largest = min(local, shape.largest_tensor) if opts.use_orig_params else max(blk, root)
-    temporaries = _optimizer_temporaries(impl, local, largest)
-    grads = _per_phase(0, 4.0 * blk, 4.0 * local, 4.0 * local)
-    notes, stream_held, pending_frees = [], _const(0.0), _const(0.0)
-    if lay.sharding == "NO_SHARD":
-        if mp:
-            # each unit's low-precision copy, and its low-precision gradient before the fp32 cast
-            unit, rootc = c * shape.block_params, c * shape.root_params
-            in_flight = _per_phase(unit + rootc, 2 * unit + rootc, 2 * unit + rootc, 0)
-            # FSDP1 frees both with record_stream onto the post-backward (all-reduce) stream: by the
-            # end of the backward the whole model's worth waits there (calibrated: docs/plan.md)
-            stream_held = _per_phase(0, 0, float(c + c) * shape.params, 0)
-        else:
-            in_flight = _const(0.0)
-    else:
-        unit, rootc = c * g * blk, c * g * root  # unsharded, padded, in param_dtype
-        grad_tmp = c * g * blk + c * blk  # unsharded gradient + reduce-scatter output
-        n_fwd = 2 if opts.forward_prefetch else 1
-        n_bwd = 2 if opts.backward_prefetch == "pre" else 1
-        if lay.sharding == "SHARD_GRAD_OP":
-            # parameters stay unsharded from the forward until each unit's backward
-            in_flight = _per_phase(L * unit + rootc, L * unit + rootc + grad_tmp, n_bwd * unit + rootc + grad_tmp, 0)
-        else:
-            # the root unit is not resharded after forward (FSDP1 keeps it for the backward)
-            in_flight = _per_phase(
-                n_fwd * unit + rootc, n_bwd * unit + rootc + grad_tmp, n_bwd * unit + rootc + grad_tmp, 0
-            )
-        # Freed but not yet reusable ("active" in the allocator's stats): FSDP1 frees a unit's unsharded
-        # parameter on the host (_flat_param.py _free_unsharded_flat_param: record_stream onto the compute
-        # stream, then _free_storage) while the device is still behind, and the previous unit's unsharded
-        # gradient stays held by the post-backward stream until its reduce-scatter ends
-        # (_runtime_utils.py _post_backward_hook -> _reduce_grad, record_stream). With limit_all_gathers the
-        # host waits before a new all-gather once 2 frees are pending (_limiter_utils._FreeEventQueue,
-        # _max_num_inflight_all_gathers = 2; _runtime_utils._unshard): 2 units' parameters pending. Without
-        # it the host runs as far ahead as it gets ahead of the device: the allowance's cpu_ahead_units, an
-        # assumption (docs/plan.md).
-        held_grad = c * g * blk
-        pending_frees = _per_phase(2 * unit, 2 * unit + held_grad, 2 * unit + held_grad, 0)
-        if not opts.limit_all_gathers:
-            # the verdict's conservative side, as before: the host's gathers ahead counted in what must fit
-            ahead = float(min(L, sc.allowance.cpu_ahead_units) * unit)
-            stream_held = _per_phase(ahead, ahead, ahead, 0)
-            notes.append(
-                f"limit_all_gathers off: assumes the CPU runs {sc.allowance.cpu_ahead_units} units "
-                "ahead, their gathered parameters held by the allocator"
-            )
-    params, optimizer = 4.0 * local, 8.0 * local
-    if opts.cpu_offload:
-        params = optimizer = 0.0
-        grads = _const(0.0)
-        temporaries = 0.0
-        notes.append("fsdp.cpu_offload: parameters, gradients and optimizer states live on the host")
-    return StateMemory(
-        params=params,
-        optimizer=optimizer,
-        grads=grads,
-        in_flight=in_flight,
-        buckets=_const(0.0),
-        optimizer_temporaries=temporaries,
-        stream_held=stream_held,
-        pending_frees=pending_frees,
-        compute_bytes=c,
-        optimizer_impl=impl,
-        notes=notes,
-    )
+    """FSDP1 (and ColossalAI TorchFSDP) memory: the family rules, in vit_scale.planning.families.fsdp."""
+    from vit_scale.planning.families import fsdp
+
+    return fsdp.fsdp1_memory(sc, shape, lay, precision)
 
 
 def _fsdp2(sc: Scenario, shape: Shape, lay: Layout, precision: str) -> StateMemory:

@@ -609,6 +609,8 @@ class ComputeSource:
     origin: str = ""  # the --compute-from path
     peak: float | None = None  # TFLOP/s per device, for FLOPs
     efficiency: float | None = None
+    # per model, from --efficiency-from: a run's MFU applies to its own model only
+    efficiencies: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -618,6 +620,9 @@ class ComputeSource:
     def describe(self) -> str:
         if self.origin:
             return f"measured steps from {self.origin} ({len(self.steps)} run(s))"
+        if self.efficiencies:
+            each = ", ".join(f"{m} {e:.0%}" for m, e in sorted(self.efficiencies.items()))
+            return f"counted FLOPs over {self.peak:g} TFLOP/s x each model's MFU ({each})"
         return f"counted FLOPs over {self.peak:g} TFLOP/s x {self.efficiency:.0%} efficiency"
 
     def step_for(self, sc: Scenario, options: str = "") -> MeasuredStep:
@@ -654,6 +659,14 @@ class ComputeSource:
 
     def compute_for(self, sc: Scenario, network: Network, options: str = "") -> Compute:
         if not self.origin:
+            if self.efficiencies:
+                if sc.model not in self.efficiencies:
+                    raise UserError(
+                        f"--efficiency-from: no ok run of {sc.model} recorded an MFU; expected runs of the same "
+                        f"model (it has {', '.join(sorted(self.efficiencies))}): an MFU does not carry over "
+                        "between models"
+                    )
+                return Compute.from_flops(sc, self.peak, self.efficiencies[sc.model])
             return Compute.from_flops(sc, self.peak, self.efficiency)
         step = self.step_for(sc, options)
         key = (step.run_dir, id(network))
@@ -702,16 +715,28 @@ def _no_mfu_above_one(runs, option: str) -> None:
             )
 
 
-def efficiency_from_runs(runs) -> float | None:
-    """The median MFU of the ok runs that recorded one: the default efficiency for FLOPs. A run with an
-    MFU above 1 is bad input (UserError)."""
+def efficiency_from_runs(runs, model: str | None = None) -> float | None:
+    """The median MFU of the ok runs that recorded one (of `model` only, when given: an MFU depends on the
+    model's shapes and does not carry over to another). A recorded MFU counts model FLOPs without
+    checkpointing's recompute; Compute.from_flops applies it the same way. A run with an MFU above 1 is
+    bad input (UserError)."""
     _no_mfu_above_one(runs, "--efficiency-from")
     mfus = sorted(
         float((r.end or {})["mfu"])
         for r in runs
-        if r.status == "ok" and isinstance((r.end or {}).get("mfu"), (int, float)) and r.end["mfu"] > 0
+        if r.status == "ok"
+        and isinstance((r.end or {}).get("mfu"), (int, float))
+        and r.end["mfu"] > 0
+        and (model is None or _d(r.start.get("model")).get("name") == model)
     )
     return mfus[len(mfus) // 2] if mfus else None
+
+
+def efficiencies_from_runs(runs) -> dict:
+    """Per model, the median MFU of its ok runs: --efficiency-from."""
+    models = {_d(r.start.get("model")).get("name") for r in runs if isinstance(r.start, dict)}
+    out = {m: efficiency_from_runs(runs, m) for m in models if isinstance(m, str)}
+    return {m: e for m, e in out.items() if e is not None}
 
 
 # ---------------------------------------------------------------- the predictions
@@ -760,6 +785,7 @@ __all__ = [
     "compute_from",
     "compute_from_flops",
     "compute_of",
+    "efficiencies_from_runs",
     "efficiency_from_runs",
     "measured_step",
     "no_calibration",

@@ -70,14 +70,27 @@ class Compute:
 
     @classmethod
     def from_flops(cls, sc: Scenario, peak_tflops: float, efficiency: float, optimizer_s: float = 0.0) -> Compute:
-        """The counted FLOPs over peak x efficiency (efficiency stated by the caller: MFU of a run)."""
+        """The step from an MFU: model FLOPs over peak x efficiency. Model FLOPs are forward + backward
+        without activation checkpointing's recompute, as a run's recorded MFU counts them
+        (vit_scale.models.flops_per_image: torch's FlopCounterMode over one forward and backward), so an
+        MFU measured under checkpointing, which spent part of its time recomputing, gives back the step it
+        was measured on. The recompute is inside that step: forward and backward split as the executed
+        FLOPs are (1:3 under checkpointing, else 1:2)."""
         if not peak_tflops > 0 or not 0 < efficiency <= 1:
             raise ValueError("compute: peak_tflops must be positive and efficiency in (0, 1]")
         rate = peak_tflops * 1e12 * efficiency
         f = forward_flops_per_image(sc.shape)
-        forward = sc.batch_size * (f["stem"] + sc.shape.L * f["block"] + f["head"]) / rate
-        total = sc.batch_size * train_flops_per_image(sc.shape, sc.activation_checkpointing) / rate
-        return cls(forward, total - forward, optimizer_s, f"FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%})")
+        fwd = f["stem"] + sc.shape.L * f["block"] + f["head"]
+        total = sc.batch_size * train_flops_per_image(sc.shape) / rate
+        executed = train_flops_per_image(sc.shape, sc.activation_checkpointing)
+        forward = total * fwd / executed
+        recompute = " (MFU: recompute inside)" if sc.activation_checkpointing else ""
+        return cls(
+            forward,
+            total - forward,
+            optimizer_s,
+            f"model FLOPs / ({peak_tflops:g} TFLOP/s x {efficiency:.0%}){recompute}",
+        )
 
 
 def _unit_compute(sc: Scenario, compute: Compute) -> list[tuple[float, float]]:
@@ -462,84 +475,10 @@ def _per_unit_colls(sc, lay, net, units, colls: dict, streams: dict, root_backwa
 
 
 def _fsdp_plan(sc: Scenario, lay: Layout, net: Network, units: list, c: int) -> UnitPlan:
-    sharding = lay.sharding if lay.family == "fsdp" else "FULL_SHARD"
-    version = 2 if lay.implementation == "fsdp2" else 1
-    if sharding == "NO_SHARD" or lay.shard == 1:
-        # FSDP1 NO_SHARD: torch/distributed/fsdp/_runtime_utils.py _post_backward_hook ->
-        # _reduce_grad_no_shard, one all-reduce per unit when its backward ends, on the post-backward
-        # stream. FSDP2 HYBRID_1GPU: _fsdp_param_group.py post_backward, the replicas' all-reduce per unit.
-        shape = sc.shape
-        world = (sc.world, "block", sc.world)
-        sizes = [c * shape.root_params] + [c * shape.block_params] * shape.L
-        for i, size in enumerate(sizes):
-            coll = _group_coll(sc, net, "all_reduce", size, world, "world", "all-reduce")
-            units[i].after_backward = (coll,) if coll else ()
-        return UnitPlan(
-            units,
-            rules=[
-                (
-                    f"FSDP{version} {sharding}: each unit's gradients all-reduced when its backward "
-                    "ends; the root's (the last) exposed"
-                )
-            ],
-        )
-    colls = communication.per_unit(sc, lay, sc.shape)
-    # FSDP1 all-gathers and reduce-scatters share the shard process group, so its one NCCL stream
-    # (the unshard and post-backward CUDA streams both feed it); HSDP's all-reduce runs on its own
-    # stream and group (_runtime_utils.py _init_streams: _all_reduce_stream; FSDP2: FSDPCommContext
-    # all_reduce_stream on the replicate group, "since collectives use different network resources")
-    _per_unit_colls(sc, lay, net, units, colls, {"gather": "shard", "reduce": "shard"})
-    rules = []
-    if version == 2:
-        # torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py: unshard() on the all-gather stream
-        # while the host runs ahead, wait_for_unshard() keeping one previous all_gather_state (at most
-        # the next unit's all-gather in flight); pre_backward -> _backward_prefetch: the next unit in
-        # reverse post-forward order, before this unit's backward; the root is resharded after forward as
-        # every unit (the trainer passes reshard_after_forward; communication._fsdp_root_regathers)
-        ahead, prefetch = 1, "pre"
-        rules.append("FSDP2: the next unit's all-gather overlaps this unit's forward; backward prefetches one unit")
-        # post_backward: with reduce_scatter_max_input_buffers = 1 (FSDPCommContext's default) the compute
-        # stream waits on the previous unit's reduce_scatter_event before this unit's foreach_reduce
-        rules.append("FSDP2: one reduce-scatter in flight; each unit's reduce waits for the previous one")
-    else:
-        fsdp = sc.fsdp if lay.family == "fsdp" else None
-        limit = fsdp.limit_all_gathers if fsdp else True  # TorchFSDPPlugin: torch's defaults
-        forward_prefetch = fsdp.forward_prefetch if fsdp else False
-        prefetch = fsdp.backward_prefetch if fsdp else "pre"
-        # _runtime_utils.py _unshard + _limiter_utils.py _FreeEventQueue: with limit_all_gathers the host
-        # waits for the free of the unit two back (_max_num_inflight_all_gathers = 2) before issuing an
-        # all-gather, so unit i's all-gather overlaps unit i-1's forward; forward_prefetch
-        # (_pre_forward_unshard -> _prefetch_handle FORWARD) issues unit i+1's right after unit i's,
-        # before the limiter waits again: two units ahead. Without the limiter the host issues as far
-        # ahead as it runs ahead of the device; on one NCCL stream per group that changes no collective's
-        # order, and what it does to the allocator (more memory pending, so cudaMalloc retries, as the
-        # seed-003 authors measured the limiter helping) is not modelled for speed: predicted as with it.
-        ahead = 2 if forward_prefetch else 1
-        # _pre_backward_hook -> _prefetch_handle BACKWARD (BACKWARD_PRE) before the unit's gradient
-        # computation; _post_backward_hook -> _post_backward_reshard -> _prefetch_handle (BACKWARD_POST)
-        # after it, ahead of _reduce_grad's reduce-scatter; none: _pre_backward_hook of the next unit
-        # unshards it, behind the reduce-scatter already on the group's stream
-        rules.append(
-            f"FSDP1: forward all-gathers {ahead} unit(s) ahead (forward_prefetch={forward_prefetch}); "
-            f"backward_prefetch={prefetch}"
-        )
-        if not limit:
-            rules.append(
-                "limit_all_gathers=False: not modelled for speed (predicted as with the limiter); "
-                "its memory is (the host's gathers pending free)"
-            )
-    if sharding == "SHARD_GRAD_OP":
-        rules.append("SHARD_GRAD_OP: parameters kept from the forward, no all-gather in backward")
-    else:
-        root = "the root's again at the start of the backward, with the head" if version == 2 else "the root once"
-        rules.append(f"{sharding}: all-gather before each unit's forward and again before its backward ({root})")
-    rules.append(
-        "reduce-scatter when each unit's backward ends"
-        + ("; then the replicas' all-reduce of the shard on its own stream" if lay.replicate > 1 else "")
-    )
-    return UnitPlan(
-        units, forward_ahead=ahead, backward_prefetch=prefetch, rules=rules, one_reduce_in_flight=version == 2
-    )
+    """FSDP (and ColossalAI TorchFSDP) step rules, in vit_scale.planning.families.fsdp."""
+    from vit_scale.planning.families import fsdp
+
+    return fsdp.step_plan(sc, lay, net, units, c)
 
 
 def _zero3_plan(sc: Scenario, lay: Layout, net: Network, units: list) -> UnitPlan:
