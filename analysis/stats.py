@@ -122,11 +122,10 @@ def within_run_interval(throughput: float, steps, level: float = LEVEL) -> tuple
     into throughput around the recorded figure. NaNs below MIN_STEPS; an upper end of inf when the
     interval of the step time reaches 0.
     """
-    x = _clean(steps)
-    k = batch_count(x)
+    times = 1.0 / _clean(steps)
+    k = batch_count(times)
     if k < 2 or not math.isfinite(throughput):
         return math.nan, math.nan
-    times = 1.0 / x
     means = np.array([part.mean() for part in np.array_split(times, k)])
     mid = float(times.mean())
     half = float(sps.t.ppf((1 + level) / 2, k - 1)) * float(np.std(means, ddof=1)) / math.sqrt(k)

@@ -93,7 +93,7 @@ def widest_interval(runs: pd.DataFrame) -> str:
     xcol, xname = tbl.x_axis(runs[runs["model"] == r["model"]])
     where = f"widest interval: {r['series']} at {int(r[xcol])} {xname} ({r['model']})"
     if not math.isfinite(r["efficiency_ci_high"]):  # "0–inf%" would read as a typo
-        return f"{where}, {r['efficiency_ci_low'] * 100:.0f}% upward, unbounded: a point's interval reaches 0 images/s"
+        return f"{where}, {r['efficiency_ci_low'] * 100:.0f}% upward, unbounded: a point's interval has no upper end"
     return f"{where}, {r['efficiency_ci_low'] * 100:.0f}–{r['efficiency_ci_high'] * 100:.0f}%"
 
 
