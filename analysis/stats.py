@@ -137,26 +137,27 @@ def within_run_interval(throughput: float, steps, level: float = LEVEL) -> tuple
 def steady(steps) -> bool | None:
     """False when the step rate moves between the run's first and last thirds beyond its noise.
 
-    The log step rates are cut into thirds and each third into batches (the length batch_count gives the
-    run once each third's own mean is taken out, so the trend itself does not count as correlation); the
-    last third's mean batch median against the first's is a two-sample t test on the batch medians with
-    their spread pooled over all three thirds (N batches, N - 3 degrees of freedom). Not steady when the
-    test rejects at STEADY_LEVEL (two-sided). None below MIN_STEADY_STEPS.
+    The difference of the last and first thirds' median log step rates, against its standard error from
+    the noise about the run's linear trend (so the trend itself does not count as noise): the residuals
+    are cut into batches of the length batch_count gives them (uncorrelated batches), and a third's median
+    varies as a batch median does times sqrt(batch length / third's length). Not steady when the
+    difference exceeds t(1 - STEADY_LEVEL / 2, batches - 1) standard errors. None below MIN_STEADY_STEPS.
     """
     x = np.log(_clean(steps))
     n = len(x)
     if n < MIN_STEADY_STEPS:
         return None
+    index = np.arange(n, dtype=float)
+    resid = x - np.polyval(np.polyfit(index, x, 1), index)
+    batches = max(batch_count(resid), 3)
+    length = n / batches
+    medians = np.array([np.median(part) for part in np.array_split(resid, batches)])
     thirds = np.array_split(x, 3)
-    length = max(n // max(batch_count(np.concatenate([t - t.mean() for t in thirds])), 3), 1)
-    medians = [np.array([np.median(p) for p in np.array_split(t, max(len(t) // length, 2))]) for t in thirds]
-    df = sum(len(m) for m in medians) - 3
-    pooled = sum(float(((m - m.mean()) ** 2).sum()) for m in medians) / df
-    diff = float(medians[-1].mean() - medians[0].mean())
-    se = math.sqrt(pooled * (1 / len(medians[0]) + 1 / len(medians[-1])))
+    diff = float(np.median(thirds[-1]) - np.median(thirds[0]))
+    se = float(np.std(medians, ddof=1)) * math.sqrt(length / len(thirds[0]) + length / len(thirds[-1]))
     if se == 0:
         return bool(diff == 0)
-    return bool(abs(diff) / se <= sps.t.ppf(1 - STEADY_LEVEL / 2, df))
+    return bool(abs(diff) / se <= sps.t.ppf(1 - STEADY_LEVEL / 2, batches - 1))
 
 
 # ------------------------------------------------------------------------------ a point
