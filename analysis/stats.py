@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 from scipy import stats as sps
@@ -36,6 +37,7 @@ LEVEL = 0.95
 MIN_STEPS = 4  # fewer timed steps give no within-run interval (two batches of two steps at least)
 MIN_TESTED_BATCHES = 4  # the autocorrelation of fewer batches is not tested
 ACF_LEVEL = 0.10  # one-sided: a missed correlation narrows an interval, a false alarm only widens one
+ACF_Z = float(sps.norm.ppf(1 - ACF_LEVEL))
 SLOW = 2.0  # a step taking more than SLOW times the run's median step is counted as slow
 STEADY_LEVEL = 0.01  # two-sided level of the first-third against last-third test: it runs on every run
 MIN_STEADY_STEPS = 9  # three thirds of three steps at least
@@ -46,6 +48,12 @@ PAIRED = "paired t on log run throughputs"
 WELCH = "Welch t on log run throughputs"
 NOT_COMPARED = "one run each: not compared"
 ONE_SIDE_NOT_COMPARED = "a point ran once: not compared"
+
+
+@cache
+def t_quantile(probability: float, df: int) -> float:
+    """scipy's t quantile, remembered: the analysis asks for the same few thousands of times."""
+    return float(sps.t.ppf(probability, df))
 
 
 def _clean(values) -> np.ndarray:
@@ -86,8 +94,16 @@ def _lag1_correlated(y: np.ndarray) -> bool:
     if k < MIN_TESTED_BATCHES or ss == 0:
         return False
     r = float(d[1:] @ d[:-1]) / ss
-    z = sps.norm.ppf(1 - ACF_LEVEL)
-    return bool((r + 1 / k) / ((k - 2) / (k * math.sqrt(k - 1))) > z)
+    return bool((r + 1 / k) / ((k - 2) / (k * math.sqrt(k - 1))) > ACF_Z)
+
+
+def _batch_means(x: np.ndarray, k: int) -> np.ndarray:
+    """The means of np.array_split(x, k)'s k contiguous parts, in one pass (a run has thousands of steps)."""
+    n = len(x)
+    sizes = np.full(k, n // k)
+    sizes[: n % k] += 1
+    starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+    return np.add.reduceat(x, starts) / sizes
 
 
 def batch_count(values) -> int:
@@ -104,7 +120,7 @@ def batch_count(values) -> int:
         return 0
     b, found = 1, False
     while n // b >= MIN_TESTED_BATCHES:
-        if not _lag1_correlated(np.array([part.mean() for part in np.array_split(x, n // b)])):
+        if not _lag1_correlated(_batch_means(x, n // b)):
             break
         b, found = 2 * b, True
     else:
@@ -126,9 +142,9 @@ def within_run_interval(throughput: float, steps, level: float = LEVEL) -> tuple
     k = batch_count(times)
     if k < 2 or not math.isfinite(throughput):
         return math.nan, math.nan
-    means = np.array([part.mean() for part in np.array_split(times, k)])
+    means = _batch_means(times, k)
     mid = float(times.mean())
-    half = float(sps.t.ppf((1 + level) / 2, k - 1)) * float(np.std(means, ddof=1)) / math.sqrt(k)
+    half = t_quantile((1 + level) / 2, k - 1) * float(np.std(means, ddof=1)) / math.sqrt(k)
     low = throughput * mid / (mid + half)
     high = throughput * mid / (mid - half) if mid > half else math.inf
     return low, high
@@ -157,7 +173,7 @@ def steady(steps) -> bool | None:
     se = float(np.std(medians, ddof=1)) * math.sqrt(length / len(thirds[0]) + length / len(thirds[-1]))
     if se == 0:
         return bool(diff == 0)
-    return bool(abs(diff) / se <= sps.t.ppf(1 - STEADY_LEVEL / 2, batches - 1))
+    return bool(abs(diff) / se <= t_quantile(1 - STEADY_LEVEL / 2, batches - 1))
 
 
 # ------------------------------------------------------------------------------ a point
@@ -213,7 +229,7 @@ def point_estimate(runs: Sequence[Run], level: float = LEVEL) -> Estimate:
         return Estimate(runs[0].throughput, low, high, level, WITHIN_RUN, **common)
     logs = np.log([r.throughput for r in runs])
     mean, sd = float(logs.mean()), float(logs.std(ddof=1))
-    half = float(sps.t.ppf((1 + level) / 2, len(logs) - 1)) * sd / math.sqrt(len(logs))
+    half = t_quantile((1 + level) / 2, len(logs) - 1) * sd / math.sqrt(len(logs))
     thr = np.array([r.throughput for r in runs])
     cv = float(np.std(thr, ddof=1) / np.mean(thr))
     return Estimate(math.exp(mean), math.exp(mean - half), math.exp(mean + half), level, T_LOG_RUNS, cv=cv, **common)
