@@ -106,6 +106,15 @@ def _batch_means(x: np.ndarray, k: int) -> np.ndarray:
     return np.add.reduceat(x, starts) / sizes
 
 
+def _batch_medians(x: np.ndarray, k: int) -> np.ndarray:
+    """The medians of np.array_split(x, k)'s k contiguous parts: the longer parts first, then the shorter."""
+    n = len(x)
+    size, longer = n // k, n % k
+    head = x[: longer * (size + 1)].reshape(longer, size + 1)
+    tail = x[longer * (size + 1) :].reshape(k - longer, size)
+    return np.concatenate((np.median(head, axis=1), np.median(tail, axis=1)))
+
+
 def batch_count(values) -> int:
     """How many contiguous batches one run's timed values (in order) are split into; 0 below MIN_STEPS.
 
@@ -167,7 +176,7 @@ def steady(steps) -> bool | None:
     resid = x - np.polyval(np.polyfit(index, x, 1), index)
     batches = max(batch_count(resid), 3)
     length = n / batches
-    medians = np.array([np.median(part) for part in np.array_split(resid, batches)])
+    medians = _batch_medians(resid, batches)
     thirds = np.array_split(x, 3)
     diff = float(np.median(thirds[-1]) - np.median(thirds[0]))
     se = float(np.std(medians, ddof=1)) * math.sqrt(length / len(thirds[0]) + length / len(thirds[-1]))
