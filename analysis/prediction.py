@@ -9,8 +9,8 @@ compute from
 the study's own 1-node rung (each strategy its own 1-node run where there is one). The system is
 the check's, else read off the device (cpu: local, rocm: frontier, cuda: cuda).
 
-Measured is the point's median images/s (the results table's ips_point_median: what the figures plot),
-and the 1-node rung's compute comes from that same median, so a rung reproduces itself exactly: a
+Measured is the point's throughput over wall time (the results table's ips_point: what the figures plot),
+and the 1-node rung's compute comes from that same figure, so a rung reproduces itself exactly: a
 point whose run gave the compute has role "compute" and no error (it is the input, not a prediction);
 every other point has role "predicted". `extrapolated`: a group of the point is larger than any whose
 collectives the calibration measured (vit_scale.planning.alpha_beta.Network.extrapolated).
@@ -185,7 +185,7 @@ def _traced(breakdown: pd.DataFrame | None) -> dict:
 
 def _compute_source(directory: str, group: list, medians: dict) -> pr.ComputeSource:
     """The study's measured steps, one per point: its kept run's record with the step the point's median
-    gives (global batch / ips_point_median), not that run's own mean; a run set aside (a repetition
+    gives (global batch / ips_point), not that run's own; a run set aside (a repetition
     pooled into its point, or an older failure) is not a step of its own. medians: kept run directory ->
     its point's median."""
     kept = [r for r in group if os.path.normpath(r.run_dir) in medians]

@@ -67,55 +67,68 @@ def status_counts(df: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------- sections
 
 
-def _margin_text(r) -> str:
-    """'+60.8%', '+60.8% (single runs)', '+3.0% (within noise)' or '+3.0% (not tested)'."""
-    margin = _f(r["margin"], "{:+.1%}")
-    verdict = r.get("margin_verdict")
-    if not margin or not isinstance(verdict, str):
-        return margin
-    if verdict == tbl.SEPARATED:
-        return margin + (" (single runs)" if r.get("margin_single_run") is True else "")
-    return f"{margin} ({verdict})"
+METHOD_SHORT = {stats.WITHIN_RUN: "within-run", stats.T_LOG_RUNS: "t over runs"}
+TEST_SHORT = {stats.PAIRED: "paired t", stats.WELCH: "Welch t"}
+
+
+def _ratio_text(r) -> str:
+    """'1.102 (1.051–1.155, paired t, 95%): separated', or '1.031: one run each: not compared'."""
+    ratio, test = r.get("ratio"), r.get("ratio_test")
+    if ratio is None or pd.isna(ratio):
+        return ""
+    if test not in TEST_SHORT:
+        return f"{ratio:.3f}: {_s(test)}"
+    return f"{ratio:.3f} ({r['ratio_low']:.3f}–{r['ratio_high']:.3f}, {TEST_SHORT[test]}, 95%): {r['verdict']}"
 
 
 def _ci_text(r) -> str:
-    """'194.2–205.8', with the interval's own confidence after it where it is above 95% (an
-    order-statistic interval: '98.0–102.0 (96.9%)')."""
+    """'194.2–205.8 (within-run)' or '796.0–812.9 (t over runs)': the interval and its method."""
     if pd.isna(r.get("ips_ci_low")) or pd.isna(r.get("ips_ci_high")):
         return ""
-    text = f"{r['ips_ci_low']:,.1f}–{r['ips_ci_high']:,.1f}"
-    conf = r.get("ips_ci_confidence")
-    if conf is not None and not pd.isna(conf) and round(conf, 3) > stats.LEVEL:
-        text += f" ({conf:.1%})"
+    high = "∞" if math.isinf(r["ips_ci_high"]) else f"{r['ips_ci_high']:,.1f}"
+    method = METHOD_SHORT.get(r.get("ips_ci_method"), _s(r.get("ips_ci_method")))
+    return f"{r['ips_ci_low']:,.1f}–{high} ({method})"
+
+
+def _runs_text(r) -> str:
+    """'3 of 3 ok', with the runs marked not steady after it ('; 1 not steady')."""
+    ok, planned = r.get("ips_runs"), r.get("ips_runs_planned")
+    if ok is None or pd.isna(ok):
+        return ""
+    text = f"{int(ok)} of {int(planned if not pd.isna(planned) else ok)} ok"
+    drifting = r.get("ips_not_steady")
+    if drifting is not None and not pd.isna(drifting) and drifting > 0:
+        text += f"; {int(drifting)} not steady"
     return text
 
 
 def _statistics_text(results: pd.DataFrame) -> str:
-    """What the images/s and the margins of the best-run table rest on (docs/analysis.md, Statistics)."""
+    """What the images/s, intervals and ratios of the best-run table rest on (docs/analysis.md, Statistics)."""
     ok = tbl.usable(results)
     runs = sorted({int(n) for n in ok["ips_runs"].dropna()}) if "ips_runs" in ok else []
     text = (
-        "Statistics: images/s is a point's median (each run's median over its timed steps; with repeated runs "
-        "the median of the runs' medians) with a confidence interval of at least 95%: for one run from the "
-        "medians of contiguous batches of its timed steps (batch medians, the batches lengthened until "
-        "consecutive ones are not correlated), for 2 to 5 runs the t interval of the run medians, for 6 or more "
-        "the order-statistic interval of the median (its own confidence, 95% to 99.2%, in brackets). The test: a "
-        "margin is separated when the two 95% intervals do not overlap; equal points are called different in "
-        "under 1% of cases with repeated runs and in about 1% to 4% between single runs of 15 correlated steps "
-        "(simulated), far stricter than a test at 5%. Intervals that overlap may still hide a real difference: "
-        "within noise means not shown different, not shown equal."
+        "Statistics: images/s is throughput over wall time (a run's timed images over its timed window's "
+        "seconds, so stalled steps count in full; with repeated runs the geometric mean of the runs'), with "
+        "the median step rate and the share of steps slower than twice their run's median beside it. "
+        "Intervals, nominal 95%: over repeated runs (t over runs) the t interval of the mean log throughput "
+        "of the runs, which covers the point's typical throughput; for a point that ran once (within-run) "
+        "batch means of that run's step times, which says how precisely its steps fix that run's throughput "
+        "and nothing of how a second run would differ. The ratio to the next best is of the two points' "
+        "throughputs, its 95% interval from a t test on the log run throughputs (paired t by repetition "
+        "round when both points have one ok run of every round, else Welch t); separated when the interval "
+        "excludes 1, which happens to equal points about 5% of the time (docs/analysis.md gives the "
+        "simulated rates and power). A point that ran once is not compared."
     )
     if runs == [1]:
         return text + (
-            " Every point here ran once (1 repetition): each interval describes that run only, and "
-            "run-to-run variation is unmeasured (vit-scale study --repeat N runs each point N times)."
+            " Every point here ran once: no ratio is tested, and each interval is within-run "
+            "(vit-scale study --repeat 3, the default, runs each point 3 times)."
         )
     if runs:
         cv = ok["ips_run_cv"].dropna()
         count = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]} to {runs[-1]}"
         spread = f"; run-to-run coefficient of variation {cv.min():.1%} to {cv.max():.1%}" if len(cv) else ""
-        single = " (a point that ran once has an interval of that run only)" if runs[0] == 1 else ""
-        return text + f" Runs per point: {count}{spread}{single}."
+        return text + f" Ok runs per point: {count}{spread}."
     return text
 
 
@@ -127,8 +140,8 @@ def _best_section(results: pd.DataFrame) -> list:
     blocks.append(
         Block(
             "p",
-            "The fastest point (highest median images/s) that finished ok (replicas agreeing where "
-            "checked), with its margin over the next fastest.",
+            "The fastest point (highest images/s over wall time) that finished ok (replicas agreeing where "
+            "checked), with the ratio of its throughput to the next fastest's.",
         )
     )
     dev = "GPU" if (results["device_type"] != "cpu").all() else "rank"
@@ -138,20 +151,22 @@ def _best_section(results: pd.DataFrame) -> list:
         f"{dev}s",
         "best",
         f"batch/{dev}",
-        "images/s",
-        "≥95% CI",
+        "images/s (wall)",
+        "95% interval (method)",
+        "median step images/s",
+        "slow steps (>2× median)",
         "runs",
         f"per {dev}",
         "efficiency",
         "memory GiB",
         "MFU",
         "next best",
-        "margin",
+        "ratio to next (95% interval, test)",
         "run",
     ]
     rows = []
     for _, r in best.iterrows():
-        ips = r["ips_point_median"] if not pd.isna(r["ips_point_median"]) else r["ips_mean"]
+        ips = r["ips_point"] if not pd.isna(r["ips_point"]) else r["ips_mean"]
         rows.append(
             [
                 r["model"],
@@ -161,47 +176,53 @@ def _best_section(results: pd.DataFrame) -> list:
                 int(r["batch_per_device"]),
                 _f(ips, "{:,.1f}"),
                 _ci_text(r),
-                _f(r["ips_runs"], "{:.0f}"),
+                _f(r["ips_step_median"], "{:,.1f}"),
+                _f(r["ips_slow_share"], "{:.1%}"),
+                _runs_text(r),
                 _f(ips / r["world_size"], "{:,.1f}"),
                 _pct(r["efficiency"]),
                 _f(r["memory_gib"], "{:.1f}"),
                 _pct(r["mfu"]),
                 _s(r["runner_up"]),
-                _margin_text(r),
+                _ratio_text(r),
                 r["run_id"],
             ]
         )
     blocks.append(Block("table", header=header, rows=rows))
-    verdicts = best["margin_verdict"]
-    noisy = int((verdicts == tbl.WITHIN_NOISE).sum())
-    single = int(((verdicts == tbl.SEPARATED) & (best["margin_single_run"] == True)).sum())  # noqa: E712
-    untested = int((verdicts == tbl.NOT_TESTED).sum())
-    if noisy:
+    verdicts, tests = best["verdict"], best["ratio_test"]
+    apart = int((verdicts == tbl.NOT_SEPARATED).sum())
+    single = int(tests.isin([stats.NOT_COMPARED, stats.ONE_SIDE_NOT_COMPARED]).sum())
+    if apart:
         blocks.append(
             Block(
                 "p",
-                f"{noisy} margin(s) are marked within noise: the 95% confidence intervals of the "
-                "two medians overlap, so these runs do not settle which of the two is faster; they do not "
-                "show the two equal either (a difference a test at 5% would find can leave the intervals "
-                "overlapping).",
+                f"{apart} ratio(s) are not separated: their 95% interval includes 1, so these runs do not "
+                "settle which of the two is faster (nor that they are equal).",
             )
         )
     if single:
         blocks.append(
             Block(
                 "p",
-                f"{single} margin(s) marked (single runs) rest on one run of a point: they hold "
-                "within those runs only, and run-to-run variation (node placement, network "
-                "neighbours, clock boosts), which on shared machines is often larger than the "
-                "spread within a run, is unmeasured.",
+                f"{single} ratio(s) are not compared: a point ran once, so run-to-run variation (node "
+                "placement, network neighbours, clock boosts), which on shared machines is often larger than "
+                "the spread within a run, is unmeasured and no test can be made.",
             )
         )
-    if untested:
+    usable = tbl.usable(results)
+    drifting = usable[usable["ips_not_steady"].fillna(0) > 0]
+    if not drifting.empty:
+        named = "; ".join(
+            f"{r['model']} {r['series']} on {int(r['nodes'])} node(s) ({int(r['ips_not_steady'])} of "
+            f"{int(r['ips_runs'])} runs)"
+            for _, r in drifting.iterrows()
+        )
         blocks.append(
             Block(
                 "p",
-                f"{untested} margin(s) are not tested: a point has fewer than "
-                f"{stats.MIN_STEPS} timed steps, too few for a confidence interval.",
+                f"Not steady (the step rate of its first and last thirds differ beyond the run's noise, a t test "
+                f"at {stats.STEADY_LEVEL:.0%}): {named}. A trend (warming up, throttling, a neighbour arriving) "
+                "makes a run's figure depend on its length; look at its steps before comparing it.",
             )
         )
     blocks.append(Block("p", _statistics_text(results)))
@@ -248,7 +269,7 @@ def _scaling_section(results: pd.DataFrame, plots_by_name: dict, images: set, mi
     for model in model_order(runs):
         t = tbl.scaling_table(runs, model)
         xname = tbl.x_axis(runs[runs["model"] == model])[1]
-        blocks.append(Block("h3", f"{model}: median images/s (scaling efficiency) by {xname}"))
+        blocks.append(Block("h3", f"{model}: images/s over wall time (scaling efficiency) by {xname}"))
         blocks.append(
             Block(
                 "table",
@@ -427,8 +448,8 @@ def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.Dat
         )
         if pooled:
             text += (
-                f" {pooled} of them finished ok and are repetitions: their medians count in the point's "
-                "median and interval."
+                f" {pooled} of them finished ok and are repetitions: their throughputs count in the point's "
+                "figure and interval."
             )
         blocks += [Block("h2", "Reruns set aside"), Block("p", text), Block("table", header=header, rows=rows)]
     return blocks

@@ -103,20 +103,23 @@ def write_run(
     predicted_gib: float | None = None,
     spread: float = 0.02,
     step_ips: list | None = None,
+    repetition: int = 0,
 ) -> str:
     """One run directory; returns the path of its metrics.jsonl.
 
     status other than ok gives an end record with that status (ips still written if given,
     as a timeout after some steps would); end=False leaves only start and steps_logged steps.
     The timed steps' images/s scatter around ips with a relative standard deviation `spread`, seeded
-    by the run's path under root, their mean and median ips exactly (_timed_ips);
+    by the run's path under root, their median and their throughput over wall time (images over the
+    summed step times, the end record's mean) ips exactly (_timed_ips);
     `step_ips` gives the timed steps' figures instead (the steps are then warmup + their number, and
-    the end record summarises them, its mean included).
+    the end record summarises them, its mean the images over their summed times as the trainer's).
+    `repetition` is the study round the run belongs to (output.repetition; 0: none).
     """
     world_size = nodes * ranks_per_node
     if step_ips is not None:
         steps = warmup + len(step_ips)
-        ips = float(np.mean(step_ips)) if len(step_ips) else ips
+        ips = wall_throughput(step_ips) if len(step_ips) else ips
     run_id = run_id or f"{int(time)}-j{job_id}.{nodes}"
     run_dir = os.path.join(root, study, model, strategy, f"n{nodes}", run_id)
     os.makedirs(run_dir, exist_ok=True)
@@ -129,7 +132,7 @@ def write_run(
         "model": model,
         "strategy": strategy,
         "train": {"batch_size": batch, "steps": steps, "warmup_steps": warmup, "log_every": 1},
-        "output": {"dir": root, "study": study, "run_id": run_id},
+        "output": {"dir": root, "study": study, "run_id": run_id, "repetition": repetition},
     }
     gpu = device != "cpu"
     start = {
@@ -267,9 +270,10 @@ def write_run(
 
 
 def _timed_ips(ips: float | None, n: int, spread: float, seed_text: str) -> list:
-    """n per-step figures around ips with a relative standard deviation `spread`, their median and
-    mean exactly ips: seeded normal draws in the order drawn, centred on their median (the middle
-    one or two set to it), the values above it scaled so that the mean matches too."""
+    """n per-step figures around ips with a relative standard deviation `spread`, their median and their
+    throughput over wall time exactly ips: seeded normal draws of the step times in the order drawn,
+    centred on their median (the middle one or two set to it), the times above it scaled so that their
+    mean matches too."""
     if not ips or n == 0:
         return []
     if spread <= 0 or n <= 2:
@@ -281,7 +285,38 @@ def _timed_ips(ips: float | None, n: int, spread: float, seed_text: str) -> list
     z[order[(n - 1) // 2 : n // 2 + 1]] = 0.0
     above = z > 0
     z[above] *= -z[~above].sum() / z[above].sum()
-    return list(ips * (1 + spread * z / z.std()))
+    return list(ips / (1 + spread * z / z.std()))
+
+
+# ------------------------------------------------------------------------------ known step distributions
+# For the known-answer tests: step figures whose point throughput, stalls and trend are known.
+
+
+def wall_throughput(step_ips) -> float:
+    """Images over the summed step times of steps of equal size: the end record's mean for these steps."""
+    x = np.asarray(step_ips, dtype=float)
+    return float(len(x) / np.sum(1.0 / x))
+
+
+def steady_steps(ips: float, n: int, spread: float, seed: int) -> list:
+    """n independent step figures, log-normal around ips with relative spread `spread`."""
+    rng = np.random.default_rng(seed)
+    return list(ips * np.exp(rng.normal(0.0, spread, n)))
+
+
+def stalling_steps(ips: float, n: int, share: float, slowdown: tuple, seed: int, spread: float = 0.01) -> list:
+    """Steady steps around ips of which a `share` (rounded, spread over the run) take slowdown[0] to
+    slowdown[1] times as long: stalls, which the median step rate does not see and wall time does."""
+    rng = np.random.default_rng(seed)
+    x = np.asarray(steady_steps(ips, n, spread, seed))
+    stalled = rng.choice(n, size=round(share * n), replace=False)
+    x[stalled] /= rng.uniform(slowdown[0], slowdown[1], len(stalled))
+    return list(x)
+
+
+def drifting_steps(ips: float, n: int, drift: float, seed: int, spread: float = 0.01) -> list:
+    """Steps around ips whose rate falls linearly by `drift` (a fraction) from the first to the last."""
+    return list(np.asarray(steady_steps(ips, n, spread, seed)) * np.linspace(1.0, 1.0 - drift, n))
 
 
 def _summary(ips: float, timed: list, spread: float) -> dict:

@@ -5,13 +5,15 @@ Terms used throughout the analysis:
   within a study (e.g. `FULL_SHARD [prefetch=pre, limit_ag=on]` when a study holds several
   prefetch settings, plain `FULL_SHARD` when it holds one). A line on a weak-scaling plot.
 - point: one series at one world size and per-device batch: what a rerun repeats.
+- throughput: a run's images over its timed window's seconds (the end record's images_per_s.mean,
+  ips_mean), stalls included; a point's is ips_point (analysis/stats.py: the run's own, or the
+  geometric mean over its runs), what the figures plot and the interval is of.
 - efficiency: images/s against the ideal line from the same series' smallest ok world size:
-  ips_N / (ips_base × world_N / world_base), ips the point's median (ips_point_median, what the
-  figures plot and the interval is of). With a fixed number of ranks per node this is the
-  paper's ips_N / (ips_base × N / N_base); using ranks keeps it right for single-node runs with
-  1, 2, 4 ... ranks as well.
-- repetitions: the ok runs of one point (a study's repeats, or reruns of it); their medians make the
-  point's statistics (analysis/stats.py), while the row shows the newest one's record.
+  ips_N / (ips_base × world_N / world_base), ips the point's throughput (ips_point). With a fixed
+  number of ranks per node this is the paper's ips_N / (ips_base × N / N_base); using ranks keeps it
+  right for single-node runs with 1, 2, 4 ... ranks as well.
+- repetitions: the runs of one point (a study's repeats, or reruns of it); the ok ones' throughputs make
+  the point's statistics (analysis/stats.py), while the row shows the newest one's record.
 """
 
 from __future__ import annotations
@@ -48,14 +50,20 @@ MEMORY_MEASURES = (("peak_allocated_gib", "allocated"), ("peak_reserved_gib", "r
 
 # The point's statistics over its ok runs (analysis/stats.py), in the kept row only.
 POINT_COLUMNS = [
-    "ips_point_median",
+    "ips_point",
     "ips_ci_low",
     "ips_ci_high",
-    "ips_ci_confidence",
+    "ips_ci_level",
     "ips_ci_method",
+    "ips_step_median",
+    "ips_slow_share",
     "ips_runs",
+    "ips_runs_planned",
+    "ips_not_steady",
     "ips_timed_steps",
     "ips_run_cv",
+    "ips_run_values",
+    "ips_run_rounds",
 ]
 
 # Columns in the order a reader scans them; option columns (opt_*) and version columns follow.
@@ -169,6 +177,7 @@ def run_row(run: RunRecord) -> dict:
     batch, slurm, versions = _d(s.get("batch")), _d(s.get("slurm")), _d(s.get("versions"))
     ips, mem, plan = _d(e.get("images_per_s")), _d(e.get("memory")), _d(s.get("plan"))
     cfg_train = _d(_d(s.get("config")).get("train"))
+    repetition = _d(_d(s.get("config")).get("output")).get("repetition")
     options = _d(strat.get("options"))
     world_size = world["world_size"]
 
@@ -207,6 +216,7 @@ def run_row(run: RunRecord) -> dict:
         "timed_steps": _num(e.get("timed_steps")),
         "warmup_steps": _num(cfg_train.get("warmup_steps")),
         "wall_time_s": _num(e.get("wall_time_s")),
+        "repetition": int(repetition) if isinstance(repetition, int) and not isinstance(repetition, bool) else 0,
         "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
         "final_loss": _num(e.get("final_loss")),
         "error": e.get("error"),
@@ -288,28 +298,42 @@ def _usable_row(row: dict) -> bool:
     return row["status"] == "ok" and not math.isnan(row["ips_mean"]) and row["replicas_agree"] is not False
 
 
-def _run_median(row: dict) -> float:
-    """A run's statistic: the end record's median of the timed steps (else of the steps logged, else its mean)."""
-    if not math.isnan(row["ips_median"]):
-        return row["ips_median"]
-    return float(np.median(row["_steps"])) if len(row["_steps"]) else row["ips_mean"]
+def _run_throughput(row: dict) -> float:
+    """A run's figure: images over its timed window's seconds (the end record's images_per_s.mean)."""
+    return row["ips_mean"]
+
+
+def _repetitions_planned(group: list) -> int:
+    """n of 'k of n ok': the point's repetition rounds seen (1..R from a study's --repeat), each run
+    recorded without a round counting as one, and never fewer than its ok runs."""
+    rounds = {r["repetition"] for r in group if r["repetition"] > 0}
+    return len(rounds) + sum(1 for r in group if r["repetition"] <= 0)
 
 
 def _point_statistics(keep: dict, group: list) -> None:
-    """The point's median images/s, its interval, runs, steps and run-to-run CV into the kept row."""
+    """The point's throughput, its interval, step figures and how many of its runs were ok, into the kept row."""
     pooled = [r for r in group if _usable_row(r)] if _usable_row(keep) else []
     for r in group:
         r["_pooled"] = any(r is p for p in pooled)
-    est = stats.point_estimate([_run_median(r) for r in pooled], [r["_steps"] for r in pooled])
+    # a run and its steps travel together: dropping one drops both
+    runs = [stats.Run(_run_throughput(r), r["_steps"], r["repetition"]) for r in pooled]
+    runs = stats.usable_runs(runs)
+    est = stats.point_estimate(runs)
     keep.update(
-        ips_point_median=est.median,
+        ips_point=est.value,
         ips_ci_low=est.low,
         ips_ci_high=est.high,
-        ips_ci_confidence=est.confidence,
+        ips_ci_level=est.level,
         ips_ci_method=est.method or None,
+        ips_step_median=est.median_step_ips,
+        ips_slow_share=est.slow_share,
         ips_runs=est.runs,
+        ips_runs_planned=max(_repetitions_planned(group), est.runs),
+        ips_not_steady=est.not_steady,
         ips_timed_steps=est.steps,
         ips_run_cv=est.cv,
+        ips_run_values=";".join(f"{r.throughput:.6g}" for r in runs),
+        ips_run_rounds=";".join(str(r.repetition) for r in runs),
     )
 
 
@@ -352,38 +376,29 @@ def _add_series(rows: list) -> None:
             r["series"] = r["strategy"] + (f" [{', '.join(parts)}]" if parts else "")
 
 
-def estimate_of(row) -> stats.Estimate:
-    """A results row's point statistics as analysis/stats.py takes them."""
-
-    def num(key):
-        value = row.get(key) if hasattr(row, "get") else row[key]
-        return math.nan if value is None or pd.isna(value) else float(value)
-
-    runs, method = num("ips_runs"), row.get("ips_ci_method")
-    return stats.Estimate(
-        num("ips_point_median"),
-        num("ips_ci_low"),
-        num("ips_ci_high"),
-        num("ips_ci_confidence"),
-        method if isinstance(method, str) else "",
-        0 if math.isnan(runs) else int(runs),
-        int(num("ips_timed_steps")) if not math.isnan(num("ips_timed_steps")) else 0,
-        num("ips_run_cv"),
-    )
+def runs_of(row) -> list:
+    """A results row's ok runs as analysis/stats.py compares them: their throughputs and rounds, from
+    ips_run_values and ips_run_rounds (what results.csv keeps of them, so a reader can redo the test)."""
+    values, rounds = row.get("ips_run_values"), row.get("ips_run_rounds")
+    if not isinstance(values, str) or not values:
+        return []
+    numbers = [float(v) for v in values.split(";")]
+    rounds = [int(r) for r in rounds.split(";")] if isinstance(rounds, str) and rounds else [0] * len(numbers)
+    return [stats.Run(v, (), r) for v, r in zip(numbers, rounds, strict=True)]
 
 
 def point_ips(df: pd.DataFrame) -> pd.Series:
-    """Each row's images/s as the analysis compares them: the point's median over its ok runs
-    (ips_point_median), the statistic the figures plot and the intervals are of; the kept run's mean
-    only where a row has no point median (a frame built without the point's statistics)."""
-    if "ips_point_median" not in df:
+    """Each row's images/s as the analysis compares them: the point's throughput over wall time
+    (ips_point), the statistic the figures plot and the intervals are of; the kept run's own
+    throughput only where a row has no point figure (a frame built without the point's statistics)."""
+    if "ips_point" not in df:
         return df["ips_mean"].astype(float)
-    return df["ips_point_median"].astype(float).fillna(df["ips_mean"].astype(float))
+    return df["ips_point"].astype(float).fillna(df["ips_mean"].astype(float))
 
 
 def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
     """Scaling efficiency of each ok run's point against its series' smallest ok world size, from the
-    points' medians (point_ips), and its interval propagated from the two medians' intervals
+    points' throughputs (point_ips), and its interval propagated from the two points' intervals
     (stats.ratio_interval; exactly 1 at the base itself)."""
     df = df.copy()
     df["efficiency"] = np.nan
@@ -405,7 +420,7 @@ def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
     )
     df.loc[ok.index, "efficiency_base_nodes"] = df.loc[base.to_numpy(), "nodes"].to_numpy()
     df.loc[ok.index, "efficiency_base_world_size"] = base_world
-    cols = ["ips_point_median", "ips_ci_low", "ips_ci_high"]
+    cols = ["ips_point", "ips_ci_low", "ips_ci_high"]
     point, at_base = df.loc[ok.index, cols].to_numpy(float).T, df.loc[base.to_numpy(), cols].to_numpy(float).T
     lo, hi = stats.ratio_interval(df.loc[ok.index, "efficiency"].to_numpy(float), point, at_base)
     own = ok.index.to_numpy() == base.to_numpy()  # the base against itself: 1 by definition
@@ -502,17 +517,16 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
     return df[ok & (df["replicas_agree"] != False)]  # noqa: E712 - None means not checked
 
 
-SEPARATED, WITHIN_NOISE, NOT_TESTED = "separated", "within noise", "not tested"
-BEST_COLUMNS = ["runner_up", "margin", "margin_within_noise", "margin_verdict", "margin_single_run", "candidates"]
+SEPARATED, NOT_SEPARATED = "separated", "not separated"
+BEST_COLUMNS = ["runner_up", "ratio", "ratio_low", "ratio_high", "ratio_test", "verdict", "candidates"]
 
 
 def best_runs(df: pd.DataFrame) -> pd.DataFrame:
-    """The fastest usable point (highest median images/s) for each model and node count, with its
-    margin over the next one and the verdict of stats.compare on the two: margin_verdict is
-    `separated` (their 95% intervals do not overlap), `within noise` (they overlap) or `not tested`
-    (an interval is missing: fewer than 4 timed steps); margin_within_noise the same as a bool
-    (None when not tested); margin_single_run when either side rests on one run, so the verdict
-    holds within those runs only.
+    """The fastest usable point (highest throughput, ips_point) for each model and node count, with the
+    ratio of its throughput to the next one's and stats.compare's test of it: ratio_low/high the 95%
+    interval, ratio_test the test (paired or Welch t on the log run throughputs) or why there is none
+    (a point ran once), verdict `separated` when the interval excludes 1, `not separated` when it does
+    not, empty when not compared.
 
     Grouped by rank count too: on one node, 1 rank and 2 ranks are different points (on a
     cluster with fixed ranks per node the two are the same grouping)."""
@@ -522,17 +536,15 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
     for _, grp in good.groupby(["model", "nodes", "world_size"], sort=False):
         grp = grp.sort_values(["_rank_ips", "memory_gib"], ascending=[False, True])
         best = grp.iloc[0].copy()
+        best["runner_up"], best["ratio"], best["ratio_low"], best["ratio_high"] = None, np.nan, np.nan, np.nan
+        best["ratio_test"], best["verdict"] = None, None
         if len(grp) > 1:
             nxt = grp.iloc[1]
-            test = stats.compare(estimate_of(best), estimate_of(nxt))
+            test = stats.compare(runs_of(best), runs_of(nxt))
             best["runner_up"] = nxt["series"]
-            best["margin"] = best["_rank_ips"] / nxt["_rank_ips"] - 1.0
-            best["margin_within_noise"] = test.within_noise
-            best["margin_verdict"] = {True: SEPARATED, False: WITHIN_NOISE, None: NOT_TESTED}[test.separated]
-            best["margin_single_run"] = test.single_run
-        else:
-            best["runner_up"], best["margin"], best["margin_within_noise"] = None, np.nan, None
-            best["margin_verdict"], best["margin_single_run"] = None, None
+            best["ratio"] = best["_rank_ips"] / nxt["_rank_ips"]
+            best["ratio_low"], best["ratio_high"], best["ratio_test"] = test.low, test.high, test.method
+            best["verdict"] = {True: SEPARATED, False: NOT_SEPARATED, None: None}[test.separated]
         best["candidates"] = len(grp)
         out.append(best.drop("_rank_ips"))
     if not out:

@@ -12,8 +12,8 @@
 #   bash jobs/weak_scaling.sh                                    # no Slurm, no GPU: a small study on this CPU
 #   bash jobs/weak_scaling.sh --help                             # every option
 #
-# Defaults of each study are in configs/studies/, of each system in configs/systems/; options
-# given here win. The study itself is `python -m vit_scale study` (vit_scale/study/): this script
+# Defaults of each study are in configs/studies/ (every point 3 times: --repeat 1 is a quick look
+# that compares no points), of each system in configs/systems/; options given here win. The study itself is `python -m vit_scale study` (vit_scale/study/): this script
 # only finds the repository, sets up the system's environment (env/<system>.sh) and starts it.
 # Edit the #SBATCH lines below for your site, or override them on the sbatch command line
 # (sbatch -N 8 -t 04:00:00 -A PROJECT ...).

@@ -107,23 +107,28 @@ def test_efficiency_is_ips_over_base_times_node_ratio(results):
     assert math.isnan(_row(results, "vit_base", "FULL_SHARD", 1)["efficiency"])  # the OOM has none
 
 
-# One slow step in nine: the run's median stays at its level, its mean does not.
-SKEWED_1 = [98.0, 100.0, 102.0, 101.0, 99.0, 103.0, 160.0, 97.0, 100.0]  # median 100, mean 106.7
-SKEWED_2 = [178.0, 180.0, 183.0, 181.0, 179.0, 182.0, 250.0, 177.0, 180.0]  # median 180, mean 187.8
+# One fast step in nine: the run's median step rate stays at its level, its throughput over wall time does not.
+SKEWED_1 = [98.0, 100.0, 102.0, 101.0, 99.0, 103.0, 160.0, 97.0, 100.0]  # median 100
+SKEWED_2 = [178.0, 180.0, 183.0, 181.0, 179.0, 182.0, 250.0, 177.0, 180.0]  # median 180
 
 
-def test_efficiency_and_scaling_table_use_the_point_median(tmp_path):
-    """Efficiency is of the medians the figures plot and its interval is of (180 / (2 × 100) = 0.90),
-    not of the means (187.8 / (2 × 106.7) = 0.880); the scaling table's cell shows the same median."""
+def test_efficiency_and_scaling_table_use_the_point_throughput(tmp_path):
+    """Efficiency is of the throughputs over wall time the figures plot (images over summed step times),
+    not of the median step rates (180 / (2 x 100) = 0.90); the median step rate stands beside it."""
     root = str(tmp_path)
     for nodes, steps in ((1, SKEWED_1), (2, SKEWED_2)):
         write_run(root, study="m", strategy="DDP", nodes=nodes, step_ips=steps, warmup=2, time=1.7e9 + nodes)
     df = table.build(records.collect([root])).results
-    two = _row(df, "vit_base", "DDP", 2)
-    assert two["ips_mean"] == pytest.approx(sum(SKEWED_2) / 9) and two["ips_point_median"] == 180.0
-    assert two["efficiency"] == pytest.approx(0.9)
-    assert two["efficiency_ci_low"] < 0.9 < two["efficiency_ci_high"]
-    assert list(table.scaling_table(df, "vit_base").loc["DDP"]) == ["100 (100%)", "180 (90%)"]
+    one, two = _row(df, "vit_base", "DDP", 1), _row(df, "vit_base", "DDP", 2)
+    wall_1, wall_2 = 9 / sum(1 / x for x in SKEWED_1), 9 / sum(1 / x for x in SKEWED_2)
+    assert two["ips_mean"] == pytest.approx(wall_2) and two["ips_point"] == pytest.approx(wall_2)
+    assert two["ips_step_median"] == 180.0 and one["ips_step_median"] == 100.0
+    assert two["efficiency"] == pytest.approx(wall_2 / (2 * wall_1)) != pytest.approx(0.9)
+    assert two["efficiency_ci_low"] < two["efficiency"] < two["efficiency_ci_high"]
+    assert list(table.scaling_table(df, "vit_base").loc["DDP"]) == [
+        f"{wall_1:.4g} (100%)",
+        f"{wall_2:.4g} ({wall_2 / (2 * wall_1) * 100:.0f}%)",
+    ]
 
 
 def test_status_column_and_derived_columns(results):
@@ -145,7 +150,7 @@ def test_best_run_per_model_and_nodes(results):
     best = table.best_runs(results).set_index(["model", "nodes"])
     assert best.loc[("vit_base", 1), "strategy"] == "DDP"  # 100 vs 90; FULL_SHARD OOM
     assert best.loc[("vit_base", 2), "strategy"] == "FULL_SHARD"  # 200 vs 180 vs 170
-    assert best.loc[("vit_base", 2), "margin"] == pytest.approx(200 / 180 - 1)
+    assert best.loc[("vit_base", 2), "ratio"] == pytest.approx(200 / 180)
     assert best.loc[("vit_base", 4), "strategy"] == "FULL_SHARD"  # 360 vs 300; HYBRID timed out
     # DDP is faster on vit_3b but diverged (its replicas disagree): not a result
     assert best.loc[("vit_3b", 1), "strategy"] == "FULL_SHARD"
@@ -162,6 +167,7 @@ def test_reruns_keep_newest_ok_and_count_the_rest(tmp_path):
     tables = table.build(records.collect([root]))
     kept = _row(tables.results, "vit_base", "DDP", 2)
     assert kept["run_id"] == "new-ok" and kept["ips_mean"] == 120.0 and kept["reruns_set_aside"] == 2
+    assert (kept["ips_runs"], kept["ips_runs_planned"]) == (2, 3)  # the failed rerun counts: 2 of 3 ok
     assert sorted(tables.set_aside["run_id"]) == ["newest-failed", "old-ok"]
     assert set(tables.set_aside["set_aside_for"]) == {"new-ok"}
     assert set(tables.set_aside["series"]) == {"DDP"}
@@ -406,7 +412,8 @@ def test_truncated_last_line_is_an_incomplete_run(tmp_path):
         f.write(data[: data.rfind(b'"event": "end"') + 20])
     coll = _one(tmp_path)
     (run,) = coll.runs
-    assert run.status == "incomplete" and run.last_step == 10 and run.partial_ips == pytest.approx(50.0)
+    # partial_ips is the mean of the logged step rates; the steps' throughput over wall time is 50
+    assert run.status == "incomplete" and run.last_step == 10 and run.partial_ips == pytest.approx(50.0, rel=2e-3)
     assert any("truncated" in n for n in run.notes)
     row = table.build(coll).results.iloc[0]
     assert row["status"] == "incomplete" and row["steps_done"] == 10
@@ -847,13 +854,13 @@ def test_report_on_emulated_nodes_says_so_and_marks_noise(tmp_path):
     md = (out / "report.md").read_text()
     assert "these runs come from emulated nodes" in md and "local0, local1" in md
     assert "show the toolkit at work, not how a strategy scales" in md
-    # DDP beats SHARD_GRAD_OP by 5.3% and 7.1%, inside the two medians' 95% intervals
+    # DDP beats SHARD_GRAD_OP by 5.3% and 7.1% in one run each: a ratio, no verdict
     assert (
-        "| vit_micro | 1 | 2 | DDP | 4 | 100.0 | 79.0–121.0 | 1 | 50.0 | 100% | 0.4 |  | SHARD_GRAD_OP | "
-        "+5.3% (within noise) |"
+        "| vit_micro | 1 | 2 | DDP | 4 | 100.0 | 82.7–126.5 (within-run) | 100.0 | 0.0% | 1 of 1 ok | 50.0 | 100% "
+        "| 0.4 |  | SHARD_GRAD_OP | 1.053: one run each: not compared |"
     ) in md
-    assert "+7.1% (within noise)" in md
-    assert "2 margin(s) are marked within noise: the 95% confidence intervals of the two medians overlap" in md
+    assert "1.071: one run each: not compared" in md
+    assert "2 ratio(s) are not compared: a point ran once" in md
     assert "| CPU | AMD EPYC 7763 64-Core Processor, 128 logical CPUs |" in md
     assert "| launcher | processes started by jobs/weak_scaling.sh without Slurm (env://) |" in md
     assert "| steps per run | 8 (2 warm-up + 6 timed) |" in md
@@ -865,27 +872,31 @@ def test_report_of_real_nodes_has_no_emulation_note_and_a_clear_margin(study, tm
     assert main([study, "--out", str(out), "--quiet", "--no-plots"]) == 0
     md = (out / "report.md").read_text()
     assert "emulated" not in md and "toolkit at work" not in md
-    # 200 against 180, single steps scattering by 2%: separated, but by one run of each point
-    assert "| FULL_SHARD | 32 | 200.0 | 194.2–205.8 | 1 | 12.5 | 100% | 12.0 | 0% | DDP | +11.1% (single runs) |" in md
-    assert "(within noise)" not in md and "marked within noise" not in md
-    assert "3 margin(s) marked (single runs) rest on one run of a point: they hold within those runs only" in md
-    assert "Every point here ran once" in md and "run-to-run variation is unmeasured" in md
+    # 200 against 180, single steps scattering by 2%: one run of each point, so not compared
+    assert (
+        "| FULL_SHARD | 32 | 200.0 | 194.3–206.0 (within-run) | 200.0 | 0.0% | 1 of 1 ok | 12.5 | 100% | 12.0 | 0% "
+        "| DDP | 1.111: one run each: not compared |"
+    ) in md
+    assert "): separated" not in md and "): not separated" not in md
+    assert "3 ratio(s) are not compared" in md
+    assert "Every point here ran once: no ratio is tested, and each interval is within-run" in md
     assert "| device | AMD Instinct MI250X (rocm) |" in md and "| vit-scale revision | 0123abc |" in md
     assert "| launcher | srun |" in md
     assert "## Predicted against measured memory" in md and "within 0.0% over 9 runs" in md
 
 
-def test_a_margin_without_an_interval_is_not_tested(tmp_path):
-    """Three timed steps give no batches, so no interval: the margin stands untested, never "within noise"."""
+def test_a_point_with_three_timed_steps_has_no_interval(tmp_path):
+    """Three timed steps give no batches, so no within-run interval: the cell stays empty, never a made-up one."""
     root = str(tmp_path / "runs")
     write_run(root, strategy="DDP", ips=110.0, steps=5, warmup=2, run_id="a")
     write_run(root, strategy="FULL_SHARD", ips=100.0, steps=5, warmup=2, run_id="b")
     best = table.best_runs(table.build(records.collect([root])).results).iloc[0]
-    assert best["margin_verdict"] == "not tested" and best["margin_within_noise"] is None
+    assert best["ips_ci_method"] is None and math.isnan(best["ips_ci_low"])
+    assert best["verdict"] is None and best["ratio_test"] == "one run each: not compared"
     out = tmp_path / "o"
     assert main([root, "--out", str(out), "--quiet", "--no-plots"]) == 0
     md = (out / "report.md").read_text()
-    assert "+10.0% (not tested)" in md and "1 margin(s) are not tested: a point has fewer than 4 timed steps" in md
+    assert "| 110.0 |  | 110.0 | 0.0% | 1 of 1 ok |" in md and "1.100: one run each: not compared" in md
 
 
 def _git(cwd, *args):
@@ -981,7 +992,17 @@ def test_one_machine_ladder_puts_gpus_on_the_x_axis():
 # Nine timed steps in three batches of three: batch medians 100, 110, 90, the run's median 100 (its
 # mean 101.1); half-width t(0.975, 2) · s / √3 with s = 10, t = 4.3027: 24.84.
 NINE_STEPS = [100.0, 104.0, 98.0, 110.0, 120.0, 108.0, 90.0, 92.0, 88.0]
-NINE_HALF = 4.302653 * 10.0 / math.sqrt(3)
+NINE_WALL = 9 / sum(1 / x for x in NINE_STEPS)  # the run's throughput over wall time, 101.0
+
+
+def _nine_interval() -> tuple:
+    """The within-run interval of NINE_STEPS by hand: three batches of three step times, their mean's t
+    interval (t(0.975, 2) = 4.302653), turned into throughput around NINE_WALL."""
+    times = [1 / x for x in NINE_STEPS]
+    means = [sum(times[i : i + 3]) / 3 for i in (0, 3, 6)]
+    mid = sum(means) / 3
+    half = 4.302653 * math.sqrt(sum((m - mid) ** 2 for m in means) / 2) / math.sqrt(3)
+    return NINE_WALL * mid / (mid + half), NINE_WALL * mid / (mid - half)
 
 
 def _bars(ax, color) -> dict:
@@ -1016,15 +1037,16 @@ def _ci_study(root, repeats: int = 1) -> str:
 
 
 def test_error_bar_is_the_confidence_interval_in_results_csv(tmp_path):
-    """The bar drawn at a point is its 95% interval as results.csv gives it, the marker its median."""
+    """The bar drawn at a point is its 95% interval as results.csv gives it, the marker its throughput."""
     import pandas as pd
 
     out = tmp_path / "o"
     assert main([_ci_study(tmp_path / "runs"), "--out", str(out), "--quiet", "--dpi", "50", "--formats", "png"]) == 0
     csv = pd.read_csv(out / "results.csv")
     row = _row(csv, "vit_base", "DDP", 2)
-    assert row["ips_ci_method"] == "batch medians" and row["ips_point_median"] == pytest.approx(100.0)
-    assert (row["ips_ci_low"], row["ips_ci_high"]) == pytest.approx((100 - NINE_HALF, 100 + NINE_HALF), abs=1e-3)
+    assert row["ips_ci_method"] == "within-run batch means" and row["ips_point"] == pytest.approx(NINE_WALL)
+    assert row["ips_ci_level"] == 0.95 and row["ips_step_median"] == 100.0
+    assert (row["ips_ci_low"], row["ips_ci_high"]) == pytest.approx(_nine_interval(), rel=1e-6)
     plot = figures.weak_scaling(csv)
     ax = plot.figure.axes[0]
     color = figures.series_colors(csv)["DDP"]
@@ -1033,29 +1055,35 @@ def test_error_bar_is_the_confidence_interval_in_results_csv(tmp_path):
         r = _row(csv, "vit_base", "DDP", nodes)
         assert bars[nodes] == pytest.approx((r["ips_ci_low"], r["ips_ci_high"]))
     measured = next(ln for ln in _lines(ax, "-") if ln.get_color() == color)
-    assert list(measured.get_ydata()) == pytest.approx([50.0, 100.0])  # the median, not the mean 101.1
+    assert list(measured.get_ydata()) == pytest.approx([50.0, NINE_WALL])  # the throughput, not the median 100
     ideal = next(ln for ln in _lines(ax, "--") if ln.get_color() == color)
-    assert list(ideal.get_ydata()) == pytest.approx([50.0, 100.0])  # from the base's median
-    # the figure and the report say which interval the bars are
-    assert "bars: 95% CI of the median (batch medians, 1 run)" in " ".join(plot.figure.get_suptitle().split())
+    assert list(ideal.get_ydata()) == pytest.approx([50.0, 100.0])  # from the base's throughput
+    # the figure and the report say which interval the bars are, by method and level
+    assert "bars: 95% interval (within-run, 1 run)" in " ".join(plot.figure.get_suptitle().split())
     md = (out / "report.md").read_text()
-    assert "error bars: the 95% CI of the median: batch medians within one run" in md
+    assert (
+        "error bars: the 95% interval: within one run (batch means of its step times; silent on run-to-run variation)"
+    ) in " ".join(md.split())
+    assert "at least" not in md and "≥95%" not in md
     assert "standard deviation" not in md and "s.d." not in md
 
 
 def test_repeated_points_get_the_interval_over_their_runs(tmp_path):
-    """Six runs a point: the bar is the order-statistic interval of the run medians, and the captions say so."""
+    """Six runs a point: the bar is the t interval of the mean log throughput, and the captions say so."""
     df = table.build(records.collect([_ci_study(tmp_path, repeats=6)])).results
     r = _row(df, "vit_base", "FULL_SHARD", 2)
-    assert r["ips_ci_method"] == "order statistic" and r["ips_runs"] == 6
-    # run medians 80 × (1, 1.02 ... 1.10): the interval of 6 runs is their min and max
-    assert (r["ips_ci_low"], r["ips_ci_high"]) == pytest.approx((80.0, 88.0))
+    assert r["ips_ci_method"] == "t on log run throughputs" and r["ips_runs"] == 6
+    # run throughputs 80 x (1, 1.02 ... 1.10): their geometric mean ± t(0.975, 5) = 2.570582 s / sqrt(6) in logs
+    logs = [math.log(80.0 * (1 + 0.02 * k)) for k in range(6)]
+    mean = sum(logs) / 6
+    half = 2.570582 * math.sqrt(sum((x - mean) ** 2 for x in logs) / 5) / math.sqrt(6)
+    expected = (math.exp(mean - half), math.exp(mean + half))
+    assert r["ips_point"] == pytest.approx(math.exp(mean))
+    assert (r["ips_ci_low"], r["ips_ci_high"]) == pytest.approx(expected, rel=1e-6)
     plot = figures.weak_scaling(df)
-    assert _bars(plot.figure.axes[0], figures.series_colors(df)["FULL_SHARD"])[2] == pytest.approx((80.0, 88.0))
-    assert "95% CI of the median: order statistics over 6 runs" in plot.caption
-    assert "(order statistics, 6 runs)" in " ".join(plot.figure.get_suptitle().split())
-    three = table.build(records.collect([_ci_study(tmp_path / "three", repeats=3)])).results
-    assert "95% CI of the median: t interval over 3 runs" in figures.weak_scaling(three).caption
+    assert _bars(plot.figure.axes[0], figures.series_colors(df)["FULL_SHARD"])[2] == pytest.approx(expected)
+    assert "95% interval: t over 6 runs (log throughputs)" in plot.caption
+    assert "(t, 6 runs)" in " ".join(plot.figure.get_suptitle().split())
 
 
 def test_efficiency_cells_carry_their_interval(tmp_path):
@@ -1064,19 +1092,19 @@ def test_efficiency_cells_carry_their_interval(tmp_path):
     plot = figures.efficiency(df)
     r = _row(df, "vit_base", "DDP", 2)
     wider = max(r["efficiency"] - r["efficiency_ci_low"], r["efficiency_ci_high"] - r["efficiency"]) * 100
-    assert wider > 20  # NINE_STEPS' interval is ±25%
+    assert wider > 20  # NINE_STEPS' interval is -22% +37%
     assert plot.extra["intervals"]["vit_base"].loc["DDP", 2] == f"±{math.ceil(wider)}"
     assert plot.extra["intervals"]["vit_base"].loc["DDP", 1] == ""  # the base: 100% by definition
     texts = [t.get_text() for t in plot.figure.axes[0].texts]
     # the base's 100%, without its % sign where the cells are too narrow for it (the line above says so)
     base = "100" if "cells in %" in " ".join(plot.figure.get_suptitle().split()) else "100%"
     assert f"±{math.ceil(wider)}" in texts and base in texts
-    assert "wider side of the efficiency's 95% confidence interval" in plot.caption
+    assert "wider side of the efficiency's 95% interval" in plot.caption
     assert (
         f"widest interval: DDP at 2 nodes (vit_base), {r['efficiency_ci_low'] * 100:.0f}–"
         f"{r['efficiency_ci_high'] * 100:.0f}%"
     ) in plot.caption
-    assert "95% CI's wider side" in " ".join(plot.figure.get_suptitle().split())
+    assert "95% interval's wider side" in " ".join(plot.figure.get_suptitle().split())
 
 
 def test_grid_and_single_device_bars_are_intervals(tmp_path):
@@ -1095,17 +1123,17 @@ def test_grid_and_single_device_bars_are_intervals(tmp_path):
             & (df["model"] == "vit_5b")
         ].iloc[0]
         assert (low, high) == pytest.approx((r["ips_ci_low"], r["ips_ci_high"]))
-        assert grid.drawn["values"][(label, prefetch, lag)] == pytest.approx(r["ips_point_median"])
-    assert "error bars: the 95% CI of the median: batch medians within one run" in grid.caption
+        assert grid.drawn["values"][(label, prefetch, lag)] == pytest.approx(r["ips_point"])
+    within = "95% interval: within one run (batch means of its step times; silent on run-to-run variation)"
+    assert within in grid.caption
     single = figures.plugin_comparison(df)
     assert single.extra["errorbars"] == {("plugin_comparison", "vit_base"): 15}  # CAI_DDP at 64 ran out of memory
-    assert "error bars: the 95% CI of the median: batch medians within one run" in single.caption
+    assert within in single.caption
 
 
-def test_report_states_the_test_and_each_interval_confidence(tmp_path):
-    """The best-run table heads its intervals "≥95% CI" and gives an order-statistic interval its own
-    confidence (6 runs: 96.9%); the report states how strict the non-overlap test is and that
-    overlapping intervals do not show two points equal."""
+def test_report_names_each_interval_and_the_test(tmp_path):
+    """The best-run table heads its interval column with the level and gives each cell its method; six runs
+    of two nearly equal points: the ratio's Welch interval includes 1, so the two are not separated."""
     root = str(tmp_path / "runs")
     for label, levels in (("DDP", [100.0, 101.0, 99.0, 102.0, 98.0, 100.5]), ("NO_SHARD", [99.5, 100.2] * 3)):
         for i, level in enumerate(levels):
@@ -1123,26 +1151,29 @@ def test_report_states_the_test_and_each_interval_confidence(tmp_path):
     out = tmp_path / "o"
     assert main([root, "--out", str(out), "--quiet", "--no-plots"]) == 0
     md = (out / "report.md").read_text()
-    assert "| images/s | ≥95% CI | runs |" in md
-    assert "| 100.2 | 98.0–102.0 (96.9%) | 6 |" in md
-    assert "| NO_SHARD | +0.4% (within noise) |" in md
-    assert "a margin is separated when the two 95% intervals do not overlap" in md
-    assert "equal points are called different in under 1% of cases with repeated runs" in md
-    assert "far stricter than a test at 5%" in md and "may still hide a real difference" in md
-    assert "they do not show the two equal either" in md
+    assert "| images/s (wall) | 95% interval (method) | median step images/s | slow steps (>2× median) | runs |" in md
+    assert (
+        "| DDP | 32 | 100.1 | 98.6–101.6 (t over runs) | 100.2 | 0.0% | 6 of 6 ok | 12.5 | 100% | 10.0 | 0% "
+        "| NO_SHARD | 1.002 (0.987–1.017, Welch t, 95%): not separated |"
+    ) in md
+    assert "1 ratio(s) are not separated: their 95% interval includes 1" in md
+    assert "at least" not in md and "≥95%" not in md
 
 
 def test_an_unbounded_efficiency_interval_is_worded_in_the_caption(tmp_path):
-    """DDP's base ran twice, at 10 and 100 images/s: its t interval reaches 0, so the efficiency at 2
-    nodes has no upper end. The cell reads ±∞ and the caption says why, never "0–inf%"."""
+    """DDP's 2-node run has 4 timed steps, two of them 100 times slower: the interval of its mean step time
+    reaches 0, so its throughput's and the efficiency's have no upper end. The cell reads ±∞ and the
+    caption says why, never "0–inf%"."""
     root = str(tmp_path / "runs")
-    for k, (nodes, ips) in enumerate(((1, 10.0), (1, 100.0), (2, 100.0))):
-        write_run(root, strategy="DDP", nodes=nodes, ips=ips, steps=11, warmup=2, run_id=f"ddp-{k}", time=1.7e9 + k)
+    write_run(root, strategy="DDP", nodes=1, ips=100.0, steps=11, warmup=2, run_id="ddp-1")
+    write_run(root, strategy="DDP", nodes=2, step_ips=[200.0, 200.0, 2.0, 2.0], warmup=2, run_id="ddp-2")
     df = table.build(records.collect([root])).results
     assert math.isinf(_row(df, "vit_base", "DDP", 2)["efficiency_ci_high"])
     plot = figures.efficiency(df)
     assert plot.extra["intervals"]["vit_base"].loc["DDP", 2] == "±∞"
     caption = " ".join(plot.caption.split())
     low = _row(df, "vit_base", "DDP", 2)["efficiency_ci_low"]
-    assert f"DDP at 2 nodes (vit_base), {low * 100:.0f}% upward, unbounded: a point's interval reaches 0" in caption
+    assert f"DDP at 2 nodes (vit_base), {low * 100:.0f}% upward, unbounded: a point's interval has no upper end" in (
+        caption
+    )
     assert "inf" not in caption

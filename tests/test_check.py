@@ -41,6 +41,8 @@ STUDY = [
     "runs",
     "--no-analysis",
     "--check",
+    "--repeat",
+    "1",
 ]
 
 # the worker, with SHARD_GRAD_OP raising in its second step on every rank, the meter's trainer run

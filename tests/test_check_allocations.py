@@ -117,6 +117,8 @@ def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_
             "--logs",
             "logs",
             "--check",
+            "--repeat",
+            "1",
         ],
         cwd=tmp_path,
         env=slurm_cluster.env(),

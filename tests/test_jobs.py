@@ -163,12 +163,12 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
     )
 
     srun = [line.strip() for line in out.splitlines() if "srun " in line]
-    assert len(srun) == 8, out  # 2 node counts x 2 models x 2 strategies
+    assert len(srun) == 24, out  # 2 node counts x 2 models x 2 strategies x 3 repetitions (the study file's)
     # OLCF's binding; rendezvous gets off for RCCL's alt_read protocol (also on the allocation, above)
     flags = "--ntasks-per-node=8 --gpus-per-task=1 --gpu-bind=closest -c 7 --network=disable_rdzv_get"
     assert all(flags in line for line in srun)
     assert all("python -m vit_scale train system.launcher=srun " in line for line in srun)
-    assert sum("srun --nodes=2 --ntasks=16 " in line for line in srun) == 4
+    assert sum("srun --nodes=2 --ntasks=16 " in line for line in srun) == 12
     # the paper's settings from configs/studies/frontier_fsdp.yaml, MFU peak from the profile
     for setting in (
         "train.batch_size=32",
@@ -179,7 +179,7 @@ def test_frontier_sweep_dry_run_prints_sbatch_and_srun_lines(tmp_path):
         "plan.device_memory_gib=64",
     ):
         assert all(setting in line for line in srun), setting
-    assert "[4/4] vit_5b HYBRID_8GPU n2 (16 ranks)" in out
+    assert "[12/12] vit_5b HYBRID_8GPU n2 (16 ranks) repetition 3/3" in out
     assert out.rstrip().endswith("dry run: nothing was submitted")
     assert not logs.exists() and not (tmp_path / "runs").exists()
 
@@ -188,7 +188,7 @@ def test_fsdp_grid_dry_run_is_the_figure_1_grid(tmp_path):
     proc = run(WEAK_SCALING, ["--system", "frontier", "--config", "configs/studies/fsdp_grid.yaml", "--dry-run"], ROOT)
     assert proc.returncode == 0, proc.stderr
     runs = [line for line in proc.stdout.splitlines() if line.startswith("[")]
-    assert len(runs) == 18 and runs[0].startswith("[1/18] vit_5b HYBRID_2GPU n8 (64 ranks) ")
+    assert len(runs) == 54 and runs[0].startswith("[1/54] vit_5b HYBRID_2GPU n8 (64 ranks) ")  # 3 repetitions
     for strategy in ("HYBRID_2GPU", "FULL_SHARD", "SHARD_GRAD_OP"):
         for prefetch in ("none", "pre", "post"):
             for limit in ("true", "false"):
@@ -197,7 +197,7 @@ def test_fsdp_grid_dry_run_is_the_figure_1_grid(tmp_path):
                         f"{strategy} n8 (64 ranks) backward_prefetch={prefetch} limit_all_gathers={limit}" in r
                         for r in runs
                     )
-                    == 1
+                    == 3
                 )
 
 
@@ -220,6 +220,8 @@ def test_local_study_without_slurm(tmp_path):
             "2",
             "--out",
             "runs",
+            "--repeat",
+            "1",
         ],
         tmp_path,
         timeout=600,

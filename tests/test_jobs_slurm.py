@@ -13,7 +13,7 @@ from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
-FEW_STEPS = ["--steps", "4", "--warmup-steps", "1", "--batch-size", "2"]
+FEW_STEPS = ["--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--repeat", "1"]
 STUDY = [
     "--system",
     "local",

@@ -20,7 +20,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from analysis import figures, prediction, table  # noqa: E402
-from analysis.synthetic import write_run  # noqa: E402
+from analysis.synthetic import wall_throughput, write_run  # noqa: E402
 from analysis.weak_scaling import main  # noqa: E402
 from vit_scale.errors import UserError  # noqa: E402
 from vit_scale.planning import predict as pr  # noqa: E402
@@ -351,14 +351,15 @@ def test_predicted_figure_is_registered_and_drawn(tmp_path):
     assert all(p.name != "weak_scaling_predicted" for p in plots) and not any("prediction" in m for m in missing)
 
 
-# One slow step in nine: each run's median stays at its level while its mean rises ~7%.
+# One fast step in nine: each run's median step rate stays at its level, its throughput over wall time does not.
 def _skewed(level):
     return [level * f for f in (0.98, 1.0, 1.02, 1.01, 0.99, 1.03, 1.6, 0.97, 1.0)]
 
 
-def test_measured_is_the_point_median_and_its_rung_reproduces_itself(tmp_path):
-    """prediction.csv's measured column is the point's median (over three repeated 1-node runs, the
-    median of their medians), the compute comes from that median, so the 1-node rung's error is 0."""
+def test_measured_is_the_point_throughput_and_its_rung_reproduces_itself(tmp_path):
+    """prediction.csv's measured column is the point's throughput (over three repeated 1-node runs, the
+    geometric mean of their throughputs over wall time), the compute comes from it, so the 1-node rung's
+    error is 0."""
     root = str(tmp_path / "runs")
     for k, level in enumerate((790.0, 800.0, 830.0)):
         write_run(
@@ -375,18 +376,19 @@ def test_measured_is_the_point_median_and_its_rung_reproduces_itself(tmp_path):
     coll = reader.collect([root])
     results = table.build(coll).results
     rows = prediction.build(coll.runs, results).rows.set_index("nodes")
-    medians = results.set_index("nodes")
-    assert medians.loc[1, "ips_point_median"] == pytest.approx(800.0) and medians.loc[1, "ips_runs"] == 3
-    assert medians.loc[2, "ips_mean"] > 1.05 * medians.loc[2, "ips_point_median"]  # the two statistics differ
+    points = results.set_index("nodes")
+    walls = [wall_throughput(_skewed(level)) for level in (790.0, 800.0, 830.0)]
+    assert points.loc[1, "ips_point"] == pytest.approx(math.prod(walls) ** (1 / 3)) and points.loc[1, "ips_runs"] == 3
+    assert points.loc[2, "ips_step_median"] == pytest.approx(1200.0) != pytest.approx(points.loc[2, "ips_point"])
     for nodes in (1, 2):
-        assert rows.loc[nodes, "measured_ips"] == pytest.approx(medians.loc[nodes, "ips_point_median"])
+        assert rows.loc[nodes, "measured_ips"] == pytest.approx(points.loc[nodes, "ips_point"])
     assert rows.loc[1, "role"] == "compute" and math.isnan(rows.loc[1, "error"])
-    assert rows.loc[1, "predicted_ips"] == pytest.approx(800.0, rel=1e-6)  # the rung reproduces its median
-    assert rows.loc[2, "error"] == pytest.approx(1200.0 / rows.loc[2, "predicted_ips"] - 1)
+    assert rows.loc[1, "predicted_ips"] == pytest.approx(points.loc[1, "ips_point"], rel=1e-6)  # the rung reproduces itself
+    assert rows.loc[2, "error"] == pytest.approx(points.loc[2, "ips_point"] / rows.loc[2, "predicted_ips"] - 1)
 
 
-def test_predicted_figure_draws_the_median_with_its_interval(tmp_path):
-    """The measured line of the predicted figure stands at each point's median, its error bars are the
+def test_predicted_figure_draws_the_throughput_with_its_interval(tmp_path):
+    """The measured line of the predicted figure stands at each point's throughput, its error bars are the
     95% intervals of results.csv, and the caption and facts line say which interval."""
     from matplotlib.colors import to_hex
 
@@ -399,15 +401,16 @@ def test_predicted_figure_draws_the_median_with_its_interval(tmp_path):
     plot = next(p for p in plots if p.name == "weak_scaling_predicted")
     ax, ok = plot.figure.axes[0], results.sort_values("nodes")
     solid = next(ln for ln in ax.get_lines() if ln.get_linestyle() == "-")
-    assert list(solid.get_ydata()) == pytest.approx(list(ok["ips_point_median"]))  # not the means
+    assert list(solid.get_ydata()) == pytest.approx(list(ok["ips_point"]))
     verts = next(p for p in ax.patches if to_hex(p.get_edgecolor()) == to_hex(solid.get_color())).get_path().vertices
     drawn = [y for i in range(0, len(verts), 6) for y in (float(verts[i][1]), float(verts[i + 1][1]))]
     assert drawn == pytest.approx([y for pair in zip(ok["ips_ci_low"], ok["ips_ci_high"], strict=True) for y in pair])
     assert plot.extra["errorbars"] == {"vit_base": 2}
     assert (
-        "each point's median (solid; error bars: the 95% CI of the median: batch medians within one run" in plot.caption
+        "each point's throughput (solid; error bars: the 95% interval: within one run (batch means of its step times"
+        in " ".join(plot.caption.split())
     )
-    assert "bars: 95% CI of the median (batch medians, 1 run)" in " ".join(plot.figure.get_suptitle().split())
+    assert "bars: 95% interval (within-run, 1 run)" in " ".join(plot.figure.get_suptitle().split())
 
 
 def test_scenario_of_a_run_carries_its_options(tmp_path):

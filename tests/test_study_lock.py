@@ -44,6 +44,8 @@ STUDY = [
     "--out",
     "runs",
     "--no-analysis",
+    "--repeat",
+    "1",
 ]
 COMMAND = "weak_scaling.sh " + " ".join(STUDY)
 

@@ -36,6 +36,8 @@ STUDY = [
     "--out",
     "runs",
     "--no-analysis",
+    "--repeat",
+    "1",
 ]
 
 

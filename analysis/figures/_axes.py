@@ -1,8 +1,8 @@
 """What goes on one panel besides the data: log axes with plain-number ticks, the × of a run that
 did not finish ok, error bars, the device-capacity line, and the legend entries of such marks.
 
-Conventions across figures: measured = solid line with markers at the point's median images/s;
-error bars = the 95% confidence interval of that median (the table's ips_ci_low/high; the caption
+Conventions across figures: measured = solid line with markers at the point's throughput (images/s over wall time);
+error bars = the 95% interval of that throughput (the table's ips_ci_low/high; the caption
 says how it was worked out); ideal = dashed, same colour; device
 capacity = dotted grey; a run that did not finish ok = an × in its series' colour along the
 bottom of the axes at its x.

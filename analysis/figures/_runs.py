@@ -113,39 +113,36 @@ def scaling_support(df: pd.DataFrame, value: str = "ips_mean") -> str | None:
 
 
 def ips_points(ok: pd.DataFrame) -> tuple:
-    """(median, low, high) images/s of each row, as arrays: the point's median over its runs and its
-    95% confidence interval, the table's ips_point_median and ips_ci_low/high. A marker is drawn at
-    the median because the bar is the median's interval; a row without the point columns (a table
-    written before them) is drawn at its mean, without a bar."""
+    """(throughput, low, high) images/s of each row, as arrays: the point's throughput over wall time and
+    its interval, the table's ips_point and ips_ci_low/high; a row without the point columns (a table
+    written before them) is drawn at its run's throughput, without a bar."""
     mean = ok["ips_mean"].to_numpy(float)
-    if "ips_point_median" not in ok:
+    if "ips_point" not in ok:
         return mean, np.full(len(ok), np.nan), np.full(len(ok), np.nan)
-    median = ok["ips_point_median"].to_numpy(float)
+    point = ok["ips_point"].to_numpy(float)
     return (
-        np.where(np.isnan(median), mean, median),
+        np.where(np.isnan(point), mean, point),
         ok["ips_ci_low"].to_numpy(float),
         ok["ips_ci_high"].to_numpy(float),
     )
 
 
-INTERVAL = "95% CI of the median"
+INTERVAL = "95% interval"
 # How each interval method is said: in a caption, and shorter in the facts line above a figure.
 _HOW = {
-    stats.BATCH_MEDIANS: "batch medians within one run",
-    stats.T_OVER_RUNS: "t interval over {} runs",
-    stats.ORDER_STATISTIC: "order statistics over {} runs",
+    stats.WITHIN_RUN: "within one run (batch means of its step times; silent on run-to-run variation)",
+    stats.T_LOG_RUNS: "t over {} runs (log throughputs)",
 }
 _HOW_SHORT = {
-    stats.BATCH_MEDIANS: "batch medians, 1 run",
-    stats.T_OVER_RUNS: "t, {} runs",
-    stats.ORDER_STATISTIC: "order statistics, {} runs",
+    stats.WITHIN_RUN: "within-run, 1 run",
+    stats.T_LOG_RUNS: "t, {} runs",
 }
 
 
 def interval_how(ok: pd.DataFrame, short: bool = False) -> str:
-    """How the error bars of these usable rows were worked out, in words: 'batch medians within one
-    run', 'order statistics over 6 runs', joined by 'or' when the points differ, and a note when
-    some point has no interval (too few timed steps). short: the facts line's words."""
+    """How the error bars of these usable rows were worked out, in words: 'within one run (...)', 't over
+    3 runs (log throughputs)', joined by 'or' when the points differ, and a note when some point has no
+    interval (too few timed steps). short: the facts line's words."""
     if "ips_ci_method" not in ok or ok.empty:
         return "none in this table"
     words = _HOW_SHORT if short else _HOW
@@ -165,12 +162,12 @@ def interval_how(ok: pd.DataFrame, short: bool = False) -> str:
 
 
 def interval_text(ok: pd.DataFrame) -> str:
-    """'95% CI of the median: batch medians within one run': what a figure's error bars are, for its caption."""
+    """'95% interval: t over 3 runs (log throughputs)': what a figure's error bars are, for its caption."""
     return f"{INTERVAL}: {interval_how(ok)}"
 
 
 def interval_facts(ok: pd.DataFrame) -> str:
-    """'95% CI of the median (batch medians, 1 run)': the same for the facts line above a figure."""
+    """'95% interval (t, 3 runs)': the same for the facts line above a figure."""
     return f"{INTERVAL} ({interval_how(ok, short=True)})"
 
 

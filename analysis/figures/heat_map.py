@@ -75,7 +75,7 @@ def interval_points(eff, low, high) -> str:
     if any(v is None or pd.isna(v) for v in (eff, low, high)) or high <= low:
         return ""
     half = max(eff - low, high - eff) * 100
-    if not math.isfinite(half):  # an interval of a median that reaches 0 (two runs far apart) has no upper end
+    if not math.isfinite(half):  # an interval that reaches 0 (two runs far apart) has no upper end
         return "±∞"
     return f"±{max(1, math.ceil(half - 1e-9))}"
 
@@ -93,7 +93,7 @@ def widest_interval(runs: pd.DataFrame) -> str:
     xcol, xname = tbl.x_axis(runs[runs["model"] == r["model"]])
     where = f"widest interval: {r['series']} at {int(r[xcol])} {xname} ({r['model']})"
     if not math.isfinite(r["efficiency_ci_high"]):  # "0–inf%" would read as a typo
-        return f"{where}, {r['efficiency_ci_low'] * 100:.0f}% upward, unbounded: a point's interval reaches 0 images/s"
+        return f"{where}, {r['efficiency_ci_low'] * 100:.0f}% upward, unbounded: a point's interval has no upper end"
     return f"{where}, {r['efficiency_ci_low'] * 100:.0f}–{r['efficiency_ci_high'] * 100:.0f}%"
 
 
@@ -146,7 +146,7 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
     with_percent = _inline_width(matrices, True) + 0.08 <= cell_w if beside else cell_w >= text_width("100%") + 0.06
     definition = efficiency_definition(runs) + ("" if with_percent else " · cells in %")
     if has_ci:
-        definition += " · small: the 95% CI's wider side, ± points"
+        definition += " · small: the 95% interval's wider side, ± points"
     status_codes = {}
     extra_h = 0.55 + title_height(definition + " · × = not ok: OOM, TIME = timeout", width)
     fig, axes = new_figure(nrows, ncols, width, panel_h, extra_h)
@@ -214,8 +214,8 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
     widest = widest_interval(runs)
     intervals = (
         (
-            " The smaller figure in a cell is the wider side of the efficiency's 95% confidence interval, "
-            "in percentage points, propagated from the intervals of the two medians (the point's and its "
+            " The smaller figure in a cell is the wider side of the efficiency's 95% interval, "
+            "in percentage points, propagated from the intervals of the two throughputs (the point's and its "
             f"base's; {INTERVAL}: {interval_how(tbl.usable(runs))}); none at the base, 100% by definition"
             + (f"; {widest}." if widest else ".")
         )

@@ -108,7 +108,7 @@ def plugin_comparison(
         "Single-device strategy comparison",
         fig,
         drawn,
-        f"Throughput (each point's median; error bars: the {interval_text(tbl.usable(one))}) and peak memory "
+        f"Throughput over wall time (error bars: the {interval_text(tbl.usable(one))}) and peak memory "
         "on one device against batch size, one line per strategy (seeds 000/001).",
         extra={"facts": facts, "errorbars": bars},
     )

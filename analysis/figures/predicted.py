@@ -135,7 +135,7 @@ def weak_scaling_predicted(
         "Weak scaling: measured against predicted",
         fig,
         drawn,
-        "Images/s of the whole job, log scale, against nodes (log2): measured, each point's median (solid; "
+        "Images/s of the whole job, log scale, against nodes (log2): measured, each point's throughput (solid; "
         f"error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker), and the images/s "
         "vit_scale.planning.predict gives for the same points (dashed, same colour), its compute from the "
         "median of the study's 1-node rung and its collectives from the calibration named above "

@@ -1,5 +1,5 @@
 """Figure 1 of seed 003: images/s of one model at one node count for each FSDP sharding strategy,
-backward prefetch and limit_all_gathers setting, as grouped bars: each configuration's median images/s with
+backward prefetch and limit_all_gathers setting, as grouped bars: each configuration's throughput over wall time with
 its 95% confidence interval."""
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def config_grid(
             "values": values,
         },
         f"Images/s of {model} on {nodes} nodes for each sharding strategy, backward prefetch and "
-        f"limit_all_gathers setting (hatched: off): each configuration's median; error bars: the "
+        f"limit_all_gathers setting (hatched: off): each configuration's throughput over wall time; error bars: the "
         f"{interval_text(tbl.usable(rows))}.",
         extra={"facts": facts, "errorbars": error_bars},
     )

@@ -1,5 +1,5 @@
 """Figures 2 and 3 of seed 003: images/s of the whole job against nodes, one panel per model,
-each point's median with its 95% confidence interval and each strategy's ideal linear scaling."""
+each point's throughput over wall time with its 95% interval and each strategy's ideal linear scaling."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def weak_scaling(
                     handles.setdefault(key, measured_line(ax, ok[xcol], ips, color, marker))
                     counts["measured"] += 1
                     n_bars += error_bars(ax, ok[xcol].to_numpy(float), ips, low, high, color, log_y=True)
-                    # the ideal starts at the smallest run's marker, the median drawn there
+                    # the ideal starts at the smallest run's marker, the throughput drawn there
                     ideal_x = line[xcol].to_numpy()
                     ideal_y = ips[0] * line["world_size"].to_numpy() / ok["world_size"].iloc[0]
                     ax.plot(ideal_x, ideal_y, "--", color=color, lw=0.7, alpha=0.6, zorder=2)
@@ -92,7 +92,8 @@ def weak_scaling(
         fig,
         drawn,
         "Images/s of the whole job (all ranks together), log scale, against nodes (log2): each point's "
-        f"median (solid; error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker) "
+        "throughput over wall time, stalled steps included "
+        f"(solid; error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker) "
         "and ideal linear scaling from each strategy's smallest run (dashed); "
         "× marks a run that did not finish ok.",
         extra={"errorbars": bars, "facts": facts},

@@ -63,7 +63,9 @@ What to run (lists are comma-separated; defaults come from the study file):
   --batch-size LIST        images per GPU (rank) and step; fixed as nodes grow; several: one run each
   --steps N                steps per run
   --warmup-steps N         first steps left out of every figure
-  --repeat N               runs of each point (default 1), in rounds: every point once before any point again
+  --repeat N               runs of each point (default: the study file's, 3 in configs/studies/), in rounds:
+                           every point once before any point again; 1 gives up the comparison of points
+                           (one run each: not compared) and leaves within-run intervals only
 FSDP and precision modifiers (several values: each is one more run, a grid):
   --precision LIST         fp32 bf16 fp16
   --backward-prefetch LIST none pre post
@@ -226,6 +228,11 @@ class StudyRun:
             f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
             f" x {size}{f' x {p.repeat} repetitions, in rounds' if p.repeat > 1 else ''})"
         )
+        if p.repeat == 1 and total > 1:
+            print(
+                "  one run per point (--repeat 1): the report will compare no two points (one run each: not "
+                "compared), and its intervals are within-run, blind to run-to-run variation"
+            )
         kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, p.ranks_per_node * max(p.nodes))
         job = os.environ.get("SLURM_JOB_ID")
         where = (
