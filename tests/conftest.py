@@ -14,6 +14,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The suite's studies share this machine's loopback and cores (emulation: shared): an isolated emulated node
+# computes at its quota (half a core), which would make every multi-rank test several times slower. The
+# tests of the isolated emulation (test_emulation*.py) ask for it themselves.
+os.environ.setdefault("VIT_SCALE_EMULATION", "shared")
 FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "train.print_every=100"]
 
 
