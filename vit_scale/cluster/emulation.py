@@ -267,7 +267,7 @@ class Emulation:
             **({"VIT_SCALE_CPU_GROUP": procs} if procs else {}),
             "GLOO_SOCKET_IFNAME": DEVICE,
             "OMP_NUM_THREADS": str(threads_per_rank(self.spec.cpus_per_node, self.ranks_per_node)),
-            "VIT_SCALE_EMULATION": "isolated",
+            "VIT_SCALE_EMULATED": "isolated",
         }
         return inner, env
 
