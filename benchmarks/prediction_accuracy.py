@@ -164,7 +164,7 @@ def link_fits(check_path: str, gbps: float | None) -> bool:
         if fit.get("scope") == "inter" and gbps:
             miss = bw * 8 / gbps - 1
             text += f"  (shaped {gbps:g} Gbit/s: {miss:+.0%})"
-            # gloo's reduce-scatter sends an all-reduce's bytes (twice the ring's): not a measure of the link
+            # gloo's reduce-scatter reaches about half the link's rate by the ring's count (measured): no link measure
             if fit.get("collective") != "reduce_scatter":
                 seen = True
                 ok = ok and abs(miss) <= LINK_BAR

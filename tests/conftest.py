@@ -60,6 +60,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_colossalai",
         "test_compile",
         "test_deepspeed",
+        "test_emulation",
         "test_finetune",
         "test_fsdp_fp16",
         "test_jobs",

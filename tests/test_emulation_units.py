@@ -133,7 +133,7 @@ def test_each_rank_enters_its_node(tmp_path):
     e.wrap_launch(launch)
     for rank, (argv, extra) in enumerate(launch.commands):
         node = rank // 2
-        assert argv[:4] == ["ip", "netns", "exec", f"vsemu-t-p1-n{node}"] and argv[4] == "python"
+        assert argv[:3] == ["nsenter", f"--net=/run/netns/vsemu-t-p1-n{node}", "--"] and argv[3] == "python"
         assert extra["MASTER_ADDR"] == "10.213.0.1" and extra["GLOO_SOCKET_IFNAME"] == "eth0"
         assert extra["VIT_SCALE_EMULATED"] == "isolated" and extra["OMP_NUM_THREADS"] == "1"
         assert extra["VIT_SCALE_CPU_GROUP"].endswith(f"/cpu/vsemu-t-p1/n{node}/cgroup.procs")

@@ -34,6 +34,7 @@ PREFIX = "vsemu"
 SUBNET = "10.213.0"  # inside the run's namespaces only; the host never sees it
 DEVICE = "eth0"  # each node's uplink, the device gloo binds to (GLOO_SOCKET_IFNAME)
 PERIOD_US = 100_000
+NETNS_DIR = "/run/netns"  # where `ip netns add` puts a namespace's name
 CGROUP_ROOT = os.environ.get("VIT_SCALE_CGROUP_ROOT", "/sys/fs/cgroup")
 MODES = ("auto", "isolated", "shared")
 TAG = re.compile(rf"^({PREFIX}-[a-z0-9_.-]*-p(\d+))(?:-(sw|n\d+))?$")
@@ -118,6 +119,8 @@ def why_not(spec: Spec | None, nodes: int, euid: int | None = None, root: str = 
         return "it needs root (network namespaces, cgroups)"
     if shutil.which("ip") is None:
         return "it needs the ip command (apt-get install iproute2)"
+    if shutil.which("nsenter") is None:
+        return "it needs the nsenter command (apt-get install util-linux)"
     if spec.inter_node_gbps and shutil.which("tc") is None:
         return "shaping the links needs the tc command (apt-get install iproute2)"
     if not os.path.isdir("/proc/self/ns") or not os.path.exists("/proc/self/ns/net"):
@@ -260,7 +263,9 @@ class Emulation:
         """One rank's command, run inside node `node`'s namespace; the rank joins the node's CPU group
         itself before its process group (vit_scale.launch.world.join_cpu_group: its imports stay outside
         the quota)."""
-        inner = ["ip", "netns", "exec", netns(self.tag, node), *argv]
+        # nsenter, not `ip netns exec`: that one mounts a sysfs of the namespace's own, which hides the
+        # cgroup files the rank must write to join its CPU group
+        inner = ["nsenter", f"--net={NETNS_DIR}/{netns(self.tag, node)}", "--", *argv]
         procs = self.procs_file(node)
         env = {
             **extra,
