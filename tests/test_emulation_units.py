@@ -72,6 +72,9 @@ def test_cpu_groups_v1_and_v2(tmp_path):
     (tmp_path / "cgroup.controllers").write_text("hugetlb\n")
     assert emu.cgroup_kind(str(tmp_path)) is None  # a v2 hierarchy without cpu (this machine's kind)
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory\n")
+    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
+    assert emu.cgroup_kind(str(tmp_path)) is None  # offered, but not handed down to child groups
+    (tmp_path / "cgroup.subtree_control").write_text("cpu memory\n")
     assert emu.cgroup_kind(str(tmp_path)) == "v2"
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")

@@ -100,9 +100,14 @@ def cgroup_kind(root: str = CGROUP_ROOT) -> str | None:
     offers cpu, else None. Detected, not assumed: a hybrid machine may mount v2 with no controller in it."""
     if os.path.isfile(os.path.join(root, "cpu", "cpu.cfs_quota_us")):
         return "v1"
+    # v2: offered at the root and handed down to its children (systemd does; this module does not change
+    # the root's settings)
     try:
-        with open(os.path.join(root, "cgroup.controllers")) as f:
-            return "v2" if "cpu" in f.read().split() else None
+        with (
+            open(os.path.join(root, "cgroup.controllers")) as f,
+            open(os.path.join(root, "cgroup.subtree_control")) as g,
+        ):
+            return "v2" if "cpu" in f.read().split() and "cpu" in g.read().split() else None
     except OSError:
         return None
 
