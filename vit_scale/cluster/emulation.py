@@ -445,7 +445,10 @@ def remove(tag: str) -> None:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
     deadline = time.monotonic() + 10
     for top in tops:
-        children = sorted(os.path.join(top, c) for c in os.listdir(top) if os.path.isdir(os.path.join(top, c)))
+        try:
+            children = sorted(os.path.join(top, c) for c in os.listdir(top) if os.path.isdir(os.path.join(top, c)))
+        except OSError:  # removed meanwhile (two sweeps at once)
+            continue
         for d in [*children, top]:
             while True:
                 try:
