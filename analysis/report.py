@@ -487,6 +487,18 @@ def emulation_note(results: pd.DataFrame) -> str | None:
     named_local = bool(hosts) and all(EMULATED_HOST.match(h) for h in hosts)
     cpu = results[results["device_type"] == "cpu"]
     several = (results["nodes"] > 1).any()
+    kinds = set(results["emulation"].dropna()) if "emulation" in results else set()
+    if "isolated" in kinds:
+        mixed = " Some runs shared the machine instead (emulation: shared); compare only like with like." * (
+            "shared" in kinds
+        )
+        return (
+            f"Note: these runs come from emulated nodes on one machine, isolated ({_cpu_text(results)}): each "
+            "node's ranks ran in a network namespace of their own, linked to the others through a bridge at the "
+            "system profile's emulated inter-node bandwidth (within a node: loopback), and within a fixed CPU "
+            "quota (emulation: isolated in the records). So the curves part by what each strategy sends across "
+            "nodes at that bandwidth; the absolute images/s are a CPU's, and there is no added latency." + mixed
+        )
     if named_local and several or (not cpu.empty and (cpu["nodes"] > 1).any()):
         where = (
             f"the node names {', '.join(hosts[:4])}{' …' if len(hosts) > 4 else ''} are groups of processes "
@@ -497,8 +509,10 @@ def emulation_note(results: pd.DataFrame) -> str | None:
         )
         return (
             f"Note: these runs come from emulated nodes ({where}; {_cpu_text(cpu if not cpu.empty else results)})."
-            " Every rank shares that machine's cores and memory, so the images/s below show the toolkit at "
-            "work, not how a strategy scales; measuring that needs real nodes."
+            " Every rank shares that machine's cores and memory"
+            + (" and loopback (emulation: shared)" if "shared" in kinds else "")
+            + ", so the images/s below show the toolkit at work, not how a strategy scales; measuring that "
+            "needs real nodes (or the isolated emulation: root and a cgroup cpu controller, docs/jobs.md)."
         )
     if not cpu.empty and (cpu["world_size"] > 1).any():
         return (

@@ -1,7 +1,6 @@
 """How close the predicted weak-scaling curve comes to the measured one: on this machine (--local, the
 default), or against the seed-003 authors' published Frontier curves (--frontier).
 
-    python benchmarks/prediction_accuracy.py [--local] [--dir DIR] [--keep] [--check-json PATH] [--study-dir PATH]
     python benchmarks/prediction_accuracy.py --frontier
 
 --frontier: predicts every point of tests/data/frontier_published.json (FSDP1, bf16, batch 32,
@@ -11,22 +10,34 @@ prints per point the measured and predicted images/s per GCD and efficiency, the
 (median |error| over all points and over those below 0.8 efficiency, the largest error, each crossing,
 the peak-memory error) with the no-communication baseline's score beside them. Seconds, no runs.
 
---local:
-Runs `vit-scale check` in full mode on 2 emulated nodes of the local system (its size sweep and
-alpha-beta fits: the calibration), then the local study (configs/studies/local.yaml, what the
-README's first command runs: vit_micro, 5 strategies, 1 and 2 emulated nodes of 2 CPU ranks),
-then predicts every run of the study with vit_scale.planning.predict: that check.json as the
-calibration, the study's 1-node rung as the compute (each strategy its own 1-node run), gloo's
-blocking collectives. Prints per strategy and node count the measured and predicted images/s and
-the error (measured / predicted - 1, as the analysis reports it), and the median absolute error
-over the 2-node points against the bar: 25% on a CPU (15% is the bar of a GPU cluster). For
-comparison it also prints the median with the profile's defaults and with no calibration (the
-compute-bound ceiling), so that a miss can be put on the calibration or on the model.
+--local (the default):
 
---check-json and --study-dir reuse what an earlier run wrote (with --keep) instead of running
-them again. A few minutes on a 2-core machine; the machine's load during the run is printed
-beside the figures, since on a shared CPU it moves both the check's fits and the study's speeds.
-Exit code 0 when the bar is met, 1 when not.
+    python benchmarks/prediction_accuracy.py [--dir DIR] [--keep] [--check-json PATH] [--study-dir PATH]
+                                             [--nodes 1,2,4] [--no-unshaped]
+
+The local part runs on isolated emulated nodes (vit_scale/cluster/emulation.py: each node's ranks in a
+network namespace of their own, joined through a bridge at the `local` profile's shaped inter-node
+bandwidth, each node within a CPU quota); where this machine cannot make them (no root, no cgroup cpu
+controller) it says so and runs on the shared emulation, whose figures say nothing of communication.
+
+1. Weak scaling with nothing limiting it: DDP on 1 and 4 nodes of the `local-unshaped` profile (the
+   same nodes, links not shaped); DDP's images/s per node at 4 nodes against 1, bar 85%.
+2. `vit-scale check` in full mode on 2 nodes of `local` (its size sweep and alpha-beta fits: the
+   calibration); its across-nodes fits against the shaped bandwidth (bar 15%).
+3. The local study (configs/studies/local.yaml: vit_micro, DDP, FULL_SHARD and HYBRID_2GPU) over --nodes (1, 2, 4).
+4. Every point beyond 1 node predicted with vit_scale.planning.predict: the check's fits as the
+   calibration, the 1-node rung as the compute (each strategy its own), gloo's blocking collectives.
+   Prints per strategy and node count the measured and predicted images/s and the error (measured /
+   predicted - 1), the median and the largest |error|, and the same for the no-communication
+   prediction (the compute-bound ceiling) on the same points. Bars: median |error| at most 20%, and at
+   most half the no-communication median (the communication model, not the compute, is what is scored).
+5. How the strategies order themselves at the largest node count against the bytes each sends across
+   nodes as the planner counts them (vit_scale/planning/communication.py).
+
+--check-json and --study-dir reuse what an earlier run wrote (with --keep) instead of running them
+again. About 20 minutes on a 2-core machine; the machine's load is printed beside every figure, since
+on a shared CPU it moves the check's fits, the study's speeds and the quotas' effect alike.
+Exit code 0 when every bar is met, 1 when not.
 """
 
 from __future__ import annotations
@@ -46,7 +57,10 @@ sys.path.insert(0, ROOT)
 from vit_scale.planning import predict as pr  # noqa: E402
 from vit_scale.record import reader  # noqa: E402
 
-BAR = 0.25  # median absolute error over the 2-node points, on a CPU (issue 24)
+BAR = 0.20  # median absolute error over the points beyond 1 node, isolated emulation (issue 29)
+NO_COMM_SHARE = 0.5  # ... and at most this share of the no-communication prediction's median
+WEAK_BAR = 0.85  # DDP's images/s per node, 4 nodes against 1, links not shaped
+LINK_BAR = 0.15  # the check's across-nodes bandwidth against the shaped one
 STUDY = os.path.join(ROOT, "configs", "studies", "local.yaml")
 
 
@@ -96,9 +110,183 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
     return sorted(rows, key=lambda r: (r["strategy"], r["nodes"]))
 
 
-def median_abs(rows: list, nodes: int = 2) -> float | None:
-    errors = [abs(r["error"]) for r in rows if r["nodes"] == nodes and r["error"] is not None]
+def beyond_one(rows: list) -> list[float]:
+    return [abs(r["error"]) for r in rows if r["nodes"] > 1 and r["error"] is not None]
+
+
+def median_abs(rows: list) -> float | None:
+    errors = beyond_one(rows)
     return statistics.median(errors) if errors else None
+
+
+def emulation_of(runs: list) -> str:
+    kinds = sorted({str((r.start.get("world") or {}).get("emulation")) for r in runs})
+    return ", ".join(kinds)
+
+
+def per_node_ips(runs: list) -> dict:
+    """(strategy, nodes) -> images/s per node of the ok runs (the mean where a point has several)."""
+    found: dict = {}
+    for run in runs:
+        step = pr.measured_step(run)
+        if step is not None:
+            sc = step.scenario
+            found.setdefault((sc.strategy, sc.nodes), []).append(sc.batch_size * sc.world / step.step_s / sc.nodes)
+    return {k: statistics.mean(v) for k, v in found.items()}
+
+
+def unshaped_weak_scaling(work: str) -> bool:
+    """DDP on 1 and 4 isolated nodes with links not shaped: per node, 4 against 1."""
+    out = os.path.join(work, "unshaped")
+    s = vit_scale(
+        ["study", "--system", "local-unshaped", "--config", STUDY, "--study", "unshaped", "--strategies", "DDP"]
+        + ["--nodes", "1,4", "--out", out, "--no-analysis"],
+        work,
+    )
+    runs = reader.collect([os.path.join(out, "unshaped")]).runs
+    ips = per_node_ips(runs)
+    one, four = ips.get(("DDP", 1)), ips.get(("DDP", 4))
+    if not one or not four:
+        print(f"unshaped DDP: a run failed ({s:.0f} s)")
+        return False
+    ratio = four / one
+    print(
+        f"unshaped links, emulation {emulation_of(runs)}: DDP {one:.1f} images/s per node on 1 node, {four:.1f} on "
+        f"4: {ratio:.0%} (bar {WEAK_BAR:.0%}; {s:.0f} s; {load()})",
+        flush=True,
+    )
+    return ratio >= WEAK_BAR
+
+
+def link_fits(check_path: str, gbps: float | None) -> bool:
+    """The check's across-nodes and within-node fits, the across-nodes ones against the shaped rate."""
+    import json
+
+    with open(check_path) as f:
+        fits = json.load(f).get("fits") or []
+    ok, seen = True, False
+    for fit in sorted(fits, key=lambda f: (f.get("scope", ""), f.get("collective", ""))):
+        bw = fit.get("bus_gbps")
+        if bw is None:
+            continue
+        text = (
+            f"  check fit {fit.get('collective', '?'):15} {fit.get('scope', '?'):6} ({fit.get('ranks')} ranks): "
+            f"{bw * 8:8.3f} Gbit/s bus bandwidth, alpha {fit.get('alpha_us', 0) / 1e3:6.2f} ms"
+        )
+        if fit.get("scope") == "inter" and gbps:
+            miss = bw * 8 / gbps - 1
+            text += f"  (shaped {gbps:g} Gbit/s: {miss:+.0%})"
+            # gloo's reduce-scatter reaches about half the link's rate by the ring's count (measured): no link measure
+            if fit.get("collective") != "reduce_scatter":
+                seen = True
+                ok = ok and abs(miss) <= LINK_BAR
+        print(text)
+    return ok and (seen or not gbps)
+
+
+def crossing_order(runs: list, nodes: int) -> bool:
+    """Measured images/s at `nodes` beside the bytes each strategy sends across nodes as the planner counts
+    them; True when sending fewer bytes never goes with fewer images/s, beyond 5% (strategies that send
+    the same bytes are not ordered)."""
+    from vit_scale.planning import communication, scenario
+
+    table = []
+    for run in runs:
+        step = pr.measured_step(run)
+        if step is None or step.scenario.nodes != nodes:
+            continue
+        sc = step.scenario
+        crossing = communication.predict(sc, scenario.layout(sc))["inter_node"] * sc.gpus_per_node
+        table.append((crossing, sc.batch_size * sc.world / step.step_s, sc.strategy))
+    if not table:
+        return False
+    table.sort()
+    print(f"\nat {nodes} nodes: images/s against the bytes a node sends across nodes a step (the planner's count)")
+    for crossing, ips, strategy in table:
+        print(f"  {strategy:14} {crossing / 1e6:7.3f} MB {ips:9.1f} images/s")
+    ordered = all(b[1] <= a[1] * 1.05 for i, a in enumerate(table) for b in table[i + 1 :] if b[0] > a[0] * 1.05)
+    print(f"  ordered by bytes across nodes: {'yes' if ordered else 'no'} ({load()})")
+    return ordered
+
+
+def local_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", help="where to run (default: a temporary directory)")
+    ap.add_argument("--keep", action="store_true", help="keep the directory")
+    ap.add_argument("--check-json", help="an earlier check.json instead of running the check")
+    ap.add_argument("--study-dir", help="an earlier local study's directory instead of running it")
+    ap.add_argument("--nodes", default="1,2,4", help="the study's node counts (default 1,2,4)")
+    ap.add_argument("--no-unshaped", action="store_true", help="leave out the unshaped weak-scaling part")
+    args = ap.parse_args(argv)
+    work = args.dir or tempfile.mkdtemp(prefix="prediction-accuracy-")
+    os.makedirs(work, exist_ok=True)
+    print(f"machine: {os.uname().nodename}, {load()}; in {work}")
+    met = {}
+    try:
+        if not args.no_unshaped and not args.study_dir:
+            met["unshaped weak scaling"] = unshaped_weak_scaling(work)
+        check = args.check_json or os.path.join(work, "check", "check.json")
+        if not args.check_json:
+            # the strategy labels do not feed the calibration: DDP alone keeps the check short
+            out = os.path.join(work, "check")
+            s = vit_scale(["check", "--system", "local", "--nodes", "2", "--strategies", "DDP", "--out", out], work)
+            print(f"check: {s:.0f} s", flush=True)
+        profile = pr.profile_path("local")
+        from vit_scale.cluster.systems import read_system
+
+        met["check's across-nodes fits"] = link_fits(check, read_system("local").emulation.inter_node_gbps)
+        study = args.study_dir or os.path.join(work, "runs", "local")
+        if not args.study_dir:
+            s = vit_scale(
+                ["study", "--system", "local", "--config", STUDY, "--study", "local", "--nodes", args.nodes]
+                + ["--out", os.path.join(work, "runs"), "--no-analysis"],
+                work,
+            )
+            print(f"study: {s:.0f} s", flush=True)
+        runs = reader.collect([study]).runs
+        print(f"emulation of the study's runs: {emulation_of(runs)}")
+        comp = pr.compute_from(study, runs=runs)
+        models = sorted({r.start["model"]["name"] for r in runs})
+        precisions = sorted({pr.run_precision(r.start) for r in runs})
+        calibrations = {
+            "check": pr.choose_calibration(check, profile, system="local", models=models, precisions=precisions),
+            "profile": pr.choose_calibration(None, profile, system="local"),
+            "none": pr.no_calibration("for comparison"),
+        }
+        results = {name: rows_for(runs, cal, comp) for name, cal in calibrations.items()}
+        print(f"\ncalibration: {calibrations['check'].describe()}")
+        print(f"compute: {comp.describe()}")
+        print(
+            f"\n{'strategy':14} {'nodes':>5} {'measured':>10} {'predicted':>10} {'error':>8} "
+            f"{'step ms':>8} {'compute ms':>10} {'exposed ms':>10}   (images/s in total)"
+        )
+        for r in results["check"]:
+            print(
+                f"{r['strategy']:14} {r['nodes']:5d} {r['measured']:10.1f} {r['predicted']:10.1f} "
+                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}"
+            )
+        print()
+        for name, rows in results.items():
+            m, errors = median_abs(rows), beyond_one(rows)
+            print(
+                f"points beyond 1 node, calibration {name:7}: median |error| {'n/a' if m is None else f'{m:.1%}'}, "
+                f"largest {'n/a' if not errors else f'{max(errors):.1%}'} ({len(errors)} points)"
+            )
+        m, none = median_abs(results["check"]), median_abs(results["none"])
+        met[f"median |error| <= {BAR:.0%}"] = m is not None and m <= BAR
+        met[f"<= {NO_COMM_SHARE:.0%} of the no-communication median"] = (
+            m is not None and none is not None and m <= NO_COMM_SHARE * none
+        )
+        nodes = max(int(n) for n in args.nodes.split(","))
+        met[f"ordered by bytes across nodes at {nodes} nodes"] = crossing_order(runs, nodes)
+        print()
+        for what, ok in met.items():
+            print(f"bar {what}: {'met' if ok else 'missed'}")
+        print(f"({load()} at the end)")
+        return 0 if all(met.values()) else 1
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def frontier_main() -> int:
@@ -172,88 +360,6 @@ def main(argv=None) -> int:
     if "--frontier" in argv:
         return frontier_main()
     return local_main([a for a in argv if a != "--local"])
-
-
-def local_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dir", help="where to run (default: a temporary directory)")
-    ap.add_argument("--keep", action="store_true", help="keep the directory")
-    ap.add_argument("--check-json", help="an earlier check.json instead of running the check")
-    ap.add_argument("--study-dir", help="an earlier local study's directory instead of running it")
-    args = ap.parse_args(argv)
-    work = args.dir or tempfile.mkdtemp(prefix="prediction-accuracy-")
-    os.makedirs(work, exist_ok=True)
-    print(f"machine: {os.uname().nodename}, {load()}; in {work}")
-    try:
-        check = args.check_json or os.path.join(work, "check", "check.json")
-        if not args.check_json:
-            # the strategy labels do not feed the calibration: DDP alone keeps the check short
-            s = vit_scale(
-                [
-                    "check",
-                    "--system",
-                    "local",
-                    "--nodes",
-                    "2",
-                    "--strategies",
-                    "DDP",
-                    "--out",
-                    os.path.join(work, "check"),
-                ],
-                work,
-            )
-            print(f"check: {s:.0f} s", flush=True)
-        study = args.study_dir or os.path.join(work, "runs", "local")
-        if not args.study_dir:
-            s = vit_scale(
-                [
-                    "study",
-                    "--system",
-                    "local",
-                    "--config",
-                    STUDY,
-                    "--study",
-                    "local",
-                    "--out",
-                    os.path.join(work, "runs"),
-                    "--no-analysis",
-                ],
-                work,
-            )
-            print(f"study: {s:.0f} s", flush=True)
-        runs = reader.collect([study]).runs
-        comp = pr.compute_from(study, runs=runs)
-        models = sorted({r.start["model"]["name"] for r in runs})
-        precisions = sorted({pr.run_precision(r.start) for r in runs})
-        profile = pr.profile_path("local")
-        calibrations = {
-            "check": pr.choose_calibration(check, profile, system="local", models=models, precisions=precisions),
-            "profile": pr.choose_calibration(None, profile, system="local"),
-            "none": pr.no_calibration("for comparison"),
-        }
-        results = {name: rows_for(runs, cal, comp) for name, cal in calibrations.items()}
-        print(f"\ncalibration: {calibrations['check'].describe()}")
-        print(f"compute: {comp.describe()}")
-        print(
-            f"\n{'strategy':14} {'nodes':>5} {'measured':>10} {'predicted':>10} {'error':>8} "
-            f"{'step ms':>8} {'compute ms':>10} {'exposed ms':>10}   (images/s in total)"
-        )
-        for r in results["check"]:
-            print(
-                f"{r['strategy']:14} {r['nodes']:5d} {r['measured']:10.1f} {r['predicted']:10.1f} "
-                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}"
-            )
-        print()
-        for name, rows in results.items():
-            m = median_abs(rows)
-            print(f"median |error| over the 2-node points, calibration {name:7}: {'n/a' if m is None else f'{m:.1%}'}")
-        m = median_abs(results["check"])
-        met = m is not None and m <= BAR
-        print(f"\nbar: {BAR:.0%} on a CPU; {'met' if met else 'missed'} ({load()} at the end)")
-        return 0 if met else 1
-    finally:
-        if not args.keep and not args.dir:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON = sys.executable
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The suite's studies share this machine's loopback and cores (emulation: shared): an isolated emulated node
+# computes at its quota (half a core), which would make every multi-rank test several times slower. The
+# tests of the isolated emulation (test_emulation*.py) ask for it themselves.
+os.environ.setdefault("VIT_SCALE_EMULATION", "shared")
 FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "train.print_every=100"]
 
 
@@ -29,6 +33,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_adding_a_family",
         "test_analysis",
         "test_check_scale",
+        "test_emulation_units",
         "test_end_record",
         "test_env_setup_venv",
         "test_finetune_units",
@@ -57,6 +62,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_colossalai",
         "test_compile",
         "test_deepspeed",
+        "test_emulation",
         "test_finetune",
         "test_fsdp_fp16",
         "test_jobs",

@@ -21,6 +21,10 @@
 # For --launcher mpi (srun --mpi=pmix) also install openmpi-bin and libpmix-dev BEFORE "up": the
 # pmix plugin loads the unversioned libpmix.so, which only libpmix-dev ships (openmpi-bin brings
 # libpmix2 alone), and slurmd looks for it only when it starts.
+# Every slurmd shares the host's network and cores: putting each in its node's network namespace
+# (vit_scale/cluster/emulation.py, what a study without Slurm does) would need sbatch/srun/squeue in the
+# host's namespace to reach them, i.e. a host address on the emulated subnet, which the rule that such
+# traffic stays between the run's own namespaces forbids (docs/jobs.md, "Isolated emulated nodes").
 # Tested with Slurm 22.05 (Debian 12). Accounting (sacct) is left out; without slurmdbd, finished
 # jobs are listed one per line in DIR/log/jobcomp.txt instead.
 set -euo pipefail

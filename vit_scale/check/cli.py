@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from vit_scale.cluster import launchers, systems
+from vit_scale.cluster import emulation, launchers, systems
 from vit_scale.cluster.files import load_yaml
 from vit_scale.cluster.options import option_pairs, take_prog
 from vit_scale.cluster.supervise import Supervisor
@@ -141,6 +141,8 @@ class Check:
         # the interpreter running the check (the env script's, in a job), unless told otherwise as the study is
         self.python = os.environ.get("VIT_SCALE_PYTHON") or sys.executable
         self.use_slurm = self.in_slurm
+        self.emulation = None  # isolated emulated nodes, while the check runs on them
+        self.emulation_kind = None  # check.json: isolated, shared, or None (real nodes)
         self.progress: dict = {}  # the launches so far, for check.json when a signal stops the check
         self.kind = launchers.launch_kind(
             self.launcher, self.use_slurm, self.one_machine, self.nodes * self.ranks_per_node
@@ -284,7 +286,27 @@ class Check:
             except OSError as exc:
                 raise UserError(f"--out: cannot create {os.path.join(self.out, sub)}: {exc.strerror}") from None
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
-        facts, attempts = self.launch_until_done(supervisor, stamp)
+        # isolated emulated nodes where the profile asks for them (removed however the check ends)
+        self.emulation = emulation.for_launches(
+            self.kind,
+            self.system,
+            "check",
+            self.nodes,
+            self.ranks_per_node,
+            lambda line: print(f"  {line}", flush=True),
+        )
+        if self.emulation:
+            print(f"  nodes: {self.emulation.describe()}", flush=True)
+        self.emulation_kind = (
+            ("isolated" if self.emulation else "shared")
+            if self.system.emulation is not None and self.kind in (*emulation.WRAPPABLE, "mpi-local")
+            else None
+        )
+        try:
+            facts, attempts = self.launch_until_done(supervisor, stamp)
+        finally:
+            if self.emulation:
+                emulation.stop(self.emulation)
         if supervisor.interrupted:
             # what the last write from the signal's moment had, and what the launch added since
             self.write_stopped()
@@ -501,6 +523,8 @@ class Check:
         write_atomically(spec_path, spec)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
         addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
+        if self.emulation:
+            addr = self.emulation.master_addr
         launch = launchers.build(
             self.kind,
             self.python,
@@ -517,6 +541,8 @@ class Check:
             as_root=os.geteuid() == 0,
             program=PROGRAM,
         )
+        if self.emulation and self.kind in emulation.WRAPPABLE:
+            launch = self.emulation.wrap_launch(launch)
         log = os.path.join(self.out, "logs", f"check.{stamp}.{attempt}.log")
         with open(log, "w") as f:
             f.write(launch.log_header())
@@ -585,6 +611,8 @@ class Check:
                 "kind": self.kind,
                 "description": launchers.describe(self.kind, self.system, self.ranks_per_node),
                 "attempts": attempts,
+                # emulated nodes: own namespaces and CPU quota (isolated), or this machine's, shared
+                "emulation": self.emulation_kind,
             },
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
             "facts": facts,

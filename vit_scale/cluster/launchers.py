@@ -95,6 +95,8 @@ def build(
     (vit-scale check starts its worker module through the same launchers)."""
     ranks = nodes * ranks_per_node
     train = list(program)
+    # the records say whether emulated nodes shared this machine (an isolated emulation overrides it)
+    shared = {"VIT_SCALE_EMULATED": "shared"} if getattr(system, "emulation", None) is not None else {}
     rendezvous = {"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)}
     where = [f"--nodelist={nodelist}"] if nodelist else []
 
@@ -150,7 +152,7 @@ def build(
                     "system.launcher=torchrun",
                     *args,
                 ],
-                {"VIT_SCALE_NODE_NAME": f"local{i}"},
+                {"VIT_SCALE_NODE_NAME": f"local{i}", **shared},
             )
             for i in range(nodes)
         ]
@@ -176,6 +178,7 @@ def build(
                 str(ranks_per_node),
                 "env",
                 f"VIT_SCALE_NODE_NAME=local{i}",
+                *[f"{k}={v}" for k, v in shared.items()],
                 python,
                 *train,
                 "system.launcher=mpi",
@@ -199,10 +202,11 @@ def build(
                         "GROUP_WORLD_SIZE": str(nodes),
                         **rendezvous,
                         "VIT_SCALE_NODE_NAME": f"local{i // ranks_per_node}",
+                        **shared,
                     },
                 )
             )
         return Launch(kind, commands, rendezvous)
     if kind == "single":
-        return Launch(kind, [([python, *train, "system.launcher=single", *args], {})])
+        return Launch(kind, [([python, *train, "system.launcher=single", *args], dict(shared))])
     raise ValueError(kind)

@@ -16,6 +16,7 @@ import socket
 import subprocess
 from dataclasses import dataclass, field
 
+from vit_scale.cluster.emulation import read_spec
 from vit_scale.cluster.files import home, load_yaml
 from vit_scale.cluster.values import as_list
 from vit_scale.errors import UserError
@@ -40,6 +41,7 @@ SYSTEM_KEYS = (
     "sbatch_flags",
     "inter_node_transport",
     "network",
+    "emulation",
 )
 
 
@@ -63,6 +65,7 @@ class SystemProfile:
     sbatch_flags: str = ""
     inter_node_transport: list = field(default_factory=list)  # what `vit-scale check` expects between nodes
     network: object = None  # collective cost defaults: vit_scale.planning.alpha_beta.read_network
+    emulation: object = None  # emulated nodes without Slurm: vit_scale.cluster.emulation.Spec, or None
 
     @property
     def one_rank_per_gpu(self) -> bool:
@@ -95,6 +98,7 @@ def read_system(name: str) -> SystemProfile:
     values["ranks_per_node"] = str(values.get("ranks_per_node", 1))
     for key in ("srun_flags", "torchrun_srun_flags", "mpi_flags", "sbatch_flags"):
         values[key] = str(values.get(key) or "")
+    values["emulation"] = read_spec(values.get("emulation"), path)
     return SystemProfile(**values)
 
 

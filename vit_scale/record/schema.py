@@ -103,6 +103,7 @@ START = {
             "properties": {
                 "world_size": {"type": "integer", "minimum": 1},
                 "nodes": {"type": "integer", "minimum": 1},
+                "emulation": {"enum": ["isolated", "shared", None]},
                 "device_type": {"enum": ["cuda", "rocm", "cpu"]},
                 "backend": {"enum": ["nccl", "gloo"]},
                 "peak_tflops_per_device": NUM,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from vit_scale.launch.world import slurm_facts
@@ -62,6 +63,9 @@ def start_record(
             "backend": world.backend,
             "peak_tflops_per_device": peak[0],
             "peak_tflops_source": peak[1],
+            # emulated nodes on one machine: own namespace and CPU quota each (isolated) or all of this
+            # machine's (shared); None on real nodes (vit_scale/cluster/emulation.py)
+            "emulation": os.environ.get("VIT_SCALE_EMULATED") or None,
         },
         "batch": {"per_device": cfg.train.batch_size, "global": cfg.train.batch_size * world.world_size},
         "launcher": world.launcher,

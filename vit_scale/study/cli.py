@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from vit_scale.cluster import launchers, systems
+from vit_scale.cluster import emulation, launchers, systems
 from vit_scale.cluster.files import home
 from vit_scale.cluster.options import option_pairs, take_prog
 from vit_scale.cluster.supervise import Supervisor
@@ -251,6 +251,24 @@ class StudyRun:
         sys.stdout.flush()
 
     def run_all(self) -> int:
+        """Every run, on isolated emulated nodes where the profile asks for them and this machine allows
+        it; those are removed however the study ends (a SIGKILLed one's by the next study: emulation.sweep)."""
+        p = self.plan
+        self.emulation = None
+        if not self.dry_run and p.runs:
+            kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, p.ranks_per_node * max(p.nodes))
+            self.emulation = emulation.for_launches(
+                kind, self.system, p.name, max(p.nodes), p.ranks_per_node, lambda line: print(f"  {line}", flush=True)
+            )
+            if self.emulation:
+                print(f"  nodes: {self.emulation.describe()}", flush=True)
+        try:
+            return self._run_all()
+        finally:
+            if self.emulation:
+                emulation.stop(self.emulation)
+
+    def _run_all(self) -> int:
         p = self.plan
         logs = os.path.join(self.study_dir, "logs")
         if not self.dry_run:
@@ -316,7 +334,7 @@ class StudyRun:
             if self.in_slurm:
                 addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
             else:
-                addr = "127.0.0.1"
+                addr = self.emulation.master_addr if self.emulation else "127.0.0.1"
             port = free_port()
             if self.use_slurm and not self.in_slurm:  # a dry run far from the system: found when the job runs
                 addr, port = "{address of the first node}", "{a free port}"
@@ -342,6 +360,8 @@ class StudyRun:
                 rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.{index}",
                 as_root=os.geteuid() == 0,
             )
+            if self.emulation and kind in emulation.WRAPPABLE:
+                launch = self.emulation.wrap_launch(launch)
             if self.dry_run:
                 print(label)
                 if len(launch.commands) > 1:
