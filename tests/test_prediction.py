@@ -383,7 +383,8 @@ def test_measured_is_the_point_throughput_and_its_rung_reproduces_itself(tmp_pat
     for nodes in (1, 2):
         assert rows.loc[nodes, "measured_ips"] == pytest.approx(points.loc[nodes, "ips_point"])
     assert rows.loc[1, "role"] == "compute" and math.isnan(rows.loc[1, "error"])
-    assert rows.loc[1, "predicted_ips"] == pytest.approx(points.loc[1, "ips_point"], rel=1e-6)  # the rung reproduces itself
+    # the rung reproduces itself: it is the compute the prediction was given
+    assert rows.loc[1, "predicted_ips"] == pytest.approx(points.loc[1, "ips_point"], rel=1e-6)
     assert rows.loc[2, "error"] == pytest.approx(points.loc[2, "ips_point"] / rows.loc[2, "predicted_ips"] - 1)
 
 
