@@ -185,3 +185,16 @@ def test_the_config_and_the_family_packages_import_no_torch(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "heavy []" in proc.stdout
+
+
+def test_each_family_loads_its_own_strategy_behind_the_strategy_interface():
+    """A FAMILIES line pointing at another family's torch half, or a Strategy grown back into a
+    bag of hooks, fails here (the fine-tuning and checkpoint hooks are FinetuneHooks')."""
+    from vit_scale.distributed import FAMILIES, strategy_class
+    from vit_scale.distributed.base import Strategy
+
+    for name in FAMILIES:
+        assert strategy_class(name).family == name
+        assert issubclass(strategy_class(name), Strategy)
+    public = {m for m in vars(Strategy) if not m.startswith("_")}
+    assert public == {"family", "check", "setup", "train_step", "options", "describe", "artifacts", "local_tensors"}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from vit_scale.distributed import FAMILIES, labels_where
 from vit_scale.distributed.parts import DTYPES
 from vit_scale.errors import UserError
 from vit_scale.models import ModelSpec, block_class, build_model, init_module_
@@ -68,8 +69,6 @@ class Strategy(ABC):
     family = ""  # the name of the family (vit_scale.distributed.FAMILIES) whose torch half this is
 
     def __init__(self, cfg, label, world):
-        from vit_scale.distributed import FAMILIES
-
         self.cfg, self.label, self.world = cfg, label, world
         self.model = None
         self.optimizer = None
@@ -87,7 +86,6 @@ class Strategy(ABC):
     def check(cls, cfg, label, world) -> None:
         """Raise UserError for a combination that cannot run here. Runs before init_process_group.
         Label x precision x device kind is the capability table's; a family adds its option rules."""
-        from vit_scale.distributed import FAMILIES, labels_where
         from vit_scale.distributed.capabilities import refusal
 
         error = refusal(label.label, cfg.train.precision, world.device_type, cfg)

@@ -123,30 +123,40 @@ class FSDPStrategy(FinetuneHooks, Strategy):
     # ------------------------------------------------------------ setup
 
     def setup(self, factory) -> None:
-        """The parts in each implementation's order (both then build the optimizer and the scaler):
-        FSDP1: compile each Block, wrap the model in FSDP units, then checkpoint inside each unit;
-        FSDP2: checkpoint each Block, compile each Block, then fully_shard each unit and the model."""
+        """Build the model, apply the parts in this implementation's order around the wrapping,
+        then the optimizer and, for fp16, the loss scaler."""
+        train = self.cfg.train
+        meta = factory.init == "meta"
+        model = factory.on_meta() if meta else factory.on_device(self.world.device)
+        names = module_names(model) if meta else {}  # before activation checkpointing wraps the blocks
+        if self.implementation_version == 1:
+            if train.compile:
+                parts.compile_blocks(model)
+            self.model = self._fsdp1(model, factory, names)
+            if train.activation_checkpointing:
+                parts.apply_ac(self.model)  # after wrapping, so the checkpoint wrapper sits inside each FSDP unit
+        else:
+            if train.activation_checkpointing:
+                parts.apply_ac(model)
+            if train.compile:
+                parts.compile_blocks(model)
+            self.model = self._fsdp2(model, factory, names)
+        kernel = self.auto_optimizer() if train.optimizer == "auto" else train.optimizer
+        self.optimizer = parts.make_optimizer(self.model.parameters(), train, kernel)
+        self.scaler = self._loss_scaler() if train.precision == "fp16" else None
+
+    def _loss_scaler(self):
         import torch
 
         if self.implementation_version == 1:
-            self._setup_fsdp1(factory)
-        else:
-            self._setup_fsdp2(factory)
-        train = self.cfg.train
-        kernel = self.auto_optimizer() if train.optimizer == "auto" else train.optimizer
-        self.optimizer = parts.make_optimizer(self.model.parameters(), train, kernel)
-        self.scaler = None
-        if self.cfg.train.precision == "fp16":
-            if self.implementation_version == 1:
-                self.scaler = _rank_agreeing_sharded_grad_scaler(
-                    self.world.torch_device_type, offload=self.cfg.fsdp.cpu_offload
-                )
-            else:
-                # its overflow check on DTensor gradients is all-reduced by DTensor itself
-                # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
-                self.scaler = torch.amp.GradScaler(self.world.torch_device_type)
+            return _rank_agreeing_sharded_grad_scaler(self.world.torch_device_type, offload=self.cfg.fsdp.cpu_offload)
+        # its overflow check on DTensor gradients is all-reduced by DTensor itself
+        # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
+        return torch.amp.GradScaler(self.world.torch_device_type)
 
-    def _setup_fsdp1(self, factory) -> None:
+    def _fsdp1(self, model, factory, names):
+        """The model wrapped in FullyShardedDataParallel, one unit per Block; a meta-built model
+        (names: its modules' names) is materialised unit by unit as FSDP1 shards it."""
         import torch
         from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -163,10 +173,7 @@ class FSDPStrategy(FinetuneHooks, Strategy):
             dtype = getattr(torch, self.dtype_name)
             kwargs["mixed_precision"] = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
         prefetch = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
-        if factory.init == "meta":
-            model = factory.on_meta()
-            names = module_names(model)
-
+        if names:
             # FSDP1 calls this for each module of a unit, the unit unsharded, before it flattens and
             # shards it (torch/distributed/fsdp/_init_utils.py: _materialize_with_param_init_fn)
             def materialise(module):
@@ -174,11 +181,7 @@ class FSDPStrategy(FinetuneHooks, Strategy):
                 factory.init_module(module, names[module])
 
             kwargs["param_init_fn"] = materialise
-        else:
-            model = factory.on_device(self.world.device)
-        if self.cfg.train.compile:
-            parts.compile_blocks(model)
-        self.model = FSDP(
+        return FSDP(
             model,
             sharding_strategy=getattr(ShardingStrategy, self.sharding),
             auto_wrap_policy=ModuleWrapPolicy({factory.block_class()}),
@@ -190,10 +193,10 @@ class FSDPStrategy(FinetuneHooks, Strategy):
             device_id=self.world.device,
             **kwargs,
         )
-        if self.cfg.train.activation_checkpointing:
-            parts.apply_ac(self.model)  # after wrapping, so the checkpoint wrapper sits inside each FSDP unit
 
-    def _setup_fsdp2(self, factory) -> None:
+    def _fsdp2(self, model, factory, names):
+        """The model with fully_shard on each unit (a Block, or the checkpoint wrapper around it)
+        and on the root; a meta-built model (names: its modules' names) is materialised after."""
         import torch
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -212,13 +215,6 @@ class FSDPStrategy(FinetuneHooks, Strategy):
         if self.cfg.fsdp.cpu_offload:
             # pinned host memory needs an accelerator; unpinned works on a CPU-only machine
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.world.device_type != "cpu")
-        meta = factory.init == "meta"
-        model = factory.on_meta() if meta else factory.on_device(self.world.device)
-        names = module_names(model) if meta else {}  # before activation checkpointing wraps the blocks
-        if self.cfg.train.activation_checkpointing:
-            parts.apply_ac(model)
-        if self.cfg.train.compile:
-            parts.compile_blocks(model)
         block = factory.block_class()
         units = [m for m in model.blocks]  # each Block, or the checkpoint wrapper around it
         assert all(isinstance(getattr(u, "_checkpoint_wrapped_module", u), block) for u in units)
@@ -228,12 +224,12 @@ class FSDPStrategy(FinetuneHooks, Strategy):
         if self.cfg.fsdp.forward_prefetch:
             for current, following in itertools.pairwise(units):
                 current.set_modules_to_forward_prefetch([following])
-        if meta:
+        if names:
             model.to_empty(device=self.fsdp2_shard_device())
             for module, name in names.items():
                 # each whole parameter drawn on the compute device (fast), this rank's shard kept
                 factory.init_module(module, name, device=self.world.device)
-        self.model = model
+        return model
 
     def fsdp2_shard_device(self):
         """Where FSDP2 keeps this rank's shards: on the host with fsdp.cpu_offload, which FSDP2
