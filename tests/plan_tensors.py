@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.optim.optimizer import _foreach_supported_types
 
 from vit_scale.config import load_config
-from vit_scale.distributed import parse_strategy, strategy_class
+from vit_scale.distributed import parse_strategy, parts, strategy_class
 from vit_scale.distributed.base import ModelFactory
 from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
@@ -103,7 +103,7 @@ def deepspeed_step(strategy, images, labels) -> int:
     """DeepSpeedStrategy.train_step with the gradient partition measured before the step."""
     if strategy.input_dtype is not None:
         images = images.to(strategy.input_dtype)
-    loss = strategy.loss(strategy.model(images), labels)
+    loss = parts.loss(strategy.model(images), labels)
     strategy.model.backward(loss)
     grads = deepspeed_grads(strategy)
     strategy.model.step()

@@ -11,8 +11,8 @@ import os
 import sys
 
 from vit_scale.config import load_config
-from vit_scale.distributed import parse_strategy
-from vit_scale.distributed.fsdp import FSDPStrategy
+from vit_scale.distributed import FAMILIES, parse_strategy
+from vit_scale.distributed.fsdp.strategy import FSDPStrategy
 from vit_scale.errors import UserError
 from vit_scale.launch.world import choose_device, detect_world, leave
 from vit_scale.recipes import finetune, train
@@ -45,7 +45,7 @@ def main() -> int:
         family = real_strategy_class(label.family)
         try:  # as vit_scale.recipes.train.main (and finetune.main) do before any run
             family.check(cfg, label, world)
-            extra = finetune.check_inputs_of_strategy(cfg, world, family) if finetuning else ()
+            extra = finetune.check_inputs_of_strategy(cfg, world, FAMILIES[label.family]) if finetuning else ()
         except UserError as exc:
             print(f"REFUSED {cfg.strategy} {cfg.train.precision}: {exc}", flush=True)
             codes.append(exc.exit_code)

@@ -1,12 +1,15 @@
-"""docs/architecture.md's "Adding a strategy family" holds: a family file with an options dataclass
-and one FAMILIES line give the run configuration its keys, their rules and their --help, with no
-edit to vit_scale/config.py; and the configuration and the family files import without torch.
+"""docs/architecture.md's "Adding a strategy family" holds: a family package (its torch-free
+`__init__` with an options dataclass and a FAMILY, its `strategy` module), its line in FAMILIES and,
+since it has options, its section's line in Config give the run configuration its keys, their
+rules and their --help, with no other edit; and the configuration and the family packages import
+without torch.
 
-Each case runs in a fresh interpreter: the registry is read once, when the configuration is
-first imported, as in a real process.
+The toy family is added to a copy of the package, edited as a contributor would edit the source,
+and each case runs in a fresh interpreter on that copy.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -14,11 +17,11 @@ import textwrap
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TOY_FAMILY = '''
-"""A family of one label, for the test: options and a layout, nothing that trains."""
+"""A family of one label, for the test: options and a layout, torch-free."""
 from dataclasses import dataclass
 from typing import Literal
 
-from vit_scale.distributed.base import Strategy
+from vit_scale.distributed.family import Family
 from vit_scale.distributed.layout import Layout
 from vit_scale.errors import UserError
 from vit_scale.options import AT_LEAST_1, option
@@ -35,14 +38,26 @@ class ToyConfig:
             raise UserError("toy.boost: only with toy.mode=fast")
 
 
+def layout(cfg, label, world_size, ranks_per_node):
+    return Layout(label.label, "toy", "toy", "TOY", cfg.toy.width, max(1, world_size // cfg.toy.width), 1)
+
+
+def _strategy():
+    from vit_scale.distributed.toy.strategy import ToyStrategy
+
+    return ToyStrategy
+
+
+FAMILY = Family("toy", labels=("TOY",), strategy=_strategy, options=ToyConfig, layout=layout)
+'''
+
+TOY_STRATEGY = '''
+"""The toy family's torch half: nothing that trains."""
+from vit_scale.distributed.base import Strategy
+
+
 class ToyStrategy(Strategy):
     family = "toy"
-    labels = ("TOY",)
-    options_class = ToyConfig
-
-    @classmethod
-    def layout(cls, cfg, label, world_size, ranks_per_node):
-        return Layout(label.label, "toy", "toy", "TOY", cfg.toy.width, max(1, world_size // cfg.toy.width), 1)
 
     def setup(self, factory):
         raise NotImplementedError
@@ -52,8 +67,46 @@ class ToyStrategy(Strategy):
 '''
 
 
+def _edit(path, old: str, new: str) -> None:
+    with open(path) as f:
+        text = f.read()
+    assert text.count(old) == 1, f"{path} no longer has {old!r}: update this test's edit"
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+
+
+def _add_toy(tmp_path, config_line: bool = True) -> None:
+    """A copy of vit_scale with the toy family added: its folder, its FAMILIES line and (with
+    config_line) its section's line in Config, each import beside it."""
+    package = tmp_path / "vit_scale"
+    shutil.copytree(os.path.join(ROOT, "vit_scale"), package, ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "distributed" / "toy").mkdir()
+    (package / "distributed" / "toy" / "__init__.py").write_text(TOY_FAMILY)
+    (package / "distributed" / "toy" / "strategy.py").write_text(TOY_STRATEGY)
+    registry = package / "distributed" / "__init__.py"
+    _edit(registry, "import colossalai, ddp, deepspeed, fsdp\n", "import colossalai, ddp, deepspeed, fsdp, toy\n")
+    _edit(
+        registry,
+        '    "colossalai": colossalai.FAMILY,\n',
+        '    "colossalai": colossalai.FAMILY,\n    "toy": toy.FAMILY,\n',
+    )
+    if config_line:
+        config = package / "config.py"
+        _edit(
+            config,
+            "from vit_scale.errors import",
+            "from vit_scale.distributed.toy import ToyConfig\nfrom vit_scale.errors import",
+        )
+        _edit(
+            config,
+            "    colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)\n",
+            "    colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)\n"
+            "    toy: ToyConfig = field(default_factory=ToyConfig)\n",
+        )
+
+
 def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), ROOT])}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the edited copy, not the checkout
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -64,12 +117,12 @@ def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
     )
 
 
-def test_a_family_file_and_one_registry_line_give_the_config_its_keys(tmp_path):
-    (tmp_path / "toy_family.py").write_text(TOY_FAMILY)
+def test_a_family_folder_and_its_two_lines_give_the_config_its_keys(tmp_path):
+    _add_toy(tmp_path)
     proc = _python(
         """
-        import vit_scale.distributed as registry
-        registry.FAMILIES["toy"] = "toy_family:ToyStrategy"   # the one line
+        import vit_scale
+        assert vit_scale.__file__.startswith('XX'), vit_scale.__file__
 
         from vit_scale.config import BENCHMARK_SECTIONS, load_config, to_yaml
         from vit_scale.distributed import layout_of
@@ -89,7 +142,9 @@ def test_a_family_file_and_one_registry_line_give_the_config_its_keys(tmp_path):
             train._parse_args(["--help"])
         except SystemExit:
             pass
-    """,
+        from vit_scale.distributed import strategy_class
+        print("strategy", strategy_class("toy").__name__)
+    """.replace("XX", str(tmp_path)),
         tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -101,9 +156,20 @@ def test_a_family_file_and_one_registry_line_give_the_config_its_keys(tmp_path):
     assert "  toy.width = 2    [integer >= 1]\n      ranks that hold one copy" in out
     assert "  toy.mode = fast    [fast | slow]" in out
     assert "TOY" in out.split("  strategy = DDP")[1].split("\n")[0]
+    assert "strategy ToyStrategy" in out
 
 
-def test_the_config_and_the_family_files_import_no_torch(tmp_path):
+def test_a_family_with_options_but_no_config_line_is_named_at_import(tmp_path):
+    _add_toy(tmp_path, config_line=False)
+    proc = _python("import vit_scale.config", tmp_path)
+    assert proc.returncode != 0
+    assert "toy: ToyConfig = field(default_factory=ToyConfig)" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_the_config_and_the_family_packages_import_no_torch(tmp_path):
+    shutil.copytree(
+        os.path.join(ROOT, "vit_scale"), tmp_path / "vit_scale", ignore=shutil.ignore_patterns("__pycache__")
+    )
     proc = _python(
         """
         import sys
@@ -119,3 +185,16 @@ def test_the_config_and_the_family_files_import_no_torch(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "heavy []" in proc.stdout
+
+
+def test_each_family_loads_its_own_strategy_behind_the_strategy_interface():
+    """A FAMILIES line pointing at another family's torch half, or a Strategy grown back into a
+    bag of hooks, fails here (the fine-tuning and checkpoint hooks are FinetuneHooks')."""
+    from vit_scale.distributed import FAMILIES, strategy_class
+    from vit_scale.distributed.base import Strategy
+
+    for name in FAMILIES:
+        assert strategy_class(name).family == name
+        assert issubclass(strategy_class(name), Strategy)
+    public = {m for m in vars(Strategy) if not m.startswith("_")}
+    assert public == {"family", "check", "setup", "train_step", "options", "describe", "artifacts", "local_tensors"}

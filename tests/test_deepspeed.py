@@ -265,7 +265,7 @@ def _strategy_on(device_type, overrides, world_size=16, ranks_per_node=8):
     process group and no deepspeed import, so GPU settings can be checked on a CPU."""
     from vit_scale.config import load_config
     from vit_scale.distributed import parse_strategy
-    from vit_scale.distributed.deepspeed import DeepSpeedStrategy
+    from vit_scale.distributed.deepspeed.strategy import DeepSpeedStrategy
     from vit_scale.launch.world import World
 
     cfg = load_config(None, overrides)

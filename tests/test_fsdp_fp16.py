@@ -22,11 +22,13 @@ def _step(strategy, images, labels, overflow_on=(), clip=False):
     in `overflow_on` only. Returns (whether this rank's parameters changed, the loss scale after)."""
     import torch
 
+    from vit_scale.distributed import parts
+
     before = [t.detach().clone() for t in strategy.local_tensors()]
     if not overflow_on and not clip:
         strategy.train_step(images, labels)
     else:
-        strategy.backward(strategy.loss(strategy.forward(images), labels))
+        strategy.backward(parts.loss(strategy.forward(images), labels))
         if strategy.world.rank in overflow_on:
             grad = next(p.grad for p in strategy.model.parameters() if p.grad is not None and p.grad.numel())
             grad.view(-1)[0] = math.inf
@@ -43,7 +45,7 @@ def rank_main() -> None:
     from vit_scale.config import load_config
     from vit_scale.distributed import parse_strategy
     from vit_scale.distributed.base import ModelFactory
-    from vit_scale.distributed.fsdp import FSDPStrategy
+    from vit_scale.distributed.fsdp.strategy import FSDPStrategy
     from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
     from vit_scale.models import count_params, get_spec
     from vit_scale.recipes.synthetic import SyntheticBatches
@@ -123,7 +125,7 @@ def test_fsdp2_fp16_with_cpu_offload_is_refused_on_a_gpu_in_one_line():
 
     from vit_scale.config import load_config
     from vit_scale.distributed import parse_strategy
-    from vit_scale.distributed.fsdp import FSDPStrategy
+    from vit_scale.distributed.fsdp.strategy import FSDPStrategy
     from vit_scale.errors import UserError
 
     def check(*overrides):
@@ -150,7 +152,7 @@ def test_fsdp1_offload_in_fp16_steps_with_an_optimizer_that_waits_for_the_scale(
 
     from vit_scale.config import load_config
     from vit_scale.distributed import parse_strategy
-    from vit_scale.distributed.fsdp import FSDPStrategy
+    from vit_scale.distributed.fsdp.strategy import FSDPStrategy
     from vit_scale.errors import UserError
 
     def strategy(*overrides):

@@ -42,7 +42,7 @@ def _world(device_type, world_size=8, ranks_per_node=8):
 
 
 def _deepspeed(device_type, overrides, world_size=8, ranks_per_node=8):
-    from vit_scale.distributed.deepspeed import DeepSpeedStrategy
+    from vit_scale.distributed.deepspeed.strategy import DeepSpeedStrategy
 
     cfg = load_config(None, overrides)
     return DeepSpeedStrategy(cfg, parse_strategy(cfg.strategy), _world(device_type, world_size, ranks_per_node))
@@ -110,7 +110,8 @@ def test_zeropp_check_refuses_qgz_with_one_gpu_per_rank(monkeypatch):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")  # check() ends by importing it
     import torch
 
-    from vit_scale.distributed.deepspeed import DeepSpeedStrategy, qgz_refusal
+    from vit_scale.distributed.deepspeed import qgz_refusal
+    from vit_scale.distributed.deepspeed.strategy import DeepSpeedStrategy
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     cfg = load_config(None, ["strategy=ZEROPP"])
@@ -123,11 +124,11 @@ def test_zeropp_check_refuses_qgz_with_one_gpu_per_rank(monkeypatch):
 
 
 def test_one_node_zeropp_says_qgz_is_not_used():
-    from vit_scale.distributed.deepspeed import DeepSpeedStrategy
+    from vit_scale.distributed.deepspeed import layout
 
     cfg = load_config(None, ["strategy=ZEROPP"])
-    one_node = DeepSpeedStrategy.layout(cfg, parse_strategy("ZEROPP"), 8, 8).notes
-    two_nodes = DeepSpeedStrategy.layout(cfg, parse_strategy("ZEROPP"), 16, 8).notes
+    one_node = layout(cfg, parse_strategy("ZEROPP"), 8, 8).notes
+    two_nodes = layout(cfg, parse_strategy("ZEROPP"), 16, 8).notes
     assert any("qgZ between nodes only" in note for note in one_node)
     assert not any("qgZ" in note for note in two_nodes)
 
@@ -154,7 +155,7 @@ def test_trainer_and_plan_refuse_low_level_zero_offload_on_rocm_with_one_line(ca
     importing colossalai. `vit-scale plan` in-process, as the shell would run it."""
     from vit_scale import plan
     from vit_scale.distributed.capabilities import refusal
-    from vit_scale.distributed.colossalai import ColossalAIStrategy
+    from vit_scale.distributed.colossalai.strategy import ColossalAIStrategy
 
     cfg = load_config(None, OFFLOAD)
     expected = refusal("CAI_LOW_LEVEL_ZERO", "bf16", "rocm", cfg)

@@ -236,7 +236,7 @@ def test_lora_settings_that_cannot_work_are_one_line_errors(overrides, words):
     """Checked on every rank before any process group (the GPU-only ColossalAI plugins are refused
     by this check on a GPU too; here the capability table would refuse them first)."""
     from vit_scale.config import load_config
-    from vit_scale.distributed import parse_strategy, strategy_class
+    from vit_scale.distributed import FAMILIES, parse_strategy
     from vit_scale.errors import UserError
     from vit_scale.recipes import lora
 
@@ -244,7 +244,7 @@ def test_lora_settings_that_cannot_work_are_one_line_errors(overrides, words):
 
     def check():
         cfg = load_config(None, ["finetune.lora.rank=8", *overrides])
-        lora.check(cfg, world, strategy_class(parse_strategy(cfg.strategy).family))
+        lora.check(cfg, world, FAMILIES[parse_strategy(cfg.strategy).family])
 
     if words is None:
         check()

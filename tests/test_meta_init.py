@@ -83,7 +83,7 @@ def test_fsdp2_keeps_offloaded_shards_on_the_host():
     model is materialised there. A GPU world is described, not used (nothing here has one)."""
     from vit_scale.config import load_config
     from vit_scale.distributed import parse_strategy
-    from vit_scale.distributed.fsdp import FSDPStrategy
+    from vit_scale.distributed.fsdp.strategy import FSDPStrategy
     from vit_scale.launch.world import World
 
     world = World("torchrun", 0, 2, 0, 2, 1, "node", "127.0.0.1", 29500, device_type="cuda", device_index=1)

@@ -1,5 +1,6 @@
 """An import-linter contract type that holds what the import graph cannot: that some modules pull
-no heavy library (torch, DeepSpeed, ColossalAI) into a process merely by being imported.
+no heavy library (torch, DeepSpeed, ColossalAI), nor some module of the project (the trainer's),
+into a process merely by being imported.
 
 grimp's graph counts an import inside a function like one at the top of the file, yet a lazy
 import is exactly what lets the study's orchestrator, the planner and the analysis run on a login
@@ -17,8 +18,8 @@ import sys
 
 from importlinter import Contract, ContractCheck, fields, output
 
-# Run in the child: imports each module in turn and, the first time a forbidden top-level module is
-# looked up, records the project modules then executing (the chain). Prints one JSON object.
+# Run in the child: imports each module in turn and, the first time a forbidden module (or one
+# below it) is looked up, records the project modules then executing (the chain). Prints one JSON object.
 _PROBE = r"""
 import importlib, json, sys
 
@@ -28,8 +29,8 @@ found = {}
 
 class Watch:
     def find_spec(self, name, path=None, target=None):
-        top = name.partition(".")[0]
-        if top in forbidden and top not in found:
+        top = next((f for f in forbidden if name == f or name.startswith(f + ".")), None)
+        if top is not None and top not in found:
             chain = []
             frame = sys._getframe(1)
             while frame is not None:
@@ -54,7 +55,8 @@ print(json.dumps({"found": found, "failed": failed}))
 
 class ImportTimeForbiddenContract(Contract):
     """Options: modules (each, with its submodules, imported in a fresh process) and
-    forbidden_modules (top-level names that must not be imported as a side effect)."""
+    forbidden_modules (modules that must not be imported as a side effect, each with the modules
+    below it: `torch`, or `vit_scale.distributed.base`)."""
 
     type_name = "import_time_forbidden"
 
@@ -63,7 +65,8 @@ class ImportTimeForbiddenContract(Contract):
 
     def check(self, graph, verbose: bool) -> ContractCheck:
         missing = [m for m in self.modules if m not in graph.modules]
-        roots = sorted({m.partition(".")[0] for m in self.modules})
+        # the chain names the modules of these packages: the listed ones' and the forbidden project ones'
+        roots = sorted({m.partition(".")[0] for m in [*self.modules, *self.forbidden_modules] if m in graph.modules})
         env = dict(os.environ)
         # the checkout first, ahead of any installed copy of the project
         env["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env.get("PYTHONPATH", "")) if p)

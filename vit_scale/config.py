@@ -4,8 +4,9 @@ Everything downstream trusts a validated Config. Every option of every strategy 
 here, so the resolved config written into the run directory says exactly what ran. Each key is a
 field declared with `vit_scale.options.option`: its default, its one-line description (what
 --help shows) and its rules; choices are Literal types; a rule between keys is its section's
-`check()`. Each strategy family declares its own section in its file (FSDPConfig in
-distributed/fsdp.py ...), and Config takes one section per family from the registry.
+`check()`. Each strategy family declares its own section in its package (FSDPConfig in
+vit_scale/distributed/fsdp ...), and Config declares one field per family that has options,
+named after the family, in registry order (a check at import says which line is missing).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from vit_scale.distributed import Precision, allowed_text, family_options, parse_strategy
+from vit_scale.distributed.colossalai import ColossalAIConfig
+from vit_scale.distributed.deepspeed import DeepSpeedConfig
+from vit_scale.distributed.fsdp import FSDPConfig
 from vit_scale.errors import UserError
 from vit_scale.models import BLOCK_LINEARS, MODELS, get_spec, parse_block_linears
 from vit_scale.options import (
@@ -243,32 +247,19 @@ class TrackingConfig:
     wandb_mode: Literal["offline", "online"] = option("offline", "offline | online")
 
 
-def _with_family_sections(cls):
-    """Config with a section per strategy family that has options, after `train`, named after the
-    family, in registry order: a family declares its options in its own file, so adding a family
-    adds its keys (and their --help) without an edit here."""
-    annotations = {}
-    for name, hint in cls.__annotations__.items():
-        annotations[name] = hint
-        if name == "train":
-            for family, options in family_options().items():
-                annotations[family] = options
-                setattr(cls, family, field(default_factory=options))
-    cls.__annotations__ = annotations
-    return cls
-
-
 @dataclass
-@_with_family_sections
 class Config:
-    """Every key of a run: the model and strategy, then one section per concern (the strategy
-    families' sections, fsdp, deepspeed, colossalai, come from the registry: _with_family_sections)."""
+    """Every key of a run: the model and strategy, then one section per concern, the strategy
+    families' sections (one per family with options, vit_scale.distributed.FAMILIES) after train."""
 
     model: str = option("vit_micro", "a registered model (docs/models.md)", Rule(", ".join(MODELS), get_spec))
     strategy: str = option(
         "DDP", "a strategy label (docs/strategies.md: what runs where)", Rule(allowed_text(), parse_strategy)
     )
     train: TrainConfig = field(default_factory=TrainConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
@@ -285,6 +276,24 @@ class Config:
         """The rules between sections (each section's own check has run)."""
         if self.finetune.min_lr > self.train.lr:
             raise UserError(f"finetune.min_lr: must not exceed train.lr ({self.train.lr}), got {self.finetune.min_lr}")
+
+
+def _check_family_sections() -> None:
+    """The registry's families with options and Config's sections between train and output must be
+    the same, in the same order: a family added to FAMILIES needs its line in Config (and the reverse)."""
+    names = [f.name for f in dataclasses.fields(Config)]
+    declared = names[names.index("train") + 1 : names.index("output")]
+    hints = typing.get_type_hints(Config)
+    wanted = family_options()
+    if declared != list(wanted) or any(hints[name] is not wanted[name] for name in declared):
+        lines = "; ".join(
+            f"{name}: {options.__name__} = field(default_factory={options.__name__})"
+            for name, options in wanted.items()
+        )
+        raise TypeError(f"vit_scale.config.Config: the family sections after train must be, in this order: {lines}")
+
+
+_check_family_sections()
 
 
 # ---------------------------------------------------------------- loading

@@ -1,8 +1,8 @@
 """How a config key is declared: its default, its one-line description and the rules its value
 must meet, all on the dataclass field, so validation, `--help` and the error read one place.
 
-`vit_scale.config` declares its own sections with it, and each strategy family's file declares
-that family's options with it (distributed/fsdp.py ...): those files sit below config and cannot
+`vit_scale.config` declares its own sections with it, and each strategy family's package declares
+that family's options with it (distributed/fsdp/ ...): those packages sit below config and cannot
 import it. Choices are `Literal` types; a number's range or a text's shape is a `Rule`; a rule
 between keys is the section's own `check()` method. No torch here.
 """

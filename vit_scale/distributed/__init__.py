@@ -1,14 +1,15 @@
-"""Strategy registry: family -> its file. Adding a family is one file here and one line below;
-its labels are the ones its Strategy class declares, and every list of labels is derived here, as
-is the set of option sections (`fsdp.*`, `deepspeed.*` ...) the run configuration composes.
+"""Strategy registry: family name -> its `Family` (vit_scale.distributed.family). Adding a family
+is one package here (its torch-free `__init__` declaring FAMILY, its `strategy` module) and one
+line below; every list of labels is derived here from the families' labels, as is the set of
+option sections (`fsdp.*`, `deepspeed.*` ...) that the run configuration declares.
 
-The family files import no torch, DeepSpeed or ColossalAI at import (the planner reads labels
-without them); those packages are loaded only when a run of one of their labels starts.
+The family packages' `__init__` import no torch, DeepSpeed or ColossalAI, nor their own
+`strategy` module (the planner and the analysis read labels, options and layouts without them);
+a family's torch half is loaded only when a run of one of its labels starts (`strategy_class`).
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 import typing
 from dataclasses import dataclass
@@ -16,14 +17,14 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Literal
 
+from vit_scale.distributed import colossalai, ddp, deepspeed, fsdp
 from vit_scale.errors import UserError
 
-# family -> "module:class"
 FAMILIES = {
-    "ddp": "vit_scale.distributed.ddp:DDPStrategy",
-    "fsdp": "vit_scale.distributed.fsdp:FSDPStrategy",
-    "deepspeed": "vit_scale.distributed.deepspeed:DeepSpeedStrategy",
-    "colossalai": "vit_scale.distributed.colossalai:ColossalAIStrategy",
+    "ddp": ddp.FAMILY,
+    "fsdp": fsdp.FAMILY,
+    "deepspeed": deepspeed.FAMILY,
+    "colossalai": colossalai.FAMILY,
 }
 
 GROUP_SIZE = "<g>"  # in a label: any positive group size (HYBRID_<g>GPU)
@@ -35,8 +36,8 @@ PRECISIONS = typing.get_args(Precision)
 
 @cache
 def family_labels() -> dict[str, tuple]:
-    """{family: its labels}, as each family file declares them (those files import no torch)."""
-    return {family: strategy_class(family).labels for family in FAMILIES}
+    """{family: its labels}, as each family package declares them."""
+    return {name: family.labels for name, family in FAMILIES.items()}
 
 
 def all_labels() -> list[str]:
@@ -45,11 +46,9 @@ def all_labels() -> list[str]:
 
 
 def labels_where(test) -> list[str]:
-    """The labels, in registry order, for which test(strategy class, label) holds: what a refusal
-    lists as allowed (fine-tuning, compile, LoRA)."""
-    return [
-        label for family, labels in family_labels().items() for label in labels if test(strategy_class(family), label)
-    ]
+    """The labels, in registry order, for which test(family, label) holds (family: its `Family`):
+    what a refusal lists as allowed (fine-tuning, compile, LoRA)."""
+    return [label for family in FAMILIES.values() for label in family.labels if test(family, label)]
 
 
 def label_pattern(label: str) -> str:
@@ -81,13 +80,9 @@ def parse_strategy(label: str) -> StrategyLabel:
 
 @cache
 def family_options() -> dict[str, type]:
-    """{family: its options dataclass}, for each family whose Strategy declares one (`options_class`):
-    the run configuration has a section per entry, named after the family, in registry order."""
-    return {
-        family: strategy_class(family).options_class
-        for family in FAMILIES
-        if strategy_class(family).options_class is not None
-    }
+    """{family: its options dataclass}, for each family that declares one: the run configuration
+    declares a section per entry, named after the family, in registry order."""
+    return {name: family.options for name, family in FAMILIES.items() if family.options is not None}
 
 
 def default_options() -> SimpleNamespace:
@@ -103,9 +98,9 @@ def layout_of(strategy: str, world_size: int, ranks_per_node: int, cfg=None):
     if cfg is None:
         cfg = default_options()
     label = parse_strategy(strategy)
-    return strategy_class(label.family).layout(cfg, label, world_size, ranks_per_node)
+    return FAMILIES[label.family].layout(cfg, label, world_size, ranks_per_node)
 
 
 def strategy_class(family: str):
-    module_name, cls_name = FAMILIES[family].split(":")
-    return getattr(importlib.import_module(module_name), cls_name)
+    """The family's Strategy class: its torch half, imported now."""
+    return FAMILIES[family].strategy()

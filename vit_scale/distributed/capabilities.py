@@ -26,7 +26,7 @@ from vit_scale.distributed import PRECISIONS, all_labels, family_labels, label_p
 DEVICE_KINDS = ("cpu", "cuda", "rocm")
 ANY = None  # a rule field that matches every value
 
-# the rows of the table, as the family files declare them; HYBRID_<g>GPU stands for every g
+# the rows of the table, as the family packages declare them; HYBRID_<g>GPU stands for every g
 FSDP_LABELS = family_labels()["fsdp"]
 DEEPSPEED_LABELS = family_labels()["deepspeed"]
 TABLE_LABELS = tuple(all_labels())

@@ -5,7 +5,7 @@ already, building it, and a build lock left behind by a build that was killed.
 A kernel built inside a run puts the compiler into the run's wall time and its time limit (on an
 H100, ColossalAI's cpu_adam took 40 s and fused_optim more than 80 s before the first step);
 `vit-scale prepare` builds them first. Each strategy family names what it needs
-(`Strategy.jit_kernels`); the names here are "<package>.<kernel>".
+(`Family.jit_kernels`); the names here are "<package>.<kernel>".
 """
 
 from __future__ import annotations
@@ -118,12 +118,12 @@ KERNELS = {
 
 def kernels_for(labels, device_kind: str) -> list[Kernel]:
     """What the strategies of `labels` need on `device_kind`, each kernel once, in a stable order."""
-    from vit_scale.distributed import parse_strategy, strategy_class
+    from vit_scale.distributed import FAMILIES, parse_strategy
 
     keys: dict = {}
     for label in labels:
         parsed = parse_strategy(label)
-        for key in strategy_class(parsed.family).jit_kernels(parsed.label, device_kind):
+        for key in FAMILIES[parsed.family].jit_kernels(parsed.label, device_kind):
             if device_kind in KERNELS[key].devices:
                 keys[key] = None
     return [KERNELS[key] for key in keys]

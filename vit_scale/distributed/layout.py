@@ -1,6 +1,6 @@
 """Who holds what: one torch-free description of how a strategy spreads a model over the ranks.
 
-Each family's Strategy class computes it (`Strategy.layout`, no process group needed); the
+Each family package computes it (its `layout`, in its torch-free `__init__`, no process group needed); the
 strategy builds its groups from it and records it, the planner sizes memory and communication
 from it, and the analysis' synthetic records use it. One description, so the three cannot drift.
 """

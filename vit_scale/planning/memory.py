@@ -117,7 +117,7 @@ def _optimizer_temporaries(impl: str, foreach_numel: int, largest_numel: int) ->
 
 def _auto_optimizer(sc: Scenario, plain_tensor_params: bool) -> str:
     """The AdamW kernel the run uses. `auto` is the trainer's choice on a GPU
-    (base.Strategy.make_optimizer): the fused kernel, which needs no step temporaries.
+    (distributed.parts.optimizer_kernel): the fused kernel, which needs no step temporaries.
     `plain_tensor_params` says whether torch could run foreach/fused over the parameters at all
     (FSDP1's FlatParameter counts as a Parameter; checked in tests/plan_tensors.py)."""
     if sc.optimizer != "auto":

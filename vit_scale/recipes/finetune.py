@@ -516,14 +516,14 @@ class FinetuneRun(RunSession):
 
 
 def check_inputs_of_strategy(cfg: Config, world: World, family) -> tuple:
-    """The recipe's checks before any process group, for the strategy family `family`: what
-    FinetuneRun takes besides cfg and world."""
+    """The recipe's checks before any process group, for the strategy family `family` (its
+    `Family`): what FinetuneRun takes besides cfg and world."""
     if not family.supports_finetune:
         from vit_scale.distributed import allowed_text, labels_where
 
-        can = labels_where(lambda cls, label: cls.supports_finetune)
+        can = labels_where(lambda other, label: other.supports_finetune)
         raise UserError(
-            f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.family} strategy has no "
+            f"strategy: {cfg.strategy} cannot fine-tune yet (the {family.name} strategy has no "
             f"fine-tuning support); allowed: {allowed_text(can)}"
         )
     lora.check(cfg, world, family)

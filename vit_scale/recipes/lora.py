@@ -48,7 +48,7 @@ def check(cfg, world, family) -> None:
     if not family.trains_lora(cfg.strategy):
         from vit_scale.distributed import allowed_text, labels_where
 
-        can = labels_where(lambda cls, label: cls.trains_lora(label))
+        can = labels_where(lambda other, label: other.trains_lora(label))
         raise UserError(
             f"finetune.lora.rank: {cfg.strategy} does not train LoRA adapters ({family.lora_why}); "
             f"allowed: {allowed_text(can)}"

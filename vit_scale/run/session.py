@@ -20,7 +20,7 @@ import sys
 import time
 
 from vit_scale.config import Config, load_config, to_yaml
-from vit_scale.distributed import parse_strategy, strategy_class
+from vit_scale.distributed import FAMILIES, parse_strategy, strategy_class
 from vit_scale.distributed.kernels import use_venv_tools
 from vit_scale.errors import UserError
 from vit_scale.launch.signals import RunInterrupted
@@ -334,19 +334,18 @@ class RunSession:
 
 def main(session_class, argv, parse_args, check_inputs=None) -> int:
     """The command: parse, validate before any process group (one line and exit 2 on bad input,
-    on rank 0 only), run, leave. `check_inputs(cfg, world, family)` adds a recipe's own checks
-    and returns what its session needs besides cfg and world."""
+    on rank 0 only), run, leave. `check_inputs(cfg, world, family)` (family: the label's
+    `Family`) adds a recipe's own checks and returns what its session needs besides cfg and world."""
     args = parse_args(argv)
     world = None
     try:
         cfg = load_config(args.config, args.overrides)
         label = parse_strategy(cfg.strategy)
-        family = strategy_class(label.family)
         world = detect_world(cfg.system.launcher, cfg.system.ranks_per_node)
         choose_device(world, cfg.system.device)
-        family.check(cfg, label, world)
+        strategy_class(label.family).check(cfg, label, world)
         tracking.check(cfg)
-        extra = check_inputs(cfg, world, family) if check_inputs else ()
+        extra = check_inputs(cfg, world, FAMILIES[label.family]) if check_inputs else ()
     except UserError as exc:
         if (world.rank if world else launch_rank_guess()) == 0:
             print(f"vit-scale: error: {exc}", file=sys.stderr, flush=True)

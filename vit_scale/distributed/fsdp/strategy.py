@@ -1,46 +1,21 @@
-"""torch FSDP: NO_SHARD, FULL_SHARD, SHARD_GRAD_OP and HYBRID_<g>GPU, as FSDP1
-(FullyShardedDataParallel, the study's) or FSDP2 (`fully_shard`). One unit per timm `Block`.
-
-HYBRID_<g>GPU shards within groups of g consecutive ranks (the closest GPUs under srun's
-block distribution) and replicates across groups: a (world/g, g) device mesh.
-
-HYBRID_1GPU runs on FSDP2 whatever `fsdp.version` says. FSDP1 given a 1-rank shard group
-switches to NO_SHARD over that one rank, with only a warning, and then never all-reduces
-gradients: replicas train apart and the images/s look excellent because nothing is
-communicated. FSDP2's (world, 1) mesh all-reduces across replicas as it should; the run
-records which implementation ran.
-"""
+"""torch FSDP, the torch half: FSDP1 (FullyShardedDataParallel) or FSDP2 (`fully_shard`), one unit
+per timm `Block`; the labels, options and layout are the package's (vit_scale.distributed.fsdp)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-from dataclasses import dataclass
-from typing import Literal
 
+from vit_scale.distributed import parts
 from vit_scale.distributed.base import Strategy, module_names
-from vit_scale.distributed.layout import Layout
+from vit_scale.distributed.fsdp import layout
+from vit_scale.distributed.hooks import FinetuneHooks
 from vit_scale.errors import UserError
-from vit_scale.options import option
 
 
-# the fsdp.* keys of the run configuration
-@dataclass
-class FSDPConfig:
-    version: Literal[1, 2] = option(1, "1: FullyShardedDataParallel (the paper's); 2: fully_shard")
-    backward_prefetch: Literal["none", "pre", "post"] = option("pre", "FSDP1: BACKWARD_PRE / BACKWARD_POST / none")
-    limit_all_gathers: bool = option(True, "FSDP1")
-    forward_prefetch: bool = option(False, "FSDP1")
-    use_orig_params: bool = option(False, "FSDP1")
-    cpu_offload: bool = option(False, "needs a GPU with FSDP1 (pinned memory)")
-
-
-class FSDPStrategy(Strategy):
+class FSDPStrategy(FinetuneHooks, Strategy):
     family = "fsdp"
-    # from replicated to fully sharded, the order legends and tables use; g: shard group size
-    labels = ("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD")
-    options_class = FSDPConfig
-    supports_compile = True
+    checkpoint_format = "sharded"  # torch.distributed.checkpoint: each rank writes and reads its own shard
 
     @classmethod
     def check(cls, cfg, label, world) -> None:
@@ -53,7 +28,7 @@ class FSDPStrategy(Strategy):
             )
         if (
             cfg.train.compile
-            and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1"
+            and layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1"
             and not cfg.fsdp.use_orig_params
         ):
             raise UserError(
@@ -79,7 +54,7 @@ class FSDPStrategy(Strategy):
             cfg.fsdp.cpu_offload
             and cfg.train.precision == "fp16"
             and world.device_type != "cpu"
-            and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp2"
+            and layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp2"
         ):
             raise UserError(
                 f"fsdp.cpu_offload: {label.label} on FSDP2 cannot offload with train.precision=fp16 (the "
@@ -95,16 +70,18 @@ class FSDPStrategy(Strategy):
             cfg.fsdp.cpu_offload
             and cfg.train.precision == "fp16"
             and world.device_type != "cpu"
-            and cls.layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1"
+            and layout(cfg, label, world.world_size, world.local_world_size).implementation == "fsdp1"
         )
 
     def auto_optimizer(self) -> str:
+        """train.optimizer=auto under FSDP: as everywhere (parts.optimizer_kernel), except that
+        FSDP1 with parameter offload and fp16 takes torch's default kernel."""
         # the fused AdamW copies GradScaler's scale and overflow flag from the GPU to the host
         # asynchronously and starts its CPU kernel at once (torch/optim/adam.py: _fused_adam,
         # .to(device, non_blocking=True)), so it may step on values not yet landed
         if self._offloads_fp16_on_fsdp1(self.cfg, self.label, self.world):
             return "default"
-        return super().auto_optimizer()
+        return parts.optimizer_kernel("auto", self.world.device_type)
 
     def options(self) -> dict:
         opts = super().options()
@@ -121,25 +98,6 @@ class FSDPStrategy(Strategy):
             }
         )
         return opts
-
-    @classmethod
-    def layout(cls, cfg, label, world_size, ranks_per_node):
-        W, notes = world_size, []
-        version = cfg.fsdp.version
-        if label.hybrid_group == 1 and version == 1:
-            version = 2
-            notes.append(
-                "HYBRID_1GPU runs on FSDP2 with a (world, 1) mesh: FSDP1 with 1-rank shard groups "
-                "falls back to NO_SHARD over one rank and never synchronises the replicas"
-            )
-        shard = label.hybrid_group or (1 if label.label == "NO_SHARD" else W)
-        sharding = "HYBRID_SHARD" if label.hybrid_group else label.label
-        if version == 1 and shard == 1 and sharding != "NO_SHARD":
-            notes.append(f"{label.label} over a 1-rank shard group: FSDP1 runs it as NO_SHARD")
-            sharding = "NO_SHARD"
-        return Layout(
-            label.label, "fsdp", f"fsdp{version}", sharding, shard, max(1, W // shard), shard, notes=tuple(notes)
-        )
 
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
@@ -165,25 +123,40 @@ class FSDPStrategy(Strategy):
     # ------------------------------------------------------------ setup
 
     def setup(self, factory) -> None:
+        """Build the model, apply the parts in this implementation's order around the wrapping,
+        then the optimizer and, for fp16, the loss scaler."""
+        train = self.cfg.train
+        meta = factory.init == "meta"
+        model = factory.on_meta() if meta else factory.on_device(self.world.device)
+        names = module_names(model) if meta else {}  # before activation checkpointing wraps the blocks
+        if self.implementation_version == 1:
+            if train.compile:
+                parts.compile_blocks(model)
+            self.model = self._fsdp1(model, factory, names)
+            if train.activation_checkpointing:
+                parts.apply_ac(self.model)  # after wrapping, so the checkpoint wrapper sits inside each FSDP unit
+        else:
+            if train.activation_checkpointing:
+                parts.apply_ac(model)
+            if train.compile:
+                parts.compile_blocks(model)
+            self.model = self._fsdp2(model, factory, names)
+        kernel = self.auto_optimizer() if train.optimizer == "auto" else train.optimizer
+        self.optimizer = parts.make_optimizer(self.model.parameters(), train, kernel)
+        self.scaler = self._loss_scaler() if train.precision == "fp16" else None
+
+    def _loss_scaler(self):
         import torch
 
         if self.implementation_version == 1:
-            self._setup_fsdp1(factory)
-        else:
-            self._setup_fsdp2(factory)
-        self.optimizer = self.make_optimizer(self.model.parameters())
-        self.scaler = None
-        if self.cfg.train.precision == "fp16":
-            if self.implementation_version == 1:
-                self.scaler = _rank_agreeing_sharded_grad_scaler(
-                    self.world.torch_device_type, offload=self.cfg.fsdp.cpu_offload
-                )
-            else:
-                # its overflow check on DTensor gradients is all-reduced by DTensor itself
-                # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
-                self.scaler = torch.amp.GradScaler(self.world.torch_device_type)
+            return _rank_agreeing_sharded_grad_scaler(self.world.torch_device_type, offload=self.cfg.fsdp.cpu_offload)
+        # its overflow check on DTensor gradients is all-reduced by DTensor itself
+        # (torch/distributed/tensor/_dispatch.py: found_inf_reduce_handler, a MAX)
+        return torch.amp.GradScaler(self.world.torch_device_type)
 
-    def _setup_fsdp1(self, factory) -> None:
+    def _fsdp1(self, model, factory, names):
+        """The model wrapped in FullyShardedDataParallel, one unit per Block; a meta-built model
+        (names: its modules' names) is materialised unit by unit as FSDP1 shards it."""
         import torch
         from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -200,10 +173,7 @@ class FSDPStrategy(Strategy):
             dtype = getattr(torch, self.dtype_name)
             kwargs["mixed_precision"] = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
         prefetch = {"none": None, "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST}
-        if factory.init == "meta":
-            model = factory.on_meta()
-            names = module_names(model)
-
+        if names:
             # FSDP1 calls this for each module of a unit, the unit unsharded, before it flattens and
             # shards it (torch/distributed/fsdp/_init_utils.py: _materialize_with_param_init_fn)
             def materialise(module):
@@ -211,10 +181,7 @@ class FSDPStrategy(Strategy):
                 factory.init_module(module, names[module])
 
             kwargs["param_init_fn"] = materialise
-        else:
-            model = factory.on_device(self.world.device)
-        self.compile_blocks(model)
-        self.model = FSDP(
+        return FSDP(
             model,
             sharding_strategy=getattr(ShardingStrategy, self.sharding),
             auto_wrap_policy=ModuleWrapPolicy({factory.block_class()}),
@@ -226,10 +193,10 @@ class FSDPStrategy(Strategy):
             device_id=self.world.device,
             **kwargs,
         )
-        # after wrapping, so the checkpoint wrapper sits inside each FSDP unit
-        self.apply_activation_checkpointing(self.model)
 
-    def _setup_fsdp2(self, factory) -> None:
+    def _fsdp2(self, model, factory, names):
+        """The model with fully_shard on each unit (a Block, or the checkpoint wrapper around it)
+        and on the root; a meta-built model (names: its modules' names) is materialised after."""
         import torch
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
@@ -248,11 +215,6 @@ class FSDPStrategy(Strategy):
         if self.cfg.fsdp.cpu_offload:
             # pinned host memory needs an accelerator; unpinned works on a CPU-only machine
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=self.world.device_type != "cpu")
-        meta = factory.init == "meta"
-        model = factory.on_meta() if meta else factory.on_device(self.world.device)
-        names = module_names(model) if meta else {}  # before activation checkpointing wraps the blocks
-        self.apply_activation_checkpointing(model)
-        self.compile_blocks(model)
         block = factory.block_class()
         units = [m for m in model.blocks]  # each Block, or the checkpoint wrapper around it
         assert all(isinstance(getattr(u, "_checkpoint_wrapped_module", u), block) for u in units)
@@ -262,12 +224,12 @@ class FSDPStrategy(Strategy):
         if self.cfg.fsdp.forward_prefetch:
             for current, following in itertools.pairwise(units):
                 current.set_modules_to_forward_prefetch([following])
-        if meta:
+        if names:
             model.to_empty(device=self.fsdp2_shard_device())
             for module, name in names.items():
                 # each whole parameter drawn on the compute device (fast), this rank's shard kept
                 factory.init_module(module, name, device=self.world.device)
-        self.model = model
+        return model
 
     def fsdp2_shard_device(self):
         """Where FSDP2 keeps this rank's shards: on the host with fsdp.cpu_offload, which FSDP2
@@ -280,21 +242,19 @@ class FSDPStrategy(Strategy):
     # ------------------------------------------------------------ step
 
     def train_step(self, images, labels):
-        logits = self.model(images)
-        loss = self.loss(logits, labels)
-        self.backward(loss)
-        self.optimizer_step()
+        logits = self.model(images)  # MixedPrecision / MixedPrecisionPolicy cast inside; no autocast
+        loss = parts.loss(logits, labels)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
     # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
-
-    supports_finetune = True
-
-    @classmethod
-    def trains_lora(cls, label: str) -> bool:
-        return True  # FSDP2 as it is; FSDP1 with use_orig_params (recipes/lora.check)
-
-    checkpoint_format = "sharded"  # torch.distributed.checkpoint: each rank writes and reads its own shard
 
     def forward(self, images):
         return self.model(images)  # MixedPrecision / MixedPrecisionPolicy cast inside; no autocast

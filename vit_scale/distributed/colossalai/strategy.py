@@ -37,46 +37,17 @@ is tested, on CPU ranks; the GPU plugins' fine-tuning path has not been run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
+from vit_scale.distributed import parts
 from vit_scale.distributed.base import Strategy
-from vit_scale.distributed.layout import Layout
+from vit_scale.distributed.colossalai import PLUGINS, PRESETS
+from vit_scale.distributed.hooks import FinetuneHooks
 from vit_scale.errors import UserError
-from vit_scale.options import AT_LEAST_1, FRACTION, option
-
-PLUGINS = {
-    "CAI_DDP": "TorchDDPPlugin",
-    "CAI_DDP_FP16": "TorchDDPPlugin",
-    "CAI_LOW_LEVEL_ZERO": "LowLevelZeroPlugin",
-    "CAI_GEMINI": "GeminiPlugin",
-    "CAI_FSDP": "TorchFSDPPlugin",
-}
 
 INSTALL_HINT = (
     "pip install --no-deps colossalai==0.5.0 && pip install -c CONSTRAINTS transformers==4.51.3 "
     "peft==0.13.2 galore-torch bitsandbytes (CONSTRAINTS pins your torch, e.g. torch==2.13.0; "
     "see docs/strategies.md)"
 )
-PRESETS = {"none": {}, "seed000": {"offload_optim_frac": 1.0, "pin_memory": True}}
-
-
-# the colossalai.* keys of the run configuration
-@dataclass
-class ColossalAIConfig:
-    zero_stage: Literal[1, 2] = option(2, "CAI_LOW_LEVEL_ZERO: 1 or 2")
-    cpu_offload: bool = option(False, "CAI_LOW_LEVEL_ZERO")
-    placement_policy: Literal["static", "auto"] = option("static", "CAI_GEMINI")
-    offload_optim_frac: float = option(0.0, "CAI_GEMINI (static placement)", FRACTION)
-    offload_param_frac: float = option(0.0, "CAI_GEMINI (static placement)", FRACTION)
-    pin_memory: bool = option(False, "CAI_GEMINI")
-    preset: Literal["none", "seed000"] = option(
-        "none", "seed000: offload_optim_frac=1.0, pin_memory=True (overrides both)"
-    )
-    initial_scale: float = option(
-        65536.0, "fp16 loss scale to start from (CAI_DDP_FP16 uses torch's GradScaler default)", AT_LEAST_1
-    )
-    bucket_cap_mb: int = option(25, "CAI_DDP, CAI_DDP_FP16: DDP gradient bucket size", AT_LEAST_1)
 
 
 def _import_colossalai():
@@ -94,26 +65,8 @@ def _import_colossalai():
     return colossalai
 
 
-class ColossalAIStrategy(Strategy):
-    family = "colossalai"
-    labels = ("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP")
-    options_class = ColossalAIConfig
-
-    @classmethod
-    def jit_kernels(cls, label: str, device_kind: str) -> tuple:
-        # HybridAdam (Gemini; LowLevelZero with cpu_offload): its host half and, on a GPU, its device half
-        if label in ("CAI_GEMINI", "CAI_LOW_LEVEL_ZERO"):
-            return ("colossalai.cpu_adam", "colossalai.fused_optim")
-        return ()
-
-    # fine-tuning (vit_scale.recipes.finetune): see the module docstring and the methods under "fine-tuning"
-    supports_finetune = True
-    lora_why = "only CAI_DDP was tried with frozen parameters; Gemini and LowLevelZero need a GPU"
-
-    @classmethod
-    def trains_lora(cls, label: str) -> bool:
-        return label == "CAI_DDP"
-
+class ColossalAIStrategy(FinetuneHooks, Strategy):
+    family = "colossalai"  # fine-tuning: see the module docstring and the methods under "fine-tuning"
     checkpoint_format = "booster"
 
     # ------------------------------------------------------------ checks before any process group
@@ -129,28 +82,6 @@ class ColossalAIStrategy(Strategy):
         _import_colossalai()
 
     # ------------------------------------------------------------ configuration
-
-    @classmethod
-    def layout(cls, cfg, label, world_size, ranks_per_node):
-        W, notes = world_size, ()
-        shard = W if label.label == "CAI_FSDP" else 1
-        state_shard = 1 if label.label in ("CAI_DDP", "CAI_DDP_FP16") else W
-        if label.label in ("CAI_LOW_LEVEL_ZERO", "CAI_GEMINI"):
-            notes = (
-                "optimizer states are partitioned over all ranks; the replica check compares each "
-                "rank's full copy of the parameters"
-                + (" (gathered from Gemini's chunks)" if label.label == "CAI_GEMINI" else ""),
-            )
-        return Layout(
-            label.label,
-            "colossalai",
-            f"colossalai-{PLUGINS[label.label]}",
-            label.label,
-            shard,
-            W // shard,
-            state_shard,
-            notes=notes,
-        )
 
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
@@ -260,7 +191,10 @@ class ColossalAIStrategy(Strategy):
         from colossalai.booster import Booster
 
         model = factory.on_device(self.world.device)
-        self.apply_activation_checkpointing(model)
+        # the order: checkpointing, then the optimizer, then the Booster wraps both
+        if self.cfg.train.activation_checkpointing:
+            parts.apply_ac(model)
+        kernel = parts.optimizer_kernel(self.cfg.train.optimizer, self.world.device_type)
         if self._optimizer_name().startswith("HybridAdam"):
             from colossalai.nn.optimizer import HybridAdam
 
@@ -271,10 +205,10 @@ class ColossalAIStrategy(Strategy):
             # TorchFSDPPlugin re-runs `optimizer.__init__(params, **optimizer.defaults)`; torch's AdamW
             # rejects its own `decoupled_weight_decay` default there; Adam takes the same settings
             # (decoupled_weight_decay=True among them) and makes the same update
-            defaults = self.make_optimizer(model.parameters()).defaults
+            defaults = parts.make_optimizer(model.parameters(), self.cfg.train, kernel).defaults
             optimizer = torch.optim.Adam(model.parameters(), **defaults)
         else:
-            optimizer = self.make_optimizer(model.parameters())
+            optimizer = parts.make_optimizer(model.parameters(), self.cfg.train, kernel)
         mixed = self._booster_mixed_precision()
         self.booster = Booster(plugin=self._plugin(factory), mixed_precision=mixed)
         self.model, self.optimizer, *_ = self.booster.boost(model, optimizer)
@@ -291,7 +225,7 @@ class ColossalAIStrategy(Strategy):
         import contextlib
 
         if self.label.label == "CAI_DDP" and self.cfg.train.precision == "bf16":
-            return self.autocast()
+            return parts.autocast(self.dtype_name, self.world.torch_device_type)
         return contextlib.nullcontext()
 
     # ------------------------------------------------------------ step
@@ -299,7 +233,7 @@ class ColossalAIStrategy(Strategy):
     def train_step(self, images, labels):
         with self._own_autocast():
             logits = self.model(images)
-        loss = self.loss(logits, labels)
+        loss = parts.loss(logits, labels)
         self.booster.backward(loss, self.optimizer)
         self.optimizer.step()
         self.optimizer.zero_grad()

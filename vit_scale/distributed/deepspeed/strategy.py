@@ -35,37 +35,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 
+from vit_scale.distributed import parts
 from vit_scale.distributed.base import Strategy
-from vit_scale.distributed.layout import Layout
+from vit_scale.distributed.deepspeed import STAGES, qgz_refusal
+from vit_scale.distributed.hooks import FinetuneHooks
 from vit_scale.errors import UserError
-from vit_scale.options import AT_LEAST_1, NON_NEGATIVE, option
 
-
-# the deepspeed.* keys of the run configuration
-@dataclass
-class DeepSpeedConfig:
-    offload_optimizer: bool = option(False, "to CPU; uses DeepSpeed's own optimizer, which offload requires")
-    offload_params: bool = option(False, "ZeRO-3 only (ZERO3, ZEROPP)")
-    overlap_comm: bool = option(True)
-    contiguous_gradients: bool = option(True)
-    reduce_bucket_size: int = option(500_000_000, "", AT_LEAST_1)
-    allgather_bucket_size: int = option(500_000_000, "ZeRO-1/2", AT_LEAST_1)
-    prefetch_bucket_size: int = option(50_000_000, "ZeRO-3: stage3_prefetch_bucket_size", AT_LEAST_1)
-    param_persistence_threshold: int = option(
-        100_000, "ZeRO-3: parameters smaller than this stay gathered", NON_NEGATIVE
-    )
-    gradient_clipping: float = option(
-        0.0, "DeepSpeed clips at 1.0 by default; 0 keeps it equal to the others", NON_NEGATIVE
-    )
-    hpz_partition_size: int = option(0, "ZEROPP: 0 = ranks per node", NON_NEGATIVE)
-    quantized_weights: bool = option(True, "ZEROPP qwZ (GPU only)")
-    quantized_gradients: bool = option(True, "ZEROPP qgZ (GPU only)")
-    skip_shm_comm: bool = option(True, "CPU only: do not build DeepSpeed's shm op (inference all-reduce only)")
-
-
-STAGES = {"ZERO1": 1, "ZERO2": 2, "ZERO3": 3, "ZEROPP": 3}
 INSTALL_HINT = (
     "pip install 'vit-scale[deepspeed]' (on a CPU-only machine: DS_BUILD_OPS=0 "
     "and a constraints file pinning your torch)"
@@ -84,51 +60,8 @@ def _import_deepspeed():
     return deepspeed
 
 
-QGZ_OPTION = "deepspeed.quantized_gradients"
-QGZ_WRONG_RANKS = "DeepSpeed would group the wrong ranks"  # also in the study's refusal when it plans
-
-
-def qgz_refusal(quantized_gradients: bool, device_count: int, ranks_per_node: int, nodes: int) -> str | None:
-    """The one-line error when ZeRO++'s qgZ would run a different algorithm than ZeRO++'s, or None.
-
-    DeepSpeed 0.19.8 takes the ranks of a node to be `device_count()` consecutive ranks: it builds
-    qgZ's intra-node groups from it (utils/groups.py, _get_local_all_to_all_group), counts nodes as
-    world // device_count (runtime/zero/stage3.py, __avg_scatter_grads: qgZ only when that is above
-    1, a plain reduce-scatter otherwise) and quantises per node with it
-    (runtime/comm/coalesced_collectives.py, all_to_all_quant_reduce). With one GPU visible per
-    rank (srun --gpus-per-task=1) every rank is a "node": one flat quantised all-to-all over the
-    world, even on one node where ZeRO++ quantises nothing. More GPUs visible than ranks on a
-    node mis-groups the ranks, or switches qgZ off across nodes, or fails an assertion."""
-    if not quantized_gradients or device_count == ranks_per_node:
-        return None
-    if nodes == 1 and device_count > ranks_per_node:
-        return None  # DeepSpeed counts no whole node, reduce-scatters unquantised: what ZeRO++ does on one node
-    return (
-        f"{QGZ_OPTION}: qgZ needs each rank to see all of its node's GPUs (DeepSpeed takes the "
-        f"ranks per node from torch.cuda.device_count(), {device_count} here, but {ranks_per_node} ranks run on "
-        f"each node, so {QGZ_WRONG_RANKS} in its all-to-all); launch with every GPU of the node visible "
-        f"(srun --gpus-per-node, not --gpus-per-task=1) or set {QGZ_OPTION}=false"
-    )
-
-
-class DeepSpeedStrategy(Strategy):
+class DeepSpeedStrategy(FinetuneHooks, Strategy):
     family = "deepspeed"
-    labels = ("ZERO1", "ZERO2", "ZERO3", "ZEROPP")
-    options_class = DeepSpeedConfig
-
-    @classmethod
-    def jit_kernels(cls, label: str, device_kind: str) -> tuple:
-        # DeepSpeedCPUAdam for any stage's optimizer offload; ZeRO++'s qwZ/qgZ quantize on the GPU
-        return ("deepspeed.cpu_adam",) + (("deepspeed.quantizer",) if label == "ZEROPP" else ())
-
-    # fine-tuning (vit_scale.recipes.finetune): the engine owns the loss scale, clipping, accumulation
-    # boundaries and checkpoints; see configure_finetune and the methods under "fine-tuning"
-    supports_finetune = True
-
-    @classmethod
-    def trains_lora(cls, label: str) -> bool:
-        return True  # the ZeRO optimizers get the trainable parameters only (setup)
-
     checkpoint_format = "engine"
 
     # ------------------------------------------------------------ checks before any process group
@@ -167,43 +100,6 @@ class DeepSpeedStrategy(Strategy):
         _import_deepspeed()  # after the config checks: a bad key is reported without the import's seconds
 
     # ------------------------------------------------------------ configuration
-
-    @classmethod
-    def layout(cls, cfg, label, world_size, ranks_per_node):
-        W, stage, notes = world_size, STAGES[label.label], []
-        hpz = (cfg.deepspeed.hpz_partition_size or ranks_per_node) if label.label == "ZEROPP" else 0
-        if stage < 3:
-            notes.append(
-                f"ZeRO-{stage} partitions optimizer states{' and gradients' if stage == 2 else ''} over "
-                f"all {W} ranks; parameters stay whole on every rank, so each rank is a replica for the "
-                "replica check"
-            )
-        if hpz == 1:
-            notes.append(
-                "hpZ partition size 1 (one rank per node): no secondary partition, so ZEROPP runs "
-                "as ZeRO-3 with quantised collectives only"
-            )
-        elif hpz and hpz == W:
-            notes.append(
-                f"hpZ partition size {hpz} equals the world size: the secondary partition "
-                "spans every rank, like ZeRO-3's own"
-            )
-        if label.label == "ZEROPP" and cfg.deepspeed.quantized_gradients and W <= ranks_per_node:
-            notes.append(
-                "one node: DeepSpeed applies qgZ between nodes only, so gradients are reduce-scattered unquantised"
-            )
-        shard = W if stage == 3 else 1
-        return Layout(
-            label.label,
-            "deepspeed",
-            f"deepspeed-zero{stage}" + ("-pp" if label.label == "ZEROPP" else ""),
-            f"ZERO{stage}",
-            shard,
-            W // shard,
-            W,
-            hpz=hpz,
-            notes=tuple(notes),
-        )
 
     def __init__(self, cfg, label, world):
         super().__init__(cfg, label, world)
@@ -356,8 +252,13 @@ class DeepSpeedStrategy(Strategy):
             model = self._build_partitioned(deepspeed, factory)
         else:
             model = factory.on_device(self.world.device)
-        self.apply_activation_checkpointing(model)
-        optimizer = None if self.uses_ds_optimizer else self.make_optimizer(model.parameters())
+        # the order: checkpointing, then the optimizer (unless DeepSpeed's own), then the engine
+        if self.cfg.train.activation_checkpointing:
+            parts.apply_ac(model)
+        optimizer = None
+        if not self.uses_ds_optimizer:
+            kernel = parts.optimizer_kernel(self.cfg.train.optimizer, self.world.device_type)
+            optimizer = parts.make_optimizer(model.parameters(), self.cfg.train, kernel)
         trainable = [p for p in model.parameters() if p.requires_grad]  # LoRA: adapters and head only
         self.model, self.optimizer, _, _ = deepspeed.initialize(
             model=model,
@@ -396,7 +297,7 @@ class DeepSpeedStrategy(Strategy):
         if self.input_dtype is not None:
             images = images.to(self.input_dtype)  # DeepSpeed holds bf16/fp16 weights; inputs must match
         logits = self.model(images)
-        loss = self.loss(logits, labels)
+        loss = parts.loss(logits, labels)
         self.model.backward(loss)
         self.model.step()
         return loss.detach()
