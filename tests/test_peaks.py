@@ -41,7 +41,7 @@ def test_tf32_is_the_arithmetic_only_of_fp32_runs_on_a_gpu():
 def _peaks_of_runs(sets, profile):
     study = make_plan(
         os.path.join(ROOT, "configs", "studies", "local.yaml"),
-        {"models": "vit_micro", "strategies": "DDP", "nodes": "1", "precision": "fp32"},
+        {"models": "vit_micro", "strategies": "DDP", "nodes": "1", "precision": "fp32", "repeat": "1"},
         sets,
         profile,
         ranks_per_node=1,
