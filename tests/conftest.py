@@ -279,15 +279,19 @@ from vit_scale.cli import main
 
 cases, out = json.load(open(sys.argv[1])), sys.argv[2]
 for name, args in cases.items():
-    sys.stdout.flush(), sys.stderr.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
     with open(os.path.join(out, name + ".out"), "w") as o, open(os.path.join(out, name + ".err"), "w") as e:
-        os.dup2(o.fileno(), 1), os.dup2(e.fileno(), 2)
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
         try:
             code = main(["train", *args])
         finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
     with open(os.path.join(out, name + ".code"), "w") as f:
         f.write(str(code))
 """
