@@ -225,6 +225,16 @@ def run_many(nproc: int, runs: list[list[str]], tmp_path, timeout: int = 600) ->
     return proc
 
 
+def run_outputs(stdout: str, count: int) -> list[str]:
+    """Rank 0's output of each run of a run_many launch, in order (each opens with a line "RUN_MANY i")."""
+    import re
+
+    pieces = re.split(r"^RUN_MANY (\d+)\n", stdout, flags=re.M)
+    found = {int(index): text for index, text in zip(pieces[1::2], pieces[2::2], strict=True)}
+    assert sorted(found) == list(range(count)), stdout[-3000:]
+    return [found[i] for i in range(count)]
+
+
 def load_runs(out_dir) -> dict:
     """{(study, strategy, run_id): records} for every run under out_dir, each record validated."""
     from vit_scale.record.schema import validate_record_file
@@ -266,6 +276,61 @@ def start_train(args, tmp_path, env=None) -> subprocess.Popen:
         text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
     )
+
+
+# `vit-scale train` for each case in turn, in one process: fd 1 and 2 go to files of their own per case, so
+# that every line a case prints (C++'s and a logger's too) is its own
+REFUSALS = """
+import json, os, sys
+
+from vit_scale.cli import main
+
+cases, out = json.load(open(sys.argv[1])), sys.argv[2]
+for name, args in cases.items():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(os.path.join(out, name + ".out"), "w") as o, open(os.path.join(out, name + ".err"), "w") as e:
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
+        try:
+            code = main(["train", *args])
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+    with open(os.path.join(out, name + ".code"), "w") as f:
+        f.write(str(code))
+"""
+
+
+def train_refusals(cases: dict, tmp_path) -> dict:
+    """{name: (exit code, stdout, stderr)} of `vit-scale train` with FAST and output under tmp_path/runs,
+    for inputs it refuses before any work: all in one process (each start of one costs seconds of imports),
+    the command's own main() in turn, its output per case as separate processes would print it."""
+    work = tmp_path / "refusals"
+    work.mkdir()
+    spec = work / "cases.json"
+    spec.write_text(
+        json.dumps({name: [*FAST, f"output.dir={tmp_path / 'runs'}", *args] for name, args in cases.items()})
+    )
+    proc = subprocess.run(
+        [PYTHON, "-c", REFUSALS, str(spec), str(work)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {
+        name: tuple(
+            int(text) if kind == "code" else text
+            for kind, text in ((k, (work / f"{name}.{k}").read_text()) for k in ("code", "out", "err"))
+        )
+        for name in cases
+    }
 
 
 def env_without(module: str, tmp_path) -> dict:

@@ -4,6 +4,7 @@
 RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1", which runs
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it,
 or with "@finetune", which runs `vit-scale finetune` (its own checks first) instead of the benchmark.
+Rank 0 opens each run's output with a line "RUN_MANY <i>" (conftest.run_outputs splits on it).
 """
 
 import json
@@ -17,6 +18,8 @@ from vit_scale.errors import UserError
 from vit_scale.launch.world import choose_device, detect_world, leave
 from vit_scale.recipes import finetune, train
 from vit_scale.run import session
+
+RUN_MARK = "RUN_MANY"
 
 
 class FSDP1WithOneRankShardGroups(FSDPStrategy):
@@ -32,7 +35,10 @@ def main() -> int:
         runs = json.load(f)
     codes = []
     real_strategy_class = session.strategy_class
-    for overrides in runs:
+    for index, overrides in enumerate(runs):
+        if int(os.environ.get("RANK", "0")) == 0:  # after what the run before printed (flushed)
+            sys.stdout.flush()
+            os.write(sys.stdout.fileno(), f"{RUN_MARK} {index}\n".encode())
         broken = overrides and overrides[0] == "@broken_hybrid1"
         finetuning = overrides and overrides[0] == "@finetune"
         if broken:

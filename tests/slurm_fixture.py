@@ -47,14 +47,19 @@ class Cluster:
         """Until none of the jobs is in the queue (polling is faster than sbatch --wait)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = subprocess.run(
-                ["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)],
-                env=self.env(),
-                capture_output=True,
-                text=True,
-                timeout=30,
-            ).stdout.split()
-            if not out:
+            try:
+                proc = subprocess.run(
+                    ["squeue", "-h", "-o", "%i", "-j", ",".join(job_ids)],
+                    env=self.env(),
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                )
+            except subprocess.TimeoutExpired:
+                continue
+            # an squeue that failed (slurmctld slow to answer on a loaded machine) printed nothing:
+            # that is not an empty queue, and once ended a test early with its job still running
+            if proc.returncode == 0 and not proc.stdout.split():
                 return
             time.sleep(0.5)
         subprocess.run(["scancel", *job_ids], env=self.env())
@@ -68,8 +73,7 @@ class Cluster:
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster():
+def _cluster(nodes: int):
     for tool in ("slurmctld", "slurmd", "munged", "mungekey", "sbatch"):
         require_tool(tool)
     if os.geteuid() != 0:
@@ -80,7 +84,7 @@ def slurm_cluster():
     # not pytest's tmp_path: /tmp/pytest-of-<user> is 0700 and munged refuses a socket below it
     directory = tempfile.mkdtemp(prefix="vit-scale-slurm-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(NODES="2", CPUS="2")
+    env.update(NODES=str(nodes), CPUS="2")
     up = subprocess.run([CLUSTER_SH, "up", directory], env=env, capture_output=True, text=True, timeout=120)
     if up.returncode != 0:
         shutil.rmtree(directory, ignore_errors=True)
@@ -90,3 +94,16 @@ def slurm_cluster():
     finally:
         subprocess.run([CLUSTER_SH, "down", directory], env=env, capture_output=True, timeout=120)
         shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """Two emulated nodes, n1 and n2."""
+    yield from _cluster(2)
+
+
+@pytest.fixture(scope="session")
+def slurm_four_nodes():
+    """Four emulated nodes, n1 to n4 (each claims 2 CPUs of the same machine): room for jobs that
+    wait most of their time (a hung label until the allocation ends) beside others that work."""
+    yield from _cluster(4)

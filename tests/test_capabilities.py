@@ -2,12 +2,12 @@
 pair it allows trains to `ok`, every pair it refuses exits 2 with its one line before any work, and
 docs/strategies.md carries the same table. Real launches: the allowed pairs in one torchrun launch
 of 2 ranks (tests/run_many.py, which checks each pair as `vit-scale train` does), the refused ones
-as separate `python -m vit_scale train` processes."""
+through `vit-scale train`'s main, one after the other in one process (conftest.train_refusals)."""
 
 import os
 import re
 
-from conftest import FAST, ROOT, load_runs, require_package, run_many, start_train
+from conftest import FAST, ROOT, load_runs, require_package, run_many, train_refusals
 from vit_scale.distributed import capabilities as caps
 
 # HYBRID_<g>GPU stands for every g: a 1-rank and a 2-rank shard group on 2 ranks
@@ -44,7 +44,7 @@ def test_every_label_and_precision_has_a_verdict_on_every_device():
 def test_every_cpu_pair_trains_or_is_refused_in_one_line(tmp_path):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     require_package("colossalai", "bash env/setup_venv.sh local --extras colossalai")
-    out = f"output.dir={tmp_path / 'runs'}"
+    out = f"output.dir={tmp_path / 'trained'}"
     allowed, refused = [], {}
     for label, precision, cap in _cpu_pairs():
         args = [f"strategy={label}", f"train.precision={precision}"]
@@ -57,18 +57,15 @@ def test_every_cpu_pair_trains_or_is_refused_in_one_line(tmp_path):
 
     proc = run_many(2, allowed, tmp_path, timeout=900)
     assert f"EXIT CODES {[0] * len(allowed)}" in proc.stdout, proc.stdout[-3000:]
-    runs = {records[0]["study"]: records[-1] for records in load_runs(tmp_path / "runs").values()}
+    runs = {records[0]["study"]: records[-1] for records in load_runs(tmp_path / "trained").values()}
     assert sorted(runs) == sorted(a[-1].split("=", 1)[1] for a in allowed)
     for study, end in runs.items():
         assert end["status"] == "ok" and end["replicas_agree"] is True, (study, end)
 
-    names = list(refused)
-    for batch in (names[i : i + 6] for i in range(0, len(names), 6)):  # 2 cores: a few imports at a time
-        procs = {name: start_train(refused[name][0], tmp_path / "refused") for name in batch}
-        for name, p in procs.items():
-            stdout, stderr = p.communicate(timeout=180)
-            lines = stderr.strip().splitlines()
-            assert p.returncode == 2, (name, p.returncode, stderr[-2000:])
-            assert len(lines) == 1 and "Traceback" not in stdout + stderr, (name, stderr)
-            assert lines[0].startswith(f"vit-scale: error: {refused[name][1]}"), (name, lines[0])
-    assert not (tmp_path / "refused").exists()  # nothing was written for a refused pair
+    results = train_refusals({name: args for name, (args, _) in refused.items()}, tmp_path)
+    for name, (code, stdout, stderr) in results.items():
+        lines = stderr.strip().splitlines()
+        assert code == 2, (name, code, stderr[-2000:])
+        assert len(lines) == 1 and "Traceback" not in stdout + stderr, (name, stderr)
+        assert lines[0].startswith(f"vit-scale: error: {refused[name][1]}"), (name, lines[0])
+    assert not (tmp_path / "runs").exists()  # nothing was written for a refused pair

@@ -10,14 +10,16 @@ tests/jobs_support.py does for the study), so that neither check can finish on i
 jobs/submit_sweep.sh --check: each job checks its own nodes into a check.json of its node count
 (and model, the study having one), and the report shows each."""
 
+import glob
 import json
 import os
 import re
 import subprocess
+import time
 
 import jobs_support
 from conftest import PYTHON, ROOT
-from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
+from slurm_fixture import slurm_four_nodes  # noqa: F401  (the session fixture)
 
 CHECK_SH = os.path.join(ROOT, "jobs", "check.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
@@ -48,19 +50,44 @@ def lines_of(path) -> dict:
         return {line["check"]: line for line in json.load(f)["lines"]}
 
 
-def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(slurm_cluster, tmp_path):  # noqa: F811
+def ended(work, strategy: str) -> bool:
+    """Whether the check's run of `strategy` under work has written its end record."""
+    for path in glob.glob(str(work / "check" / "records" / "**" / strategy / "**" / "metrics.jsonl"), recursive=True):
+        with open(path) as f:
+            if any(json.loads(line).get("event") == "end" for line in f if line.strip()):
+                return True
+    return False
+
+
+def test_check_jobs_against_their_allocations_and_the_sweeps_checks(slurm_four_nodes, tmp_path):  # noqa: F811
+    """One test on four emulated nodes: the two allocation jobs spend most of their time in their hung
+    label, waiting for their limit, and the sweep's jobs run meanwhile on the other nodes (as two
+    tests, one after the other, they took the allocations' minutes and then the sweep's)."""
+    cluster = slurm_four_nodes
     derived, stopped = tmp_path / "derived", tmp_path / "stopped"
     jobs = {}
     for work, sbatch, extra in ((derived, ["--time=3"], []), (stopped, ["--time=2"], ["--time-limit", "30"])):
         work.mkdir()
-        jobs[work] = slurm_cluster.sbatch(
+        jobs[work] = cluster.sbatch(
             ["-N", "1", *sbatch, CHECK_SH, *ARGS, *extra],
             cwd=work,
             VIT_SCALE_PYTHON=hanging_python(work),
             VIT_SCALE_STOP_GRACE_S="3",
         )
-    slurm_cluster.wait(list(jobs.values()), timeout=400)
+    # the sweep once both checks are past DDP, the label each must finish (on a loaded machine the
+    # sweep's work beside it could otherwise hold it past its limit)
+    deadline = time.monotonic() + 400
+    while not (ended(derived, "DDP") and ended(stopped, "DDP")) and time.monotonic() < deadline:
+        time.sleep(1)
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    n1, n2, analysis = submit_sweep_with_check(cluster, sweep)
+    cluster.wait([*jobs.values(), n1, n2, analysis], timeout=900)
+    check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(cluster, derived, stopped, jobs)
+    sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(cluster, sweep, n1, n2, analysis)
 
+
+def check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(cluster, derived, stopped, jobs):
     # the default limit: the job's 3 minutes left, less the margin; the check stops itself and says so
     job = jobs[derived]
     output = (derived / f"vit-check-{job}.out").read_text()
@@ -70,7 +97,7 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
         rf"stop the ranks and write check\.json\)",
         output,
     ), output
-    info = slurm_cluster.job(job)
+    info = cluster.job(job)
     assert info["JobState"] == "FAILED" and info["ExitCode"] == "1:0", (info, output)
     found = lines_of(derived / "check" / "check.json")
     assert found["DDP fp32"]["status"] == "ok", found
@@ -81,7 +108,7 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
     job = jobs[stopped]
     output = (stopped / f"vit-check-{job}.out").read_text()
     assert "  time limit: 30 min (--time-limit)" in output, output
-    info = slurm_cluster.job(job)
+    info = cluster.job(job)
     assert info["JobState"] == "TIMEOUT", (info, output)
     assert "check.sh: stopped by a signal; check.json written from what the ranks had reported" in output, output
     found = lines_of(stopped / "check" / "check.json")
@@ -92,7 +119,7 @@ def test_check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(sl
     assert found["FULL_SHARD fp32"]["text"].startswith("timeout: stopped by"), found["FULL_SHARD fp32"]
 
 
-def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_cluster, tmp_path):  # noqa: F811
+def submit_sweep_with_check(cluster, tmp_path) -> list:
     proc = subprocess.run(
         [
             SUBMIT_SWEEP,
@@ -121,15 +148,17 @@ def test_sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(slurm_
             "1",
         ],
         cwd=tmp_path,
-        env=slurm_cluster.env(),
+        env=cluster.env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    n1, n2, analysis = proc.stdout.split()
-    slurm_cluster.wait([n1, n2, analysis], timeout=900)
-    jobs = {name: slurm_cluster.job(i) for name, i in (("n1", n1), ("n2", n2), ("analysis", analysis))}
+    return proc.stdout.split()
+
+
+def sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(cluster, tmp_path, n1, n2, analysis):
+    jobs = {name: cluster.job(i) for name, i in (("n1", n1), ("n2", n2), ("analysis", analysis))}
     logs = {name: (tmp_path / "logs" / f"{j['JobName']}-{j['JobId']}.out").read_text() for name, j in jobs.items()}
     assert all(j["JobState"] == "COMPLETED" for j in jobs.values()), (jobs, logs)
 

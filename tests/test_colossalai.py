@@ -4,7 +4,17 @@ before any work on a CPU; a missing colossalai names the install command."""
 
 import pytest
 
-from conftest import FAST, assert_same_losses, env_without, load_runs, losses, require_package, run_many, start_train
+from conftest import (
+    FAST,
+    assert_same_losses,
+    env_without,
+    load_runs,
+    losses,
+    require_package,
+    run_many,
+    start_train,
+    train_refusals,
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +83,16 @@ def test_gpu_only_plugins_and_missing_package_are_one_line(tmp_path):
             ["colossalai", "pip install --no-deps colossalai==0.5.0"],
         ),
     }
-    procs = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
-    for name, proc in procs.items():
+    # the simulated absence needs its own environment, so its own process; the rest share one
+    # (conftest.train_refusals)
+    missing = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items() if env}
+    results = train_refusals({name: args for name, (args, env, _) in cases.items() if not env}, tmp_path)
+    for name, proc in missing.items():
         stdout, stderr = proc.communicate(timeout=180)
+        results[name] = (proc.returncode, stdout, stderr)
+    for name, (code, stdout, stderr) in results.items():
         lines = stderr.strip().splitlines()
-        assert proc.returncode == 2, (name, proc.returncode, stderr[-2000:])
+        assert code == 2, (name, code, stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith("vit-scale: error: "), (name, stderr)
         assert "Traceback" not in stderr + stdout, name
         for fragment in cases[name][2]:

@@ -4,7 +4,7 @@ record says what compiling cost. Real torchrun launch over gloo, torch.compile's
 
 import pytest
 
-from conftest import FAST, by_study, load_runs, losses, run_many, start_train
+from conftest import FAST, by_study, load_runs, losses, run_many, train_refusals
 
 COMPILE_TOL = 1e-3  # compiled kernels may fuse and reorder floating-point work
 
@@ -55,28 +55,28 @@ def test_the_record_says_what_compiling_cost(compiled_runs, study):
     assert "compile" not in compiled_runs["eager-ddp"][0]["strategy"]["options"]
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (
-            ["strategy=ZERO2", "train.compile=true"],
-            "train.compile: ZERO2 does not compile (its engine owns the model); compile runs with DDP, NO_SHARD, "
-            "HYBRID_<g>GPU, SHARD_GRAD_OP, FULL_SHARD; set train.compile=false",
-        ),
-        (
-            ["strategy=FULL_SHARD", "train.compile=true"],
-            "train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters torch.compile "
-            "falls back to eager inside every unit); set fsdp.use_orig_params=true or fsdp.version=2",
-        ),
-        (
-            ["strategy=DDP", "train.tf32=true", "train.precision=bf16"],
-            "train.tf32: only for train.precision=fp32 (a bf16 run already does its matmuls in bf16); "
-            "set train.tf32=false or train.precision=fp32",
-        ),
-    ],
-)
-def test_refused_in_one_line(tmp_path, args, message):
-    proc = start_train(args, tmp_path)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 2 and stderr.strip() == f"vit-scale: error: {message}", stderr
+REFUSED = {
+    "zero2": (
+        ["strategy=ZERO2", "train.compile=true"],
+        "train.compile: ZERO2 does not compile (its engine owns the model); compile runs with DDP, NO_SHARD, "
+        "HYBRID_<g>GPU, SHARD_GRAD_OP, FULL_SHARD; set train.compile=false",
+    ),
+    "fsdp1-flat": (
+        ["strategy=FULL_SHARD", "train.compile=true"],
+        "train.compile: under FSDP1 it needs fsdp.use_orig_params=true (with flat parameters torch.compile "
+        "falls back to eager inside every unit); set fsdp.use_orig_params=true or fsdp.version=2",
+    ),
+    "tf32-bf16": (
+        ["strategy=DDP", "train.tf32=true", "train.precision=bf16"],
+        "train.tf32: only for train.precision=fp32 (a bf16 run already does its matmuls in bf16); "
+        "set train.tf32=false or train.precision=fp32",
+    ),
+}
+
+
+def test_refused_in_one_line(tmp_path):
+    """Each case through `vit-scale train`'s main, all in one process (conftest.train_refusals)."""
+    results = train_refusals({name: args for name, (args, _) in REFUSED.items()}, tmp_path)
+    for name, (code, _, stderr) in results.items():
+        assert code == 2 and stderr.strip() == f"vit-scale: error: {REFUSED[name][1]}", (name, stderr)
     assert not (tmp_path / "runs").exists()

@@ -25,6 +25,7 @@ from conftest import (
     require_package,
     run_many,
     start_train,
+    train_refusals,
 )
 
 
@@ -245,11 +246,16 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
             ["deepspeed", "pip install 'vit-scale[deepspeed]'"],
         ),
     }
-    procs = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items()}
-    for name, proc in procs.items():
+    # the simulated absence needs its own environment, so its own process; the rest share one
+    # (conftest.train_refusals)
+    missing = {name: start_train(args, tmp_path, env) for name, (args, env, _) in cases.items() if env}
+    results = train_refusals({name: args for name, (args, env, _) in cases.items() if not env}, tmp_path)
+    for name, proc in missing.items():
         stdout, stderr = proc.communicate(timeout=180)
+        results[name] = (proc.returncode, stdout, stderr)
+    for name, (code, stdout, stderr) in results.items():
         lines = stderr.strip().splitlines()
-        assert proc.returncode == 2, (name, proc.returncode, stderr[-2000:])
+        assert code == 2, (name, code, stderr[-2000:])
         assert len(lines) == 1 and lines[0].startswith("vit-scale: error: "), (name, stderr)
         assert "Traceback" not in stderr + stdout, name
         for fragment in cases[name][2]:

@@ -2,7 +2,7 @@
 
 The dataset is scikit-learn's bundled digits (1,797 real 8x8 scans of handwritten digits, 10
 classes, no download), written as an image folder (train/ and val/, 80/20 per class) and
-upscaled to vit_micro's 32 px. One launch per scenario:
+upscaled to vit_micro's 32 px. The scenarios (five launches in all; the resuming ones share three):
 - DDP and FULL_SHARD each train vit_micro from scratch to at least 90% validation accuracy;
 - DDP, from a pretrained file (another head), saves every 7 steps; a second run resumes from step 7;
 - FULL_SHARD is stopped by SIGUSR1 after step 9 (sharded checkpoint, exit 7), then resumes with
@@ -14,6 +14,7 @@ and a resumed run's per-step losses equal the uninterrupted run's.
 
 import csv
 import glob
+import importlib.util
 import json
 import os
 import random
@@ -24,10 +25,14 @@ import time
 
 import pytest
 
-from conftest import PYTHON, ROOT, require_module, require_package, torchrun
+from conftest import PYTHON, ROOT, require_module, require_package, run_many, run_outputs, torchrun
 
 require_module("sklearn", "the digits come with scikit-learn: pip install 'vit-scale[test]'")
 jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
+
+# the first test that needs `launches` waits for its three launches (nine runs): on a loaded 2-core
+# machine (load 30) they took 20 minutes, the suite's per-test limit (pyproject.toml); quiet, a few
+pytestmark = pytest.mark.timeout(2400)
 
 MIN_ACCURACY = 0.90
 # from scratch, no augmentation, 16 epochs of 44 steps of 2 x 16 images: 96.1%, 96.1%, 98.3% with
@@ -148,8 +153,100 @@ def digits(tmp_path_factory):
     return str(root), write_digits(str(root))
 
 
+def _short_run(digits, tmp, strategy: str) -> list:
+    """8 steps with SHORT's accumulation and clipping, checkpointed every 4, and the run resumed from
+    step 4: for strategies whose accumulation and clipping are their own (DeepSpeed's engine boundary
+    counter, ColossalAI's booster.no_sync)."""
+    common = [
+        f"data.path={digits[0]}",
+        *SHORT,
+        "data.workers=0",
+        "finetune.steps=8",
+        f"strategy={strategy}",
+        f"output.dir={tmp / 'runs'}",
+    ]
+    whole = [*common, f"output.study={strategy}-whole", f"checkpoint.dir={tmp / strategy / 'ck'}"]
+    resumed = [
+        *common,
+        f"output.study={strategy}-resumed",
+        f"checkpoint.dir={tmp / strategy / 'ck2'}",
+        f"checkpoint.resume={tmp / strategy / 'ck' / 'step-00000004'}",
+    ]
+    return [[*whole, "checkpoint.every_steps=4", "checkpoint.keep=0"], resumed]
+
+
+@pytest.fixture(scope="module")
+def launches(digits, pretrained_file, tmp_path_factory):
+    """The resuming scenarios in three launches of `vit-scale finetune`'s session (tests/run_many.py;
+    a launch costs seconds of imports; they took nine): the uninterrupted runs; FULL_SHARD stopped by
+    SIGUSR1 after step 9 (alone: it ends its ranks, exit 7); then every resumed run. Each run sets its
+    own seeds, so its place in a launch does not change its numbers."""
+    tmp = tmp_path_factory.mktemp("finetune")
+    out = f"output.dir={tmp / 'runs'}"
+    data = f"data.path={digits[0]}"
+    # DDP from a pretrained file (another head), saving every 7 steps, and resumed from step 7
+    ddp = [data, *SHORT, "strategy=DDP", f"finetune.pretrained={pretrained_file}", out]
+    ddp_whole = [*ddp, "output.study=ddp-whole", f"checkpoint.dir={tmp / 'ddp-ck'}", "checkpoint.every_steps=7"]
+    ddp_resumed = [
+        *ddp,
+        "output.study=ddp-resumed",
+        f"checkpoint.dir={tmp / 'ddp-ck2'}",
+        f"checkpoint.resume={tmp / 'ddp-ck' / 'step-00000007'}",
+    ]
+    # FULL_SHARD as the job script requeues it: the same command line each time, checkpoint.resume=auto
+    fsdp = [data, *SHORT, "strategy=FULL_SHARD", out]
+    requeue = [*fsdp, f"checkpoint.dir={tmp / 'fsdp-ck'}", "checkpoint.resume=auto"]
+    short = {  # the engines' own accumulation and clipping, where installed
+        strategy: _short_run(digits, tmp, strategy)
+        for strategy, package in (("ZERO2", "deepspeed"), ("CAI_DDP", "colossalai"))
+        if importlib.util.find_spec(package) is not None
+    }
+
+    whole = {
+        "ddp-whole": [*ddp_whole, "checkpoint.keep=0"],
+        "fsdp-whole": [*fsdp, "output.study=fsdp-whole", "checkpoint.at_end=false"],
+        **{f"{s}-whole": pair[0] for s, pair in short.items()},
+    }
+    resumed = {
+        "ddp-resumed": ddp_resumed,
+        "fsdp-resumed": [*requeue, "output.study=fsdp-resumed"],
+        **{f"{s}-resumed": pair[1] for s, pair in short.items()},
+    }
+    first = launch_finetunes(whole, tmp / "whole")
+    stopped = torchrun(
+        2,
+        ["-m", "vit_scale", "finetune", *requeue, "output.study=fsdp-stopped"],
+        timeout=900,
+        env={"VIT_SCALE_TEST_SIGNAL_AT_STEP": "9"},
+    )
+    last = launch_finetunes(resumed, tmp / "resumed")
+    runs = {study: read_run(tmp / "runs", study) for study in [*whole, *resumed, "fsdp-stopped"]}
+    for study, records in runs.items():
+        print(f"\n{study}: {records[-1]['wall_time_s']:.0f} s")
+    return {
+        "runs": runs,
+        "stdout": {**first, **last},
+        "stopped_proc": stopped,
+        "checkpoints": {
+            "ddp": str(tmp / "ddp-ck"),
+            "fsdp": str(tmp / "fsdp-ck"),
+            **{s: str(tmp / s / "ck") for s in short},
+        },
+    }
+
+
+def launch_finetunes(runs: dict, tmp) -> dict:
+    """{study: rank 0's output} of fine-tuning runs in one launch, each asked to end ok."""
+    tmp.mkdir()
+    proc = run_many(2, [["@finetune", *args] for args in runs.values()], tmp, timeout=1800)
+    assert f"EXIT CODES {[0] * len(runs)}" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return dict(zip(runs, run_outputs(proc.stdout, len(runs)), strict=True))
+
+
 @pytest.fixture(scope="module", params=["DDP", "FULL_SHARD"])
 def accuracy_run(request, digits, tmp_path_factory):
+    """One launch each: the longest runs here (704 steps), kept apart so that each test's setup
+    stays well inside the suite's per-test timeout on a loaded machine."""
     out = tmp_path_factory.mktemp(f"acc-{request.param}")
     proc, seconds = finetune(
         [
@@ -188,102 +285,47 @@ def pretrained_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ddp_resumed(digits, pretrained_file, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ddp-resume")
-    common = [
-        f"data.path={digits[0]}",
-        *SHORT,
-        "strategy=DDP",
-        f"finetune.pretrained={pretrained_file}",
-        f"output.dir={tmp / 'runs'}",
-    ]
-    whole, whole_s = finetune(
-        [*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}", "checkpoint.every_steps=7", "checkpoint.keep=0"]
-    )
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
-    resumed, resumed_s = finetune(
-        [
-            *common,
-            "output.study=resumed",
-            f"checkpoint.dir={tmp / 'ck2'}",
-            f"checkpoint.resume={tmp / 'ck' / 'step-00000007'}",
-        ]
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    print(f"\nDDP resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
+def ddp_resumed(launches):
+    runs = launches["runs"]
     return {
-        "whole": read_run(tmp / "runs", "whole"),
-        "resumed": read_run(tmp / "runs", "resumed"),
-        "checkpoints": str(tmp / "ck"),
-        "stdout": whole.stdout + resumed.stdout,
+        "whole": runs["ddp-whole"],
+        "resumed": runs["ddp-resumed"],
+        "checkpoints": launches["checkpoints"]["ddp"],
+        "stdout": launches["stdout"]["ddp-whole"] + launches["stdout"]["ddp-resumed"],
     }
 
 
 @pytest.fixture(scope="module")
-def fsdp_requeued(digits, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fsdp-requeue")
-    common = [f"data.path={digits[0]}", *SHORT, "strategy=FULL_SHARD", f"output.dir={tmp / 'runs'}"]
-    whole, whole_s = finetune([*common, "output.study=whole", "checkpoint.at_end=false"])
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
-    # the job script's view: the same command line each time, checkpoint.resume=auto
-    requeue = [*common, f"checkpoint.dir={tmp / 'ck'}", "checkpoint.resume=auto"]
-    stopped, stopped_s = finetune([*requeue, "output.study=stopped"], env={"VIT_SCALE_TEST_SIGNAL_AT_STEP": "9"})
-    resumed, resumed_s = finetune([*requeue, "output.study=resumed"])
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    print(f"\nFULL_SHARD requeue: uninterrupted {whole_s:.0f} s, stopped {stopped_s:.0f} s, resumed {resumed_s:.0f} s")
+def fsdp_requeued(launches):
+    runs = launches["runs"]
     return {
-        "whole": read_run(tmp / "runs", "whole"),
-        "stopped": read_run(tmp / "runs", "stopped"),
-        "resumed": read_run(tmp / "runs", "resumed"),
-        "stopped_proc": stopped,
-        "checkpoints": str(tmp / "ck"),
+        "whole": runs["fsdp-whole"],
+        "stopped": runs["fsdp-stopped"],
+        "resumed": runs["fsdp-resumed"],
+        "stopped_proc": launches["stopped_proc"],
+        "checkpoints": launches["checkpoints"]["fsdp"],
     }
 
 
-def _resume_from_step_4(digits, tmp_path_factory, strategy: str) -> dict:
-    """8 steps with SHORT's accumulation and clipping, checkpointed every 4; then a second run
-    resumed from step 4: for strategies whose accumulation and clipping are their own
-    (DeepSpeed's engine boundary counter, ColossalAI's booster.no_sync)."""
-    tmp = tmp_path_factory.mktemp(f"{strategy.lower()}-resume")
-    common = [
-        f"data.path={digits[0]}",
-        *SHORT,
-        "data.workers=0",
-        "finetune.steps=8",
-        f"strategy={strategy}",
-        f"output.dir={tmp / 'runs'}",
-    ]
-    whole, whole_s = finetune(
-        [*common, "output.study=whole", f"checkpoint.dir={tmp / 'ck'}", "checkpoint.every_steps=4", "checkpoint.keep=0"]
-    )
-    assert whole.returncode == 0, whole.stdout[-3000:] + whole.stderr[-5000:]
-    resumed, resumed_s = finetune(
-        [
-            *common,
-            "output.study=resumed",
-            f"checkpoint.dir={tmp / 'ck2'}",
-            f"checkpoint.resume={tmp / 'ck' / 'step-00000004'}",
-        ]
-    )
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
-    print(f"\n{strategy} resume: uninterrupted {whole_s:.0f} s, resumed {resumed_s:.0f} s")
+def _resumed_pair(launches, strategy: str) -> dict:
+    runs = launches["runs"]
     return {
-        "whole": read_run(tmp / "runs", "whole"),
-        "resumed": read_run(tmp / "runs", "resumed"),
-        "checkpoints": str(tmp / "ck"),
+        "whole": runs[f"{strategy}-whole"],
+        "resumed": runs[f"{strategy}-resumed"],
+        "checkpoints": launches["checkpoints"][strategy],
     }
 
 
 @pytest.fixture(scope="module")
-def zero2_resumed(digits, tmp_path_factory):
+def zero2_resumed(launches):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
-    return _resume_from_step_4(digits, tmp_path_factory, "ZERO2")
+    return _resumed_pair(launches, "ZERO2")
 
 
 @pytest.fixture(scope="module")
-def cai_ddp_resumed(digits, tmp_path_factory):
+def cai_ddp_resumed(launches):
     require_package("colossalai", "see docs/strategies.md for the install that keeps your torch")
-    return _resume_from_step_4(digits, tmp_path_factory, "CAI_DDP")
+    return _resumed_pair(launches, "CAI_DDP")
 
 
 # ---------------------------------------------------------------- accuracy and evaluation
