@@ -31,7 +31,7 @@ def study(out, name, *extra):
     }
     argv = [PYTHON, "-m", "vit_scale", "study", "--system", "local", "--study", name, "--out", str(out)]
     argv += ["--models", "vit_micro", "--strategies", "DDP", "--batch-size", "4", "--steps", "4"]
-    argv += ["--warmup-steps", "1", "--no-analysis", *extra]
+    argv += ["--warmup-steps", "1", "--repeat", "1", "--no-analysis", *extra]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
