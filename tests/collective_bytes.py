@@ -24,7 +24,7 @@ from torch._C._distributed_c10d import ProcessGroup
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from vit_scale.config import load_config
-from vit_scale.distributed import parse_strategy, strategy_class
+from vit_scale.distributed import parse_strategy, parts, strategy_class
 from vit_scale.distributed.base import ModelFactory
 from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
@@ -102,18 +102,19 @@ class CollectiveLog(TorchDispatchMode):
 def counted_step(strategy, images, labels) -> list:
     """One training step under a CollectiveLog; a {"kind": "backward"} entry marks where the loss was
     taken (what comes before it, the forward issued)."""
-    log, loss = CollectiveLog(), strategy.loss
+    # every family takes its loss through parts.loss, so the mark goes there
+    log, loss = CollectiveLog(), parts.loss
 
     def marked_loss(logits, target):
         log.calls.append({"kind": "backward"})
         return loss(logits, target)
 
-    strategy.loss = marked_loss
+    parts.loss = marked_loss
     try:
         with log:
             strategy.train_step(images, labels)
     finally:
-        strategy.loss = loss
+        parts.loss = loss
     return log.calls
 
 

@@ -136,6 +136,8 @@ def test_plugin_comparison_is_a_study_over_batch_sizes_with_kernels_built_first(
             "DDP,ZERO1",
             "--steps",
             "4",
+            "--repeat",
+            "1",
             "--out",
             "runs",
         ],
