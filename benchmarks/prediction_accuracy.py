@@ -24,7 +24,7 @@ controller) it says so and runs on the shared emulation, whose figures say nothi
    same nodes, links not shaped); DDP's images/s per node at 4 nodes against 1, bar 85%.
 2. `vit-scale check` in full mode on 2 nodes of `local` (its size sweep and alpha-beta fits: the
    calibration); its across-nodes fits against the shaped bandwidth (bar 15%).
-3. The local study (configs/studies/local.yaml: vit_micro, DDP, FULL_SHARD and HYBRID_2GPU) over --nodes (1, 2, 4).
+3. The local study (configs/studies/local.yaml: vit_micro, FULL_SHARD and HYBRID_2GPU) over --nodes (1, 2, 4).
 4. Every point beyond 1 node predicted with vit_scale.planning.predict: the check's fits as the
    calibration, the 1-node rung as the compute (each strategy its own), gloo's blocking collectives.
    Prints per strategy and node count the measured and predicted images/s and the error (measured /
