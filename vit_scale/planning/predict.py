@@ -159,25 +159,40 @@ def read_check(path: str) -> dict:
     return data
 
 
-def read_fits(check: dict, where: str) -> list:
-    """check.json's `fits` (one alpha_beta.Fit.as_dict each) back into Fits. A fit with fewer sizes than
-    a fit needs is bad input; a fit marked for another reason comes back marked (not used)."""
-    found = check.get("fits")
+def _fit_entries(check: dict, key: str, keys: tuple, where: str):
+    """check.json's list `key` of fits, each entry checked for what every kind of fit has (its keys, a
+    known collective and scope): yields (entry, name) for the caller's own checks."""
+    found = check.get(key)
     if not isinstance(found, list) or not found:
         raise UserError(
-            f"--calibration: {where} has no fits (from the size sweep); run vit-scale check in full "
+            f"--calibration: {where} has no {key} (from the size sweep); run vit-scale check in full "
             f"mode (without --quick) to measure them"
         )
-    fits = []
     for i, entry in enumerate(found):
-        if not isinstance(entry, dict) or any(k not in entry for k in FIT_KEYS):
-            raise UserError(f"--calibration: {where}: fits[{i}] needs the keys {', '.join(FIT_KEYS)}")
-        name = f"fits[{i}] ({entry['collective']}, {entry['scope']})"
+        if not isinstance(entry, dict) or any(k not in entry for k in keys):
+            raise UserError(f"--calibration: {where}: {key}[{i}] needs the keys {', '.join(keys)}")
+        name = f"{key}[{i}] ({entry['collective']}, {entry['scope']})"
         if entry["collective"] not in COLLECTIVES or entry["scope"] not in SCOPES:
             raise UserError(
                 f"--calibration: {where}: {name}: collective must be one of {', '.join(COLLECTIVES)} "
                 f"and scope one of {', '.join(SCOPES)}"
             )
+        yield entry, name
+
+
+def _enough_sizes(entry: dict, name: str, where: str) -> None:
+    if entry["sizes"] < MIN_SIZES:
+        raise UserError(
+            f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
+            f"{MIN_SIZES} (run vit-scale check in full mode)"
+        )
+
+
+def read_fits(check: dict, where: str) -> list:
+    """check.json's `fits` (one alpha_beta.Fit.as_dict each) back into Fits. A fit with fewer sizes than
+    a fit needs is bad input; a fit marked for another reason comes back marked (not used)."""
+    fits = []
+    for entry, name in _fit_entries(check, "fits", FIT_KEYS, where):
         numbers = [entry[k] for k in ("ranks", "sizes", "alpha_us", "bus_gbps", "max_rel_residual")]
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in numbers) or not isinstance(
             entry["flags"], list
@@ -186,11 +201,7 @@ def read_fits(check: dict, where: str) -> list:
                 f"--calibration: {where}: {name}: ranks, sizes, alpha_us, bus_gbps and max_rel_residual "
                 f"must be numbers and flags a list"
             )
-        if entry["sizes"] < MIN_SIZES:
-            raise UserError(
-                f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
-                f"{MIN_SIZES} (run vit-scale check in full mode)"
-            )
+        _enough_sizes(entry, name, where)
         _check_fit_values(entry, name, where)
         flags = tuple(str(f) for f in entry["flags"])
         fits.append(
@@ -335,22 +346,8 @@ def check_calibration(
 def read_step_fits(check: dict, where: str) -> list:
     """check.json's `step_fits` (schema 2: one step_fit.StepFit.as_dict each) back into StepFits, each
     checked as read_fits checks a fit: bad input is a UserError naming the entry."""
-    found = check.get("step_fits")
-    if not isinstance(found, list) or not found:
-        raise UserError(
-            f"--calibration: {where} has no step_fits (from the size sweep); run vit-scale check in full "
-            f"mode (without --quick) to measure them"
-        )
     fits = []
-    for i, entry in enumerate(found):
-        if not isinstance(entry, dict) or any(k not in entry for k in STEP_FIT_KEYS):
-            raise UserError(f"--calibration: {where}: step_fits[{i}] needs the keys {', '.join(STEP_FIT_KEYS)}")
-        name = f"step_fits[{i}] ({entry['collective']}, {entry['scope']})"
-        if entry["collective"] not in COLLECTIVES or entry["scope"] not in SCOPES:
-            raise UserError(
-                f"--calibration: {where}: {name}: collective must be one of {', '.join(COLLECTIVES)} "
-                f"and scope one of {', '.join(SCOPES)}"
-            )
+    for entry, name in _fit_entries(check, "step_fits", STEP_FIT_KEYS, where):
         numbers = [entry[k] for k in ("step_latency_us", "launch_us", "bus_gbps", "max_rel_residual", "sizes")]
         groups = entry["groups"]
         if (
@@ -364,11 +361,7 @@ def read_step_fits(check: dict, where: str) -> list:
                 f"--calibration: {where}: {name}: step_latency_us, launch_us, bus_gbps, max_rel_residual and "
                 f"sizes must be numbers, flags a list and groups a list of whole numbers of ranks, each at least 2"
             )
-        if entry["sizes"] < MIN_SIZES:
-            raise UserError(
-                f"--calibration: {where}: {name} has {entry['sizes']} size(s); a fit needs at least "
-                f"{MIN_SIZES} (run vit-scale check in full mode)"
-            )
+        _enough_sizes(entry, name, where)
         per_node = entry.get("ranks_per_node")
         if per_node is not None and (isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1):
             raise UserError(
