@@ -47,6 +47,19 @@ def loss(logits, labels):
     return F.cross_entropy(logits.float(), labels)
 
 
+def backward_and_step(loss_value, optimizer, scaler) -> None:
+    """The backward and the optimizer step of a torch optimizer, through the fp16 loss scaler when there
+    is one (torch's GradScaler or FSDP's ShardedGradScaler), then the gradients dropped."""
+    if scaler is not None:
+        scaler.scale(loss_value).backward()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss_value.backward()
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def compile_blocks(model) -> None:
     """train.compile under FSDP, as torchtitan does it: each transformer Block compiled in place
     (the module keeps its type, so wrap policies and checkpoint wrappers still find it), the FSDP

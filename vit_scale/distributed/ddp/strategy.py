@@ -35,12 +35,5 @@ class DDPStrategy(FinetuneHooks, Strategy):
         with parts.autocast(self.dtype_name, self.world.torch_device_type):
             logits = self.model(images)
         loss = parts.loss(logits, labels)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        parts.backward_and_step(loss, self.optimizer, self.scaler)
         return loss.detach()

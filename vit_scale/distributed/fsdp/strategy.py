@@ -244,14 +244,7 @@ class FSDPStrategy(FinetuneHooks, Strategy):
     def train_step(self, images, labels):
         logits = self.model(images)  # MixedPrecision / MixedPrecisionPolicy cast inside; no autocast
         loss = parts.loss(logits, labels)
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        parts.backward_and_step(loss, self.optimizer, self.scaler)
         return loss.detach()
 
     # ------------------------------------------------------------ fine-tuning (vit_scale.recipes.finetune)
