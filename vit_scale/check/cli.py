@@ -42,15 +42,17 @@ OPTIONS = (
     "--strategies",
     "--precision",
     "--model",
+    "--batch-size",
     "--expect-transport",
     "--launcher",
     "--out",
     "--json",
     "--time-limit",
 )
+DEFAULT_BATCH = 32  # per device, for the timed GEMMs, when neither --batch-size nor the study file gives one
 GRACE_S = 30  # after one rank ends badly, how long the others get
 DEFAULT_LIMIT_MIN = 30.0  # --time-limit without an allocation, and at most this within one
-PARTS = ("meter", "environment", "interconnect", "strategies")
+PARTS = ("meter", "compute", "environment", "interconnect", "strategies")
 STOPPED_BY_SIGNAL = "stopped by a signal (Slurm's at the allocation's end, or a user's)"
 
 USAGE = """usage: vit-scale check [options]
@@ -68,7 +70,9 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
   --strategies LIST       labels to run (default: every label; those the capability table refuses here
                           are listed as refused and do not fail the check unless named here)
   --precision LIST        fp32 bf16 fp16 (default: the system's study file's)
-  --model NAME            whose Block sizes the collectives use (default: the study file's largest model)
+  --model NAME            whose Block sizes the collectives and the timed GEMMs use (default: the study
+                          file's largest model)
+  --batch-size N          per device, for the timed GEMMs (default: the study file's, else 32)
   --expect-transport LIST ib ofi socket tcp: the transport between nodes that is fine here (default:
                           $VIT_SCALE_EXPECT_TRANSPORT, else frontier ofi, cuda ib or ofi, local tcp)
   --launcher NAME         srun torchrun mpi (default: the system's)
@@ -128,6 +132,7 @@ class Check:
         study = self._study_defaults()
         self.precisions = self._precisions(v.get("--precision"), study)
         self.model = self._model(v.get("--model"), study)
+        self.batch_size = self._batch_size(v.get("--batch-size"), study)
         self.labels = self._labels(v.get("--strategies"))
         self.expected = self._expected(v.get("--expect-transport") or os.environ.get("VIT_SCALE_EXPECT_TRANSPORT"))
         self.launcher = v.get("--launcher") or self.system.launcher or "srun"
@@ -200,6 +205,12 @@ class Check:
             return load_yaml(study_file(None, self.system), "--system")
         except UserError:
             return {}
+
+    def _batch_size(self, given, study: dict) -> int:
+        if given is not None:
+            return whole("--batch-size", given)
+        batch = study.get("batch_size")  # a study file's, when it is one number
+        return batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else DEFAULT_BATCH
 
     def _precisions(self, given, study: dict) -> list:
         from vit_scale.distributed import PRECISIONS
@@ -435,7 +446,8 @@ class Check:
                 break
             if not culprit or found.get("world") is None:
                 break
-            parts = [p for p in parts if p != "meter" and p not in found.get("parts_done", [])]
+            # the meter and the GEMMs ran on rank 0 before the world formed: not again
+            parts = [p for p in parts if p not in ("meter", "compute") and p not in found.get("parts_done", [])]
             if not remaining:
                 parts = [p for p in parts if p != "strategies"]
             if not parts:
@@ -510,6 +522,8 @@ class Check:
             "labels": [list(x) for x in labels],
             "model": self.model,
             "precisions": self.precisions,
+            "batch_size": self.batch_size,
+            "peak_tflops": {p: self.system.peak_for(p) for p in self.precisions},
             "quick": self.quick,
             "records": os.path.join(self.out, "records"),
             "result": result,
@@ -615,7 +629,9 @@ class Check:
                 "emulation": self.emulation_kind,
             },
             "transport": transport_facts(backend, logs, tuple(self.expected), world.get("gloo_transport", "tcp")),
-            "facts": facts,
+            "facts": {k: v for k, v in facts.items() if k != "compute"},
+            # the Block's GEMMs timed at the model's shapes (vit_scale.check.gemms): the planner's compute
+            "compute": facts.get("compute"),
             "out": self.out,
             # the alpha-beta line of each collective, scope and group size, from the size sweep, and the
             # per-step fit over every group size that a prediction uses (docs/check.md)

@@ -212,11 +212,51 @@ METER = {
     ],
 }
 
+# vit_scale.check.gemms: one Block's GEMMs timed at a model's shapes, batch and precision
+GEMM = {
+    "type": "object",
+    "required": ["op", "pass", "batch", "m", "k", "n", "flops", "seconds", "tflops"],
+    "properties": {
+        "pass": {"enum": ["forward", "backward"]},
+        "batch": {"type": "integer", "minimum": 1},
+        "flops": {"type": "number", "exclusiveMinimum": 0},
+        "seconds": {"type": "number", "exclusiveMinimum": 0},
+        "tflops": NUM,
+    },
+}
+COMPUTE = {
+    "type": ["object", "null"],
+    "required": ["entries", "error"],
+    "properties": {
+        "device": {"type": "string"},
+        "timer": {"type": "string"},
+        "error": STR_OR_NULL,
+        "entries": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "precision", "batch_size", "ops", "flops", "seconds", "achieved_tflops"],
+                "properties": {
+                    "precision": PRECISION,
+                    "batch_size": {"type": "integer", "minimum": 1},
+                    "ops": {"type": "array", "items": GEMM, "minItems": 1},
+                    "achieved_tflops": NUM,
+                    "peak_tflops": NUM_OR_NULL,
+                    "efficiency": NUM_OR_NULL,
+                },
+            },
+        },
+    },
+}
+
 FACTS = {
     "type": "object",
     "properties": {
         "fatal": {"type": "string"},
-        "parts_done": {"type": "array", "items": {"enum": ["meter", "environment", "interconnect", "strategies"]}},
+        "parts_done": {
+            "type": "array",
+            "items": {"enum": ["meter", "compute", "environment", "interconnect", "strategies"]},
+        },
         "world": {
             "type": "object",
             "required": ["world_size", "nodes", "ranks_per_node", "backend", "device_type"],
@@ -299,6 +339,8 @@ CHECK_SCHEMA = {
         },
         "facts": FACTS,
         "fits": {"type": "array", "items": FIT},
+        # optional: a check written before the GEMMs were timed has none
+        "compute": COMPUTE,
         "step_fits": {"type": "array", "items": STEP_FIT},
         "lines": {"type": "array", "items": LINE, "minItems": 1},
         "ok": {"type": "boolean"},

@@ -22,6 +22,7 @@ def lines(check: dict) -> list[Line]:
     out += environment_lines(check, facts)
     out += interconnect_lines(check, facts)
     out += fit_lines(check, facts)
+    out += compute_lines(check)
     out += strategy_lines(check, facts)
     out += meter_lines(check, facts)
     return out
@@ -351,6 +352,38 @@ def fit_lines(check: dict, facts: dict) -> list[Line]:
             )
         else:
             out.append(Line(name, "info", text, needed=False))
+    return out
+
+
+def compute_lines(check: dict) -> list[Line]:
+    """One line a precision: the Block's GEMMs timed at the model's shapes (check.json's `compute`), what
+    a plan of that model, precision and batch takes its compute from. Never needed: without it a plan
+    falls back to a flat efficiency."""
+    found = check.get("compute")
+    if not found:
+        return []
+    if found.get("error"):
+        return [
+            Line(
+                "compute",
+                "warn",
+                f"the Block's GEMMs could not be timed: {found['error']}",
+                "a plan then takes a flat share of the profile's peak as its compute",
+                needed=False,
+            )
+        ]
+    out = []
+    for e in found.get("entries") or []:
+        share = f", {e['efficiency']:.0%} of the {e['peak_tflops']:g} TFLOP/s peak" if e.get("efficiency") else ""
+        out.append(
+            Line(
+                f"compute {e['precision']}",
+                "info",
+                f"{e['model']} batch {e['batch_size']}: a Block's {len(e['ops'])} GEMMs in "
+                f"{e['seconds'] * 1e3:.4g} ms, {e['achieved_tflops']:.3g} TFLOP/s{share}",
+                needed=False,
+            )
+        )
     return out
 
 

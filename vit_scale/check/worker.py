@@ -2,10 +2,11 @@
 (`python -m vit_scale.check.worker system.launcher=KIND spec=PATH`).
 
 Order: the meter first, on rank 0 alone in a process group of its own (the other ranks wait at
-the world's rendezvous meanwhile), then the world's process group: environment, kernels, the
-collectives, the strategy labels. Rank 0 rewrites the facts file (spec's `result`) after each
-part, atomically, so that a launch that dies half-way still leaves what it found, and names the
-label it is running (`in_progress`) so the orchestrator can blame the right one.
+the world's rendezvous meanwhile), the Block's GEMMs timed on rank 0 alone (check.gemms), then the
+world's process group: environment, kernels, the collectives, the strategy labels. Rank 0
+rewrites the facts file (spec's `result`) after each part, atomically, so that a launch that dies
+half-way still leaves what it found, and names the label it is running (`in_progress`) so the
+orchestrator can blame the right one.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     log_transport(world, spec.get("nccl_log"))
     if "meter" in parts and world.rank == 0:
         meter(world, spec, facts)
+    if "compute" in parts and world.rank == 0:
+        compute(world, spec, facts)
     join_world(world)
     facts.data["world"]["collective_timeout_s"] = collective_timeout_s(world)
     facts.save()
@@ -242,6 +245,19 @@ def meter(world, spec: dict, facts: Facts) -> None:
         found = {"error": short_error(exc), "settings": vars(settings)}
     facts.set(meter=found, in_progress=None)
     facts.done("meter")
+
+
+def compute(world, spec: dict, facts: Facts) -> None:
+    """The Block's GEMMs timed on rank 0's device, alone (the other ranks wait at the world's rendezvous)."""
+    from vit_scale.check.gemms import measure
+
+    try:
+        found = measure(world, spec)
+    except Exception as exc:
+        traceback.print_exc()
+        found = {"error": short_error(exc), "entries": []}
+    facts.set(compute=found)
+    facts.done("compute")
 
 
 def environment(world, spec: dict, facts: Facts) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from vit_scale.errors import UserError
+from vit_scale.planning.compute import LABEL, read_compute, why_not
 
 from .options import DEFAULT_EFFICIENCY
 
@@ -30,6 +31,12 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             f"measured run: {compute.describe()}, each point's compute its 1-node step less the "
             f"communication predicted exposed there"
         )
+    elif (gemms := _check_gemms(args)) and args.efficiency is None and args.efficiency_from is None:
+        # the check's GEMMs at the points' shapes; a point they do not cover takes the flat default
+        compute = pr.ComputeSource(
+            peak=pr.peak_tflops(profile, args.precision), efficiency=DEFAULT_EFFICIENCY, gemms=gemms
+        )
+        compute_text = f'{compute.describe()} (docs/plan.md, "Compute from the check\'s GEMMs")'
     else:
         efficiency, stated = _efficiency(args)
         compute = pr.compute_from_flops(pr.peak_tflops(profile, args.precision), efficiency, os.path.basename(profile))
@@ -40,8 +47,14 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             compute.efficiencies = pr.efficiencies_from_runs(reader.collect([args.efficiency_from]).runs)
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
     blocking = pr.blocking_for(None, args.device)
-    for row, p in zip(rows, pr.predict(scenarios, cal, compute, blocking), strict=True):
+    notes, by_model = [], {}
+    for row, sc, p in zip(rows, scenarios, pr.predict(scenarios, cal, compute, blocking), strict=True):
         row["prediction"] = p.as_dict()
+        row["prediction"]["compute_from"] = by_model[sc.model] = compute_label(args, compute, sc)
+        if compute.gemms and not compute.origin:
+            why = why_not(compute.gemms, sc)
+            if why and why not in notes:
+                notes.append(why)
         step = row["prediction"]["step"]
         if step is not None and not step["optimizer_s"]:
             # no compute source times the optimizer apart (a measured step holds it, the FLOPs' efficiency
@@ -56,13 +69,42 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             "notes": list(cal.notes),
             "text": cal.describe(),
         },
-        "compute": {"kind": compute.kind, "text": compute_text},
+        "compute": {
+            "kind": compute.kind,
+            "text": compute_text + "".join(f"; {n}" for n in notes),
+            "by_model": by_model,
+            "notes": notes,
+        },
         "not_worth_running": not_worth_running(rows),
         "rule": (
             f"not worth running: at the largest node count planned, the strategy does not fit, or its "
             f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model"
         ),
     }
+
+
+def _check_gemms(args) -> dict:
+    """--calibration's GEMM timings (check.json's compute), by (model, precision, batch); {} without."""
+    if args.calibration is None:
+        return {}
+    from vit_scale.planning import predict as pr
+
+    return read_compute(pr.read_check(args.calibration), args.calibration)
+
+
+def compute_label(args, compute, sc) -> str:
+    """Where a point's compute came from, in a few words (the row's prediction.compute_from)."""
+    if compute.origin:
+        return "1-node rung"
+    if compute.gemms and why_not(compute.gemms, sc) is None:
+        return LABEL
+    if sc.model in compute.efficiencies:
+        return "the model's recorded MFU (--efficiency-from)"
+    if args.efficiency_from is not None:
+        return "the median recorded MFU (--efficiency-from)"
+    if args.efficiency is not None:
+        return f"{compute.efficiency:.0%} of peak (--efficiency)"
+    return f"flat {compute.efficiency:.0%} of peak (not derived)"
 
 
 def _efficiency(args) -> tuple[float, str]:

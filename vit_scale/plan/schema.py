@@ -122,7 +122,11 @@ PREDICTION_SCHEMA = {
         "compute": {
             "type": "object",
             "required": ["kind", "text"],
-            "properties": {"kind": {"enum": ["measured", "flops"]}},
+            "properties": {
+                "kind": {"enum": ["measured", "check", "flops"]},
+                "by_model": {"type": "object", "additionalProperties": {"type": "string"}},
+                "notes": {"type": "array", "items": {"type": "string"}},
+            },
         },
         "not_worth_running": {"type": "array", "items": {"type": "object", "required": ["model", "strategy", "why"]}},
         "rule": {"type": "string"},

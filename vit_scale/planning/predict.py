@@ -604,15 +604,21 @@ class ComputeSource:
     efficiency: float | None = None
     # per model, from --efficiency-from: a run's MFU applies to its own model only
     efficiencies: dict = field(default_factory=dict)
+    # (model, precision, batch) -> planning.compute.GemmTimings: check.json's GEMMs, in place of `efficiency`
+    gemms: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def kind(self) -> str:
-        return "measured" if self.origin else "flops"
+        return "measured" if self.origin else "check" if self.gemms else "flops"
 
     def describe(self) -> str:
         if self.origin:
             return f"measured steps from {self.origin} ({len(self.steps)} run(s))"
+        if self.gemms:
+            timed = ", ".join(f"{t.model} {t.precision} batch {t.batch_size}" for t in self.gemms.values())
+            flat = f"; other points: FLOPs over {self.peak:g} TFLOP/s x {self.efficiency:.0%}" if self.peak else ""
+            return f"the Block's GEMMs timed by the check ({timed}), scaled to the step{flat}"
         if self.efficiencies:
             each = ", ".join(f"{m} {e:.0%}" for m, e in sorted(self.efficiencies.items()))
             return f"counted FLOPs over {self.peak:g} TFLOP/s x each model's MFU ({each})"
@@ -651,6 +657,17 @@ class ComputeSource:
         return min(rung, key=lambda s: s.step_s)
 
     def compute_for(self, sc: Scenario, network: Network, options: str = "") -> Compute:
+        if not self.origin and self.gemms:
+            from vit_scale.planning.compute import compute_of_gemms, why_not
+
+            if why_not(self.gemms, sc) is None:
+                return compute_of_gemms(self.gemms[(sc.model, sc.precision, sc.batch_size)], sc)
+            if self.peak is None:
+                raise UserError(
+                    f"--calibration: {why_not(self.gemms, sc)}; and the system profile gives no peak TFLOP/s to "
+                    "count FLOPs against: run vit-scale check --model M --batch-size B for this point, or give "
+                    "--compute-from RUNDIR"
+                )
         if not self.origin:
             if self.efficiencies:
                 if sc.model not in self.efficiencies:

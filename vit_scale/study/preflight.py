@@ -50,6 +50,7 @@ def check_argv(study, prog: str) -> list[str]:
     study's directory as check-n<N>.json, or check-n<N>-<MODEL>.json for a study of one model (the
     report shows it beside the points of N nodes), the rest beside that directory (its records must
     not read as the study's runs)."""
+    from vit_scale.config import TrainConfig
     from vit_scale.models import MODELS
     from vit_scale.planning.shapes import Shape
 
@@ -57,6 +58,9 @@ def check_argv(study, prog: str) -> list[str]:
     precisions = [s.split("=", 1)[1] for run in plan.runs for s in run.settings if s.startswith("train.precision=")]
     model = max(plan.models, key=lambda m: Shape.from_spec(MODELS[m]).params)
     nodes = max(plan.nodes or [1])
+    # the GEMMs are timed at the first run's batch (the trainer's default where the study sets none)
+    first = dict(s.split("=", 1) for s in plan.runs[0].settings) if plan.runs else {}
+    batch = first.get("train.batch_size") or TrainConfig().batch_size
     return [
         "--system",
         study.system.name,
@@ -72,6 +76,8 @@ def check_argv(study, prog: str) -> list[str]:
         ",".join(dict.fromkeys(precisions)) or "fp32",
         "--model",
         model,
+        "--batch-size",
+        str(batch),
         "--quick",
         "--out",
         os.path.join(study.out, f"{plan.name}.check"),
