@@ -33,6 +33,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_adding_a_family",
         "test_analysis",
         "test_check_scale",
+        "test_compute_from_check",
         "test_emulation_units",
         "test_end_record",
         "test_env_setup_venv",
