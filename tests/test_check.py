@@ -174,6 +174,7 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
         "meter overhead": "info",
         "meter timing": "info",
         "meter memory": "skipped",
+        "compute fp32": "info",
     }
     # quick mode still fits each collective (within the node only here); a fit it cannot vouch for warns
     assert set(fit_status) == {f"{c} fit intra" for c in ("all_reduce", "all_gather", "reduce_scatter")}
@@ -197,6 +198,7 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
         assert m["busbw_gbs"] == pytest.approx(m["algbw_gbs"] * factor)
     bucket = next(m for m in measured if m["size"] == "bucket")
     assert bucket["bytes"] == 25 * 2**20
+    assert_computes(check, work / "runs" / "s" / "check.json", work)
     meter = facts["meter"]
     assert meter["ratio"] > 0 and meter["event_step_s"] > 0 and meter["host_step_s"] > 0 and meter["steps_compared"] > 0
     # then the study ran, and its summary shows the check
@@ -296,6 +298,33 @@ def assert_fits(check: dict, min_sizes: int, pairs: set) -> None:
         assert not line["needed"] and line["status"] == ("info" if f["usable"] else "warn"), line
         assert ("not used: " in line["text"]) != f["usable"], line
         assert f"from {f['groups'][0]} ranks" in line["text"], line
+
+
+def assert_computes(check: dict, path, work) -> None:
+    """The Block's GEMMs timed at the study's model, batch and precision (check.json's compute), and the
+    plan's 1-node compute is their sum scaled to the step (the FLOPs' stem and head at their rate), named
+    as such (the derivation's arithmetic: tests/test_compute_from_check.py)."""
+    from vit_scale.models import get_spec
+    from vit_scale.planning.shapes import Shape
+    from vit_scale.planning.step_time import forward_flops_per_image
+
+    [entry] = check["compute"]["entries"]
+    assert (entry["model"], entry["precision"], entry["batch_size"]) == ("vit_micro", "fp32", 2), entry
+    assert len(entry["ops"]) == 18 and all(op["seconds"] > 0 for op in entry["ops"])
+    assert check["compute"]["timer"] == "time.perf_counter" and entry["efficiency"] is None  # a CPU: no peak
+    argv = ["plan", "--system", "local", "--model", "vit_micro", "--strategy", "DDP", "--nodes", "1", "--batch-size"]
+    proc = run([*argv, "2", "--precision", "fp32", "--calibration", str(path), "--json"], work)
+    assert proc.returncode == 0, proc.stderr
+    [row] = json.loads(proc.stdout)["rows"]
+    shape = Shape.from_spec(get_spec("vit_micro"))
+    f = forward_flops_per_image(shape)
+    rate = entry["flops"] / entry["seconds"]
+    timed = sum(op["seconds"] for op in entry["ops"])
+    step = row["prediction"]["step"]
+    assert step["forward_s"] + step["backward_s"] == pytest.approx(
+        shape.L * timed + 3 * 2 * (f["stem"] + f["head"]) / rate, rel=1e-5
+    )
+    assert row["prediction"]["compute_from"] == "check's GEMMs at this model's shapes"
 
 
 def assert_calibrates(check: dict, path: str) -> None:
