@@ -130,13 +130,15 @@ def _prediction_options(p) -> None:
     pred.add_argument(
         "--calibration",
         metavar="CHECK_JSON",
-        help="the collectives' fits of `vit-scale check` (full mode) on this system, over the profile's defaults",
+        help="the collectives' fits of `vit-scale check` (full mode) on this system, over the profile's defaults; "
+        "its timed GEMMs (check.json's compute) give the compute of its model, precision and batch",
     )
     pred.add_argument(
         "--compute-from",
         metavar="PATH",
         help="compute from a measured run of the same model, batch and precision (a run directory, or "
-        "a study directory: its 1-node rung); default: counted FLOPs x peak x efficiency",
+        "a study directory: its 1-node rung); default: the GEMMs --calibration's check timed for the "
+        "model, batch and precision, else counted FLOPs x peak x efficiency",
     )
     pred.add_argument(
         "--efficiency",

@@ -6,8 +6,9 @@ running (vit_scale.plan.not_worth_running states the rule). It names them; it ru
 Calibration: the study's check.json when it carries fits (a full `vit-scale check`), else the system
 profile's defaults. Compute: the study's own 1-node runs when an earlier submission left some (of
 every point's model, batch and precision), else the counted FLOPs over the profile's peak at the
-median MFU of the study's earlier runs (`plan --efficiency-from`) when they recorded one, else at the
-plan's assumed efficiency. Where the prediction cannot be made (a CPU profile has no peak and nothing
+median MFU of the study's earlier runs (`plan --efficiency-from`) when they recorded one, else the
+Block's GEMMs the study's check timed (for its model, batch and precision), else the plan's assumed
+efficiency. Where the prediction cannot be made (a CPU profile has no peak and nothing
 ran yet), or the planner fails in any way, one line says why and the study goes on. A dry run prints
 the table and writes nothing. `predict` itself is checked with the study's other keys (study/plan.py).
 """
