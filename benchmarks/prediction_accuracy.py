@@ -33,6 +33,10 @@ controller) it says so and runs on the shared emulation, whose figures say nothi
    most half the no-communication median (the communication model, not the compute, is what is scored).
 5. How the strategies order themselves at the largest node count against the bytes each sends across
    nodes as the planner counts them (vit_scale/planning/communication.py).
+6. Each 1-node rung predicted from the check's GEMMs (its `compute`: the Block's matrix multiplies at
+   the study's model, batch and precision, scaled to the step) beside its measured step; the flat
+   default (40% of the profile's peak) is printed beside it as n/a: a CPU profile has no peak. A
+   figure, not a bar: the GEMMs leave out what FLOPs do not count, so the prediction is a lower bound.
 
 --check-json and --study-dir reuse what an earlier run wrote (with --keep) instead of running them
 again. About 20 minutes on a 2-core machine; the machine's load is printed beside every figure, since
@@ -108,6 +112,33 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
             }
         )
     return sorted(rows, key=lambda r: (r["strategy"], r["nodes"]))
+
+
+def gemm_rungs(runs: list, cal: pr.Calibration, check_path: str, peak: float | None) -> None:
+    """Step 6: each 1-node rung the check's GEMMs cover, measured and predicted from them, with the flat
+    default beside it where the profile has a peak."""
+    from vit_scale.planning.compute import read_compute, why_not
+
+    gemms = read_compute(pr.read_check(check_path), check_path)
+    print(f"\n1-node step from the check's GEMMs ({len(gemms)} entry(ies) in {check_path}):")
+    flat = pr.compute_from_flops(peak, 0.4) if peak else None
+    for run in runs:
+        step = pr.measured_step(run)
+        if step is None or step.scenario.nodes != 1:
+            continue
+        sc = step.scenario
+        why = why_not(gemms, sc)
+        if why:
+            print(f"  {sc.strategy}: {why}")
+            continue
+        got = pr.predict([sc], cal, pr.ComputeSource(gemms=gemms), step.blocking, options=[step.options])[0]
+        base = pr.predict([sc], cal, flat, step.blocking)[0].breakdown.step_s if flat else None
+        b = got.breakdown
+        print(
+            f"  {sc.model} {sc.strategy} batch {sc.batch_size}: measured {step.step_s * 1e3:.1f} ms, from the GEMMs "
+            f"{b.step_s * 1e3:.1f} ms (compute {(b.forward_s + b.backward_s) * 1e3:.1f} ms), flat 40% of peak "
+            f"{'n/a (no peak: a CPU)' if base is None else f'{base * 1e3:.1f} ms'}"
+        )
 
 
 def beyond_one(rows: list) -> list[float]:
@@ -279,6 +310,7 @@ def local_main(argv=None) -> int:
         )
         nodes = max(int(n) for n in args.nodes.split(","))
         met[f"ordered by bytes across nodes at {nodes} nodes"] = crossing_order(runs, nodes)
+        gemm_rungs(runs, calibrations["check"], check, pr.peak_tflops(profile, precisions[0]))
         print()
         for what, ok in met.items():
             print(f"bar {what}: {'met' if ok else 'missed'}")
