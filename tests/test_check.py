@@ -474,7 +474,13 @@ def test_gpu_ranks_sharing_or_missing_a_gpu_fail_the_devices_line(passing_study)
     assert line.status == "fail" and "1 of 2 ranks see no GPU (first: rank 1 on local0" in line.text, line
 
 
-def test_bad_input_is_one_line(tmp_path):
+def test_bad_input_is_one_line(tmp_path, capsys):
+    from vit_scale.check import cli
+
+    assert cli.main(["--system", "local", "--batch-size", "0"]) == 2  # the timed GEMMs' batch
+    assert capsys.readouterr().err == (
+        "vit-scale check: --batch-size: '0' is not allowed; allowed: a whole number of at least 1\n"
+    )
     proc = run(["check", "--system", "local", "--precision", "fp8"], tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == "vit-scale check: --precision: 'fp8' is not allowed; allowed: fp32, bf16, fp16\n"
