@@ -9,9 +9,11 @@ path's order of events and waits with torch.cuda's Event and synchronize replace
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
+from conftest import ROOT
 from vit_scale import plan
 from vit_scale.check.collectives import step_fits_of
 from vit_scale.models import get_spec
@@ -145,6 +147,15 @@ def test_a_check_of_another_model_or_precision_is_not_used(tmp_path, capsys):
     code, out = run_plan(capsys, [*argv, "--model", "vit_base", "--efficiency", "0.3", "--no-figure"])
     assert code == 0 and rows(out)[("vit_base", "FULL_SHARD", 1)]["compute_from"] == "30% of peak (--efficiency)"
     assert out["prediction"]["compute"]["kind"] == "flops"
+    # a 1-node rung of the same model wins over the check's GEMMs
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from analysis.synthetic import write_run
+
+    metrics = write_run(str(tmp_path / "runs"), model="vit_base", strategy="DDP", nodes=1, ranks_per_node=8, batch=32)
+    code, out = run_plan(capsys, [*argv, "--model", "vit_base", "--compute-from", str(tmp_path / "runs")])
+    assert code == 0 and rows(out)[("vit_base", "FULL_SHARD", 1)]["compute_from"] == "1-node rung", (out, metrics)
+    assert out["prediction"]["compute"]["kind"] == "measured"
     old = write_check(tmp_path / "old.json", "frontier", "vit_huge", "bf16", None, per_node=8)
     code, out = run_plan(capsys, [*argv[:-1], old, "--model", "vit_base", "--no-figure"])
     assert code == 0 and rows(out)[("vit_base", "FULL_SHARD", 1)]["compute_from"] == "flat 40% of peak (not derived)"
