@@ -31,7 +31,7 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             f"measured run: {compute.describe()}, each point's compute its 1-node step less the "
             f"communication predicted exposed there"
         )
-    elif (gemms := _check_gemms(args)) and args.efficiency is None and args.efficiency_from is None:
+    elif args.efficiency is None and args.efficiency_from is None and (gemms := _check_gemms(args)):
         # the check's GEMMs at the points' shapes; a point they do not cover takes the flat default
         compute = pr.ComputeSource(
             peak=pr.peak_tflops(profile, args.precision), efficiency=DEFAULT_EFFICIENCY, gemms=gemms
