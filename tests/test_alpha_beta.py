@@ -154,7 +154,7 @@ def test_the_checks_fits_record_their_ranks_per_node():
 
 def test_profiles_carry_documented_defaults():
     """Every system profile has its network section, each figure with a comment saying its source."""
-    for name, intra, inter in (("frontier", 50, 12.5), ("cuda", 450, 50), ("local", 0.4, 0.00078)):
+    for name, intra, inter in (("frontier", 50, 12.5), ("cuda", 450, 50), ("local", 0.4, 0.0015625)):
         path = os.path.join(ROOT, "configs", "systems", f"{name}.yaml")
         net = read_network(path)
         assert (net.intra.bus_gbps, net.inter.bus_gbps) == (intra, inter)

@@ -56,6 +56,25 @@ def test_network_stays_inside_the_runs_namespaces():
     assert not [c for c in emu.network_commands(tag, 3, None) if "tc" in c]  # unshaped: no qdisc at all
 
 
+def test_link_idle_time_buys_no_free_bytes():
+    """A shaped link passes at most a few frames at line rate after an idle spell: with a 64 KiB burst
+    (one GSO packet) FSDP's small per-unit collectives crossed the local profile's 25 Mbit/s link between
+    compute phases at twice the rate it is shaped to. So packets are one frame (gso_max_segs 1 on every
+    shaped end, before its qdisc) and the burst is 2 ms of the rate, at least two frames."""
+    tag = "vsemu-t-p1"
+    cmds = emu.network_commands(tag, 2, 0.025)
+    shaped = {(c[c.index("dev") + 1], c[3]) for c in cmds if "class" in c}
+    segs = {(c[c.index("dev") + 1], c[2]) for c in cmds if "gso_max_segs" in c}
+    assert segs == shaped and all(c[c.index("gso_max_segs") + 1] == "1" for c in cmds if "gso_max_segs" in c)
+    for dev, ns in shaped:
+        at = [k for k, c in enumerate(cmds) if dev in c and ns in c and ("gso_max_segs" in c or "qdisc" in c)]
+        assert "gso_max_segs" in cmds[at[0]] and "qdisc" in cmds[at[1]]
+    # 2 ms of 25 Mbit/s: 6250 bytes, about 4 frames; the old 64 KiB let 10 of a step's collectives through free
+    assert {int(c[c.index("burst") + 1]) for c in cmds if "class" in c} == {6250}
+    slow = emu.network_commands(tag, 2, 0.001)  # 1 Mbit/s: 2 ms is 250 bytes, below a frame
+    assert {int(c[c.index("burst") + 1]) for c in slow if "class" in c} == {2 * emu.MTU_FRAME}
+
+
 def test_cpu_groups_v1_and_v2(tmp_path):
     v1 = emu.cgroup_writes("vsemu-t-p1", 2, 0.5, "v1", root="/cg")
     assert v1 == [

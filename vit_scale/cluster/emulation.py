@@ -152,12 +152,21 @@ def netns(tag: str, node: int | None) -> str:
     return f"{tag}-sw" if node is None else f"{tag}-n{node}"
 
 
+MTU_FRAME = 1514  # an Ethernet frame at the veth's default MTU of 1500
+
+
 def shaping(ns: str, dev: str, gbps: float) -> list[list[str]]:
-    """HTB root qdisc with one class at `gbps`, everything in it. Quantum and burst set by hand: at these
-    rates the defaults warn (quantum) and undershoot (a burst below one 64 KiB GSO packet)."""
+    """One segment a packet on `dev`, then an HTB root qdisc with one class at `gbps`, everything in it.
+
+    The burst is what the link may send at line rate after it was idle: 2 ms of the rate, at least two
+    frames. A larger one (a 64 KiB GSO packet, which HTB needs whole) refills while the ranks compute and
+    lets a step's small collectives through unshaped: FSDP's per-unit all-reduces then crossed a 25 Mbit/s
+    link in half the time its rate allows, large buffers did not. gso_max_segs 1 keeps packets to one
+    frame so that the small burst can pass them."""
     mbit = max(1, round(gbps * 1000))
-    burst = max(64 * 1024, int(gbps * 1e9 / 8 * 0.002))  # two milliseconds of the rate, at least one GSO packet
+    burst = max(2 * MTU_FRAME, int(gbps * 1e9 / 8 * 0.002))
     return [
+        ["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_segs", "1"],
         ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"],
         [
             "ip",
