@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 import yaml
@@ -72,81 +73,117 @@ def default_options(label: str) -> dict:
     return {"precision": "bf16", "activation_checkpointing": False}
 
 
-def write_run(
-    root: str,
-    *,
-    study: str = "study",
-    model: str = "vit_base",
-    strategy: str = "DDP",
-    nodes: int = 1,
-    ranks_per_node: int = 8,
-    batch: int = 32,
-    ips: float | None = 100.0,
-    status: str = "ok",
-    options: dict | None = None,
-    steps: int = 30,
-    warmup: int = 5,
-    time: float = 1.7e9,
-    run_id: str | None = None,
-    memory_gib: float | None = 10.0,
-    device: str = "rocm",
-    device_memory_gib: float | None = 64.0,
-    peak_tflops: float | None = 191.5,
-    error: str | None = None,
-    end: bool = True,
-    steps_logged: int | None = None,
-    replicas_agree: bool | None = True,
-    job_id: str | None = "1234",
-    schema: int = 1,
-    params: float | None = None,
-    flops_per_image: float | None = None,
-    predicted_gib: float | None = None,
-    spread: float = 0.02,
-    step_ips: list | None = None,
-    repetition: int = 0,
-) -> str:
-    """One run directory; returns the path of its metrics.jsonl.
+@dataclass
+class RunSpec:
+    """What write_run writes: one run as the trainer would record it. status other than ok gives an end
+    record with that status (ips still written if given, as a timeout after some steps would); end=False
+    leaves only start and steps_logged steps. The timed steps' images/s scatter around ips with a relative
+    standard deviation `spread`, seeded by the run's path under root, their median and their throughput
+    over wall time (images over the summed step times, the end record's mean) ips exactly (_timed_ips);
+    `step_ips` gives the timed steps' figures instead (the steps are then warmup + their number, and the
+    end record summarises them, its mean the images over their summed times as the trainer's).
+    `repetition` is the study round the run belongs to (output.repetition; 0: none)."""
 
-    status other than ok gives an end record with that status (ips still written if given,
-    as a timeout after some steps would); end=False leaves only start and steps_logged steps.
-    The timed steps' images/s scatter around ips with a relative standard deviation `spread`, seeded
-    by the run's path under root, their median and their throughput over wall time (images over the
-    summed step times, the end record's mean) ips exactly (_timed_ips);
-    `step_ips` gives the timed steps' figures instead (the steps are then warmup + their number, and
-    the end record summarises them, its mean the images over their summed times as the trainer's).
-    `repetition` is the study round the run belongs to (output.repetition; 0: none).
-    """
-    world_size = nodes * ranks_per_node
-    if step_ips is not None:
-        steps = warmup + len(step_ips)
-        ips = wall_throughput(step_ips) if len(step_ips) else ips
-    run_id = run_id or f"{int(time)}-j{job_id}.{nodes}"
-    run_dir = os.path.join(root, study, model, strategy, f"n{nodes}", run_id)
+    study: str = "study"
+    model: str = "vit_base"
+    strategy: str = "DDP"
+    nodes: int = 1
+    ranks_per_node: int = 8
+    batch: int = 32
+    ips: float | None = 100.0
+    status: str = "ok"
+    options: dict | None = None
+    steps: int = 30
+    warmup: int = 5
+    time: float = 1.7e9
+    run_id: str | None = None
+    memory_gib: float | None = 10.0
+    device: str = "rocm"
+    device_memory_gib: float | None = 64.0
+    peak_tflops: float | None = 191.5
+    error: str | None = None
+    end: bool = True
+    steps_logged: int | None = None
+    replicas_agree: bool | None = True
+    job_id: str | None = "1234"
+    schema: int = 1
+    params: float | None = None
+    flops_per_image: float | None = None
+    predicted_gib: float | None = None
+    spread: float = 0.02
+    step_ips: list | None = None
+    repetition: int = 0
+
+    def __post_init__(self):
+        if self.step_ips is not None:
+            self.steps = self.warmup + len(self.step_ips)
+            self.ips = wall_throughput(self.step_ips) if len(self.step_ips) else self.ips
+        self.run_id = self.run_id or f"{int(self.time)}-j{self.job_id}.{self.nodes}"
+        m_params, m_flops, _, _ = MODELS.get(self.model, (1e6, 1e9, 1.0, 1.0))
+        self.params = m_params if self.params is None else self.params
+        self.flops_per_image = m_flops if self.flops_per_image is None else self.flops_per_image
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def gpu(self) -> bool:
+        return self.device != "cpu"
+
+    @property
+    def steps_written(self) -> int:
+        return self.steps if self.steps_logged is None else self.steps_logged
+
+    @property
+    def step_time(self) -> float:
+        """The seconds of a step outside the timed ones (warmup)."""
+        return self.batch * self.world_size / self.ips if self.ips else 1.0
+
+
+def write_run(root: str, **fields) -> str:
+    """One run directory under root, its fields RunSpec's; returns the path of its metrics.jsonl."""
+    spec = RunSpec(**fields)
+    run_dir = os.path.join(root, spec.study, spec.model, spec.strategy, f"n{spec.nodes}", spec.run_id)
     os.makedirs(run_dir, exist_ok=True)
-    m_params, m_flops, _, _ = MODELS.get(model, (1e6, 1e9, 1.0, 1.0))
-    params = m_params if params is None else params
-    flops = m_flops if flops_per_image is None else flops_per_image
-    opts = default_options(strategy) if options is None else dict(options)
-    lay = layout(strategy, world_size, ranks_per_node)
     config = {
-        "model": model,
-        "strategy": strategy,
-        "train": {"batch_size": batch, "steps": steps, "warmup_steps": warmup, "log_every": 1},
-        "output": {"dir": root, "study": study, "run_id": run_id, "repetition": repetition},
+        "model": spec.model,
+        "strategy": spec.strategy,
+        "train": {"batch_size": spec.batch, "steps": spec.steps, "warmup_steps": spec.warmup, "log_every": 1},
+        "output": {"dir": root, "study": spec.study, "run_id": spec.run_id, "repetition": spec.repetition},
     }
-    gpu = device != "cpu"
-    start = {
+    timed_ips = (
+        list(spec.step_ips)
+        if spec.step_ips is not None
+        else _timed_ips(spec.ips, max(0, spec.steps - spec.warmup), spec.spread, os.path.relpath(run_dir, root))
+    )
+    lines = [json.dumps(_start_record(spec, config))]
+    end_time = _step_lines(spec, timed_ips, lines)
+    if spec.end:
+        lines.append(json.dumps(_end_record(spec, timed_ips, end_time)))
+    path = os.path.join(run_dir, "metrics.jsonl")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
+    return path
+
+
+def _start_record(spec: RunSpec, config: dict) -> dict:
+    lay = layout(spec.strategy, spec.world_size, spec.ranks_per_node)
+    gpu, nodes = spec.gpu, spec.nodes
+    return {
         "event": "start",
-        "time": time,
-        "schema": schema,
-        "run_id": run_id,
-        "study": study,
+        "time": spec.time,
+        "schema": spec.schema,
+        "run_id": spec.run_id,
+        "study": spec.study,
         "time_iso": "2024-05-01T00:00:00Z",
         "config": config,
         "model": {
-            "name": model,
-            "params": int(params),
-            "flops_per_image": int(flops),
+            "name": spec.model,
+            "params": int(spec.params),
+            "flops_per_image": int(spec.flops_per_image),
             "img_size": 224,
             "patch_size": 14,
             "embed_dim": 768,
@@ -156,36 +193,36 @@ def write_run(
             "num_classes": 1000,
         },
         "strategy": {
-            "label": strategy,
+            "label": spec.strategy,
             "family": lay.family,
             "implementation": lay.implementation,
             "shard_group_size": lay.shard,
             "replicate_group_size": lay.replicate,
-            "options": opts,
+            "options": default_options(spec.strategy) if spec.options is None else dict(spec.options),
             "notes": list(lay.notes),
         },
         "world": {
-            "world_size": world_size,
+            "world_size": spec.world_size,
             "nodes": nodes,
-            "ranks_per_node": ranks_per_node,
-            "device_type": device,
+            "ranks_per_node": spec.ranks_per_node,
+            "device_type": spec.device,
             "device_name": "AMD Instinct MI250X" if gpu else "cpu",
-            "device_memory_gib": device_memory_gib if gpu else None,
+            "device_memory_gib": spec.device_memory_gib if gpu else None,
             "backend": "nccl" if gpu else "gloo",
-            "peak_tflops_per_device": peak_tflops if gpu else None,
+            "peak_tflops_per_device": spec.peak_tflops if gpu else None,
             "peak_tflops_source": "table" if gpu else None,
         },
-        "batch": {"per_device": batch, "global": batch * world_size},
-        "launcher": "srun" if job_id else "torchrun",
+        "batch": {"per_device": spec.batch, "global": spec.batch * spec.world_size},
+        "launcher": "srun" if spec.job_id else "torchrun",
         "slurm": {
-            "job_id": job_id,
+            "job_id": spec.job_id,
             "step_id": str(nodes),
-            "job_name": study,
+            "job_name": spec.study,
             "nodelist": f"frontier[00001-{nodes:05d}]",
             "partition": "batch",
             "account": "abc123",
         }
-        if job_id
+        if spec.job_id
         else None,
         "hosts": [f"frontier{i:05d}" for i in range(1, nodes + 1)],
         "versions": {
@@ -200,73 +237,77 @@ def write_run(
         },
         "git_revision": "0123abc",
         "plan": (
-            {"memory_gib": memory_gib, "fits": True, "peak_allocated_gib": predicted_gib or memory_gib}
-            if memory_gib
+            {"memory_gib": spec.memory_gib, "fits": True, "peak_allocated_gib": spec.predicted_gib or spec.memory_gib}
+            if spec.memory_gib
             else None
         ),
     }
-    n_steps = steps if steps_logged is None else steps_logged
-    step_time = batch * world_size / ips if ips else 1.0
-    timed_ips = (
-        list(step_ips)
-        if step_ips is not None
-        else _timed_ips(ips, max(0, steps - warmup), spread, os.path.relpath(run_dir, root))
-    )
-    lines = [json.dumps(start)]
+
+
+def _step_lines(spec: RunSpec, timed_ips: list, lines: list) -> float:
+    """Appends the step lines to lines; returns the time after the last step."""
+    images = spec.batch * spec.world_size
     # Step lines are formatted by hand: the benchmark writes a million of them.
-    t = time
-    for k in range(1, n_steps + 1):
-        dt = batch * world_size / timed_ips[k - warmup - 1] if k > warmup and timed_ips else step_time
+    t = spec.time
+    for k in range(1, spec.steps_written + 1):
+        dt = images / timed_ips[k - spec.warmup - 1] if k > spec.warmup and timed_ips else spec.step_time
         t += dt
         lines.append(
             f'{{"event": "step", "time": {t:.3f}, "step": {k}, "loss": {6.9 - 0.01 * k:.5f}, "step_time_s": {dt:.6f}, '
-            f'"images_per_s": {batch * world_size / dt:.3f}, "warmup": {"true" if k <= warmup else "false"}}}'
+            f'"images_per_s": {images / dt:.3f}, "warmup": {"true" if k <= spec.warmup else "false"}}}'
         )
-    if end:
-        timed = max(0, n_steps - warmup)
-        have_ips = ips is not None and timed > 0
-        measure = "peak_allocated_gib" if gpu else "peak_rss_gib"
-        mem = None
-        if memory_gib is not None:
-            per_rank = [round(memory_gib * (1 - 0.01 * (r % 3)), 4) for r in range(world_size)]
-            mem = {
-                "device_kind": device,
-                measure: {"max": max(per_rank), "mean": sum(per_rank) / world_size, "per_rank": per_rank},
-                "window": "timed_steps",
-            }
-            if gpu:
-                mem["peak_reserved_gib"] = {
-                    "max": memory_gib * 1.1,
-                    "mean": memory_gib * 1.08,
-                    "per_rank": [memory_gib * 1.1] * world_size,
-                }
-        tflops = flops * ips / world_size / 1e12 if have_ips else None
-        end_rec = {
-            "event": "end",
-            "time": t,
-            "status": status,
-            "error": error if status != "ok" else None,
-            "failed_rank": 0 if status not in ("ok", "skipped") else None,
-            "steps_done": n_steps,
-            "timed_steps": timed,
-            "wall_time_s": step_time * n_steps,
-            "images_per_s": _summary(ips, timed_ips, spread) if have_ips else None,
-            "images_per_s_per_device": ips / world_size if have_ips else None,
-            "memory": mem,
-            "tflops_per_device": tflops,
-            "mfu": tflops / peak_tflops if (tflops is not None and peak_tflops and gpu) else None,
-            # as the trainer does, a run whose replicas disagree is ended as diverged
-            "replicas_agree": replicas_agree if status in ("ok", "diverged") else None,
-            "replica_checksums": [[1.0, 2.0, 3.0]] * min(world_size, 4) if status in ("ok", "diverged") else None,
-            "final_loss": 6.9 - 0.01 * n_steps if status in ("ok", "diverged") else None,
+    return t
+
+
+def _memory(spec: RunSpec) -> dict | None:
+    """The end record's memory: per-rank peaks a little apart, reserved above allocated on a GPU."""
+    memory_gib, world_size = spec.memory_gib, spec.world_size
+    if memory_gib is None:
+        return None
+    per_rank = [round(memory_gib * (1 - 0.01 * (r % 3)), 4) for r in range(world_size)]
+    mem = {
+        "device_kind": spec.device,
+        "peak_allocated_gib" if spec.gpu else "peak_rss_gib": {
+            "max": max(per_rank),
+            "mean": sum(per_rank) / world_size,
+            "per_rank": per_rank,
+        },
+        "window": "timed_steps",
+    }
+    if spec.gpu:
+        mem["peak_reserved_gib"] = {
+            "max": memory_gib * 1.1,
+            "mean": memory_gib * 1.08,
+            "per_rank": [memory_gib * 1.1] * world_size,
         }
-        lines.append(json.dumps(end_rec))
-    path = os.path.join(run_dir, "metrics.jsonl")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
-    return path
+    return mem
+
+
+def _end_record(spec: RunSpec, timed_ips: list, end_time: float) -> dict:
+    n_steps, ips, world_size, status = spec.steps_written, spec.ips, spec.world_size, spec.status
+    timed = max(0, n_steps - spec.warmup)
+    have_ips = ips is not None and timed > 0
+    tflops = spec.flops_per_image * ips / world_size / 1e12 if have_ips else None
+    ended = status in ("ok", "diverged")
+    return {
+        "event": "end",
+        "time": end_time,
+        "status": status,
+        "error": spec.error if status != "ok" else None,
+        "failed_rank": 0 if status not in ("ok", "skipped") else None,
+        "steps_done": n_steps,
+        "timed_steps": timed,
+        "wall_time_s": spec.step_time * n_steps,
+        "images_per_s": _summary(ips, timed_ips, spec.spread) if have_ips else None,
+        "images_per_s_per_device": ips / world_size if have_ips else None,
+        "memory": _memory(spec),
+        "tflops_per_device": tflops,
+        "mfu": tflops / spec.peak_tflops if (tflops is not None and spec.peak_tflops and spec.gpu) else None,
+        # as the trainer does, a run whose replicas disagree is ended as diverged
+        "replicas_agree": spec.replicas_agree if ended else None,
+        "replica_checksums": [[1.0, 2.0, 3.0]] * min(world_size, 4) if ended else None,
+        "final_loss": 6.9 - 0.01 * n_steps if ended else None,
+    }
 
 
 def _timed_ips(ips: float | None, n: int, spread: float, seed_text: str) -> list:

@@ -174,15 +174,43 @@ def _fmt_option(value) -> str:
 def run_row(run: RunRecord) -> dict:
     """Flatten one run's start and end records into a row of the tidy table."""
     s, e = run.start, run.end or {}
-    model, strat, world = _d(s.get("model")), _d(s.get("strategy")), _d(s.get("world"))
-    batch, slurm, versions = _d(s.get("batch")), _d(s.get("slurm")), _d(s.get("versions"))
-    ips, mem, plan = _d(e.get("images_per_s")), _d(e.get("memory")), _d(s.get("plan"))
-    cfg_train = _d(_d(s.get("config")).get("train"))
-    repetition = _d(_d(s.get("config")).get("output")).get("repetition")
-    options = _d(strat.get("options"))
-    world_size = world["world_size"]
-
+    strat, mem = _d(s.get("strategy")), _d(e.get("memory"))
     row = {
+        **_setup_columns(s),
+        "status": run.status,
+        **_result_columns(run, e, _d(_d(s.get("config")).get("train"))),
+        "repetition": _repetition(s),
+        "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
+        "final_loss": _num(e.get("final_loss")),
+        "error": e.get("error"),
+        "failed_rank": _num(e.get("failed_rank")),
+        "mem_window": mem.get("window"),
+        **_provenance_columns(s),
+        "notes": "; ".join([str(n) for n in (strat.get("notes") or [])] + run.notes),
+        "path": run.path,
+        "_options": _d(strat.get("options")),
+    }
+    if math.isnan(row["start_time"]):
+        row["start_time"] = run.mtime
+    # A run's own step figures, in order, for the interval of its median; read only where there is a result.
+    row["_steps"] = timed_step_ips(run.path) if run.status == "ok" and not math.isnan(row["ips_mean"]) else []
+    if math.isnan(row["ips_per_device"]) and not math.isnan(row["ips_mean"]):
+        row["ips_per_device"] = row["ips_mean"] / row["world_size"]
+    _add_memory(row, mem)
+    if run.end is None:
+        row["error"] = _unfinished_error(run, row["steps_planned"])
+    versions = _d(s.get("versions"))
+    for key in VERSION_KEYS:
+        row[f"v_{key}"] = versions.get(key)
+    for key, val in row["_options"].items():
+        row[f"opt_{key}"] = val if isinstance(val, (str, int, float, bool)) or val is None else json.dumps(val)
+    return row
+
+
+def _setup_columns(s: dict) -> dict:
+    """What ran where: the model, the strategy and its groups, the world and the batch."""
+    model, strat, world, batch = _d(s.get("model")), _d(s.get("strategy")), _d(s.get("world")), _d(s.get("batch"))
+    return {
         "study": s.get("study") or "",
         "model": model["name"],
         "params": _num(model.get("params")),
@@ -193,7 +221,7 @@ def run_row(run: RunRecord) -> dict:
         "shard_group_size": _num(strat.get("shard_group_size")),
         "replicate_group_size": _num(strat.get("replicate_group_size")),
         "nodes": int(world["nodes"]),
-        "world_size": int(world_size),
+        "world_size": int(world["world_size"]),
         "ranks_per_node": _num(world.get("ranks_per_node")),
         "device_type": world.get("device_type"),
         "device_name": world.get("device_name"),
@@ -204,7 +232,13 @@ def run_row(run: RunRecord) -> dict:
         "peak_tflops_source": world.get("peak_tflops_source"),
         "batch_per_device": int(batch["per_device"]),
         "batch_global": _num(batch.get("global")),
-        "status": run.status,
+    }
+
+
+def _result_columns(run: RunRecord, e: dict, cfg_train: dict) -> dict:
+    """The throughput the end record gives, and how many steps ran of those planned."""
+    ips = _d(e.get("images_per_s"))
+    return {
         "ips_mean": _num(ips.get("mean")),
         "ips_std": _num(ips.get("std")),
         "ips_min": _num(ips.get("min")),
@@ -218,12 +252,18 @@ def run_row(run: RunRecord) -> dict:
         "timed_steps": _num(e.get("timed_steps")),
         "warmup_steps": _num(cfg_train.get("warmup_steps")),
         "wall_time_s": _num(e.get("wall_time_s")),
-        "repetition": int(repetition) if isinstance(repetition, int) and not isinstance(repetition, bool) else 0,
-        "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
-        "final_loss": _num(e.get("final_loss")),
-        "error": e.get("error"),
-        "failed_rank": _num(e.get("failed_rank")),
-        "mem_window": mem.get("window"),
+    }
+
+
+def _repetition(s: dict) -> int:
+    repetition = _d(_d(s.get("config")).get("output")).get("repetition")
+    return int(repetition) if isinstance(repetition, int) and not isinstance(repetition, bool) else 0
+
+
+def _provenance_columns(s: dict) -> dict:
+    """When and where it ran: the run id, the Slurm job, the hosts, the launcher, the CPU, the plan's memory."""
+    slurm, versions, plan = _d(s.get("slurm")), _d(s.get("versions")), _d(s.get("plan"))
+    return {
         "run_id": s.get("run_id"),
         "time_iso": s.get("time_iso"),
         "start_time": _num(s.get("time")),
@@ -243,16 +283,10 @@ def run_row(run: RunRecord) -> dict:
         "plan_peak_allocated_gib": _num(plan.get("peak_allocated_gib")),
         "plan_fits": plan.get("fits") if isinstance(plan.get("fits"), bool) else None,
         "git_revision": s.get("git_revision"),
-        "notes": "; ".join([str(n) for n in (strat.get("notes") or [])] + run.notes),
-        "path": run.path,
-        "_options": options,
     }
-    if math.isnan(row["start_time"]):
-        row["start_time"] = run.mtime
-    # A run's own step figures, in order, for the interval of its median; read only where there is a result.
-    row["_steps"] = timed_step_ips(run.path) if run.status == "ok" and not math.isnan(row["ips_mean"]) else []
-    if math.isnan(row["ips_per_device"]) and not math.isnan(row["ips_mean"]):
-        row["ips_per_device"] = row["ips_mean"] / world_size
+
+
+def _add_memory(row: dict, mem: dict) -> None:
     for key, short in MEMORY_MEASURES:
         m = _d(mem.get(key))
         row[f"mem_{short}_max_gib"] = _num(m.get("max"))
@@ -265,19 +299,17 @@ def run_row(run: RunRecord) -> dict:
         row["memory_gib"], row["memory_measure"] = row["mem_rss_max_gib"], "rss"
     else:
         row["memory_gib"], row["memory_measure"] = math.nan, None
-    if run.end is None:
-        how_far = f"stopped after step {run.last_step}"
-        if not math.isnan(row["steps_planned"]):
-            how_far += f" of {int(row['steps_planned'])}"
-        if run.partial_ips is not None:
-            how_far += f" ({run.partial_ips:.1f} images/s over the timed steps logged)"
-        rank_err = "; ".join(f"rank {r.get('rank')}: {r.get('status')}: {r.get('error')}" for r in run.rank_errors)
-        row["error"] = f"no end record; {how_far}" + (f"; {rank_err}" if rank_err else "")
-    for key in VERSION_KEYS:
-        row[f"v_{key}"] = versions.get(key)
-    for key, val in options.items():
-        row[f"opt_{key}"] = val if isinstance(val, (str, int, float, bool)) or val is None else json.dumps(val)
-    return row
+
+
+def _unfinished_error(run: RunRecord, steps_planned: float) -> str:
+    """A run without an end record: how far it got, and what its ranks said."""
+    how_far = f"stopped after step {run.last_step}"
+    if not math.isnan(steps_planned):
+        how_far += f" of {int(steps_planned)}"
+    if run.partial_ips is not None:
+        how_far += f" ({run.partial_ips:.1f} images/s over the timed steps logged)"
+    rank_err = "; ".join(f"rank {r.get('rank')}: {r.get('status')}: {r.get('error')}" for r in run.rank_errors)
+    return f"no end record; {how_far}" + (f"; {rank_err}" if rank_err else "")
 
 
 def _point_key(row: dict) -> tuple:

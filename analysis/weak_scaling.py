@@ -198,41 +198,11 @@ def _best_summary(results) -> list:
 def run(args) -> int:
     _check_paths(args)
     t0 = time.perf_counter()
-
-    def progress(n, secs):
-        _say(args, f"  read {n} run files ({secs:.1f} s)")
-
-    coll = records.collect(args.runs, progress=progress)
-    if args.study:
-        found = {r.start.get("study") for r in coll.runs}
-        unknown = [s for s in args.study if s not in found]
-        if unknown:
-            have = ", ".join(sorted(map(str, found))) or "none"
-            raise UsageError(
-                f"--study: no runs of {', '.join(unknown)} under {', '.join(args.runs)}; studies found: {have}"
-            )
-        coll.runs = [r for r in coll.runs if r.start.get("study") in args.study]
+    coll = _collect(args)
     tables = tbl.build(coll)
     results, set_aside = tables.results, tables.set_aside
-    n_aside = len(set_aside)
-    _say(
-        args,
-        f"collected {len(coll.runs)} runs in {coll.seconds:.1f} s "
-        f"({len(coll.skipped) + len(coll.unknown_schema)} skipped, {n_aside} reruns set aside)"
-        + (f"; {len(results)} in the table: {report.status_counts(results)}" if len(results) else ""),
-    )
-    for s in (coll.skipped + coll.unknown_schema)[:MAX_LISTED]:
-        _warn(f"skipped {s.path}: {s.reason}")
-    extra = len(coll.skipped) + len(coll.unknown_schema) - MAX_LISTED
-    if extra > 0:
-        _warn(f"... and {extra} more skipped (all listed in report.md)")
-    schema_msg = None
-    if coll.unknown_schema:
-        schema_msg = (
-            f"{len(coll.unknown_schema)} run file(s) use a schema newer than this analysis reads "
-            f"(up to {records.SUPPORTED_SCHEMA}), e.g. {coll.unknown_schema[0].path}; "
-            f"update vit-scale's analysis to read them"
-        )
+    _say_collected(args, coll, results, len(set_aside))
+    schema_msg = _schema_message(coll)
     if results.empty:
         if schema_msg:
             print(f"error: {schema_msg}", file=sys.stderr)
@@ -260,6 +230,67 @@ def run(args) -> int:
         {os.path.realpath(r.path) for r in coll.runs}
         | {os.path.realpath(s.path) for s in coll.skipped + coll.unknown_schema},
     )
+    breakdown, predicted = _write_tables(args, writer, coll, results, set_aside)
+    drawn, missing = _draw(args, writer, results, breakdown, predicted) if not args.no_plots else ([], [])
+    blocks = report.build(results, set_aside, coll, drawn, missing, writer.written, breakdown, predicted)
+    with open(writer.path("report.md"), "w") as f:
+        f.write(report.to_markdown(blocks))
+    with open(writer.path("report.html"), "w") as f:
+        f.write(report.to_html(blocks, args.out))
+    _say_done(args, writer, results, t0)
+    if schema_msg:
+        print(f"error: {schema_msg}", file=sys.stderr)
+        return EXIT_SCHEMA
+    return EXIT_OK
+
+
+def _collect(args) -> records.Collection:
+    """The run records under args.runs, only those of the --study names when given."""
+
+    def progress(n, secs):
+        _say(args, f"  read {n} run files ({secs:.1f} s)")
+
+    coll = records.collect(args.runs, progress=progress)
+    if args.study:
+        found = {r.start.get("study") for r in coll.runs}
+        unknown = [s for s in args.study if s not in found]
+        if unknown:
+            have = ", ".join(sorted(map(str, found))) or "none"
+            raise UsageError(
+                f"--study: no runs of {', '.join(unknown)} under {', '.join(args.runs)}; studies found: {have}"
+            )
+        coll.runs = [r for r in coll.runs if r.start.get("study") in args.study]
+    return coll
+
+
+def _say_collected(args, coll, results, n_aside: int) -> None:
+    """What was read, and the first files skipped (report.md lists them all)."""
+    _say(
+        args,
+        f"collected {len(coll.runs)} runs in {coll.seconds:.1f} s "
+        f"({len(coll.skipped) + len(coll.unknown_schema)} skipped, {n_aside} reruns set aside)"
+        + (f"; {len(results)} in the table: {report.status_counts(results)}" if len(results) else ""),
+    )
+    for s in (coll.skipped + coll.unknown_schema)[:MAX_LISTED]:
+        _warn(f"skipped {s.path}: {s.reason}")
+    extra = len(coll.skipped) + len(coll.unknown_schema) - MAX_LISTED
+    if extra > 0:
+        _warn(f"... and {extra} more skipped (all listed in report.md)")
+
+
+def _schema_message(coll) -> str | None:
+    if not coll.unknown_schema:
+        return None
+    return (
+        f"{len(coll.unknown_schema)} run file(s) use a schema newer than this analysis reads "
+        f"(up to {records.SUPPORTED_SCHEMA}), e.g. {coll.unknown_schema[0].path}; "
+        f"update vit-scale's analysis to read them"
+    )
+
+
+def _write_tables(args, writer, coll, results, set_aside):
+    """results.csv (and .parquet), set_aside.csv, time_breakdown.csv, prediction.csv; returns the breakdown
+    and the prediction the figures and the report use."""
     try:
         results.to_csv(writer.path("results.csv"), index=False)
         if not set_aside.empty:
@@ -273,25 +304,23 @@ def run(args) -> int:
             predicted.rows.to_csv(writer.path("prediction.csv"), index=False)
     except OSError as exc:
         raise UsageError(f"--out: cannot write in {args.out}: {exc.strerror or exc}") from None
+    return breakdown, predicted
 
-    drawn, missing = [], []
-    if not args.no_plots:
-        t_plot = time.perf_counter()
-        drawn, missing = figures.all_plots(
-            results, args.grid_model, args.grid_nodes, args.width, breakdown, predicted.rows
-        )
-        for fig in drawn:
-            for fmt in args.formats:
-                fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
-        _say(args, f"drew {len(drawn)} figures in {time.perf_counter() - t_plot:.1f} s")
-        for m in missing:
-            _say(args, f"  not drawn: {m}")
-    blocks = report.build(results, set_aside, coll, drawn, missing, writer.written, breakdown, predicted)
-    with open(writer.path("report.md"), "w") as f:
-        f.write(report.to_markdown(blocks))
-    with open(writer.path("report.html"), "w") as f:
-        f.write(report.to_html(blocks, args.out))
 
+def _draw(args, writer, results, breakdown, predicted) -> tuple[list, list]:
+    """Every figure the data allows, in each --formats; returns those drawn and why the others were not."""
+    t_plot = time.perf_counter()
+    drawn, missing = figures.all_plots(results, args.grid_model, args.grid_nodes, args.width, breakdown, predicted.rows)
+    for fig in drawn:
+        for fmt in args.formats:
+            fig.savefig(writer.path(f"{fig.name}.{fmt}"), dpi=args.dpi)
+    _say(args, f"drew {len(drawn)} figures in {time.perf_counter() - t_plot:.1f} s")
+    for m in missing:
+        _say(args, f"  not drawn: {m}")
+    return drawn, missing
+
+
+def _say_done(args, writer, results, t0: float) -> None:
     names = [os.path.basename(p) for p in writer.written]
     _say(args, f"wrote {len(names)} files to {args.out}/: {', '.join(names)}")
     _say(args, "best strategy per model (nodes: strategy):")
@@ -301,10 +330,6 @@ def run(args) -> int:
     if not bad.empty:
         _say(args, f"not ok: {report.status_counts(bad)} (errors in {os.path.join(args.out, 'report.md')})")
     _say(args, f"done in {time.perf_counter() - t0:.1f} s")
-    if schema_msg:
-        print(f"error: {schema_msg}", file=sys.stderr)
-        return EXIT_SCHEMA
-    return EXIT_OK
 
 
 def _write_parquet(results, writer) -> None:

@@ -14,6 +14,7 @@ named in the caption.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -131,25 +132,13 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
         return None
     models = model_order(runs)
     matrices = _matrices(runs, models)
-    label_w = max(text_width(str(s)) for v, _, _, _ in matrices.values() for s in v.index) + 0.08
-    # One set of row labels per row of panels when every model has the same series: a 3.5-inch
-    # figure then holds two models side by side instead of stacking five panels 10 inches high.
-    shared = len({tuple(v.index) for v, _, _, _ in matrices.values()}) == 1
-    panel_h, nrows, ncols, cell_w = _grid(matrices, len(models), width, label_w, shared, ROW_H)
-    # Narrow cells drop the % sign (the line above the figure says the cells are percentages):
-    # "100%" would touch its neighbours. An interval goes beside its efficiency where the cell
-    # holds both, with the % sign if it still fits; else under it, in rows tall enough for two lines.
-    has_ci = _inline_width(matrices, False) > 0
-    beside = has_ci and _inline_width(matrices, False) + 0.08 <= cell_w
-    if has_ci and not beside:
-        panel_h, nrows, ncols, cell_w = _grid(matrices, len(models), width, label_w, shared, STACKED_ROW_H)
-    with_percent = _inline_width(matrices, True) + 0.08 <= cell_w if beside else cell_w >= text_width("100%") + 0.06
-    definition = efficiency_definition(runs) + ("" if with_percent else " · cells in %")
-    if has_ci:
+    cells = _cells(matrices, len(models), width)
+    definition = efficiency_definition(runs) + ("" if cells.with_percent else " · cells in %")
+    if cells.has_ci:
         definition += " · small: the 95% interval's wider side, ± points"
     status_codes = {}
     extra_h = 0.55 + title_height(definition + " · × = not ok: OOM, TIME = timeout", width)
-    fig, axes = new_figure(nrows, ncols, width, panel_h, extra_h)
+    fig, axes = new_figure(cells.nrows, cells.ncols, width, cells.panel_h, extra_h)
     every = np.concatenate([v.to_numpy().ravel() for v, _, _, _ in matrices.values()])
     every = every[~np.isnan(every)]
     vmin = min(0.5, float(every.min())) if every.size else 0.5
@@ -157,38 +146,18 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
     image = None
     with style():
         for i, model in enumerate(models):
-            ax = axes[i // ncols][i % ncols]
+            ax = axes[i // cells.ncols][i % cells.ncols]
             values, text, xname, spread = matrices[model]
             image = ax.imshow(
                 np.ma.masked_invalid(values.to_numpy(dtype=float)), cmap="RdYlGn", vmin=vmin, vmax=vmax, aspect="auto"
             )
-            for (r, c), t in np.ndenumerate(text.to_numpy()):
-                failed = "×" in t
-                if failed and text_width(t.split("\n")[-1], 5.5) > cell_w * 0.95:
-                    status = t.split("\n")[-1]
-                    short = STATUS_CODES.get(status.lower(), status[:4])
-                    if short != status:
-                        status_codes[short] = status.lower()
-                    t = "×\n" + short
-                if not failed and not with_percent:
-                    t = t.rstrip("%")
-                if failed or not has_ci:
-                    ax.text(
-                        c,
-                        r,
-                        t,
-                        ha="center",
-                        va="center",
-                        fontsize=5.5 if failed else SMALL_PT,
-                        color="firebrick" if failed else "black",
-                        linespacing=0.85,
-                    )
-                elif t:
-                    _cell_with_interval(ax, r, c, t, spread.iat[r, c], beside)
+            _write_cells(ax, text, spread, cells, status_codes)
             ax.set_xticks(range(len(values.columns)), [str(c) for c in values.columns])
-            ax.set_yticks(range(len(values.index)), list(values.index) if not (shared and i % ncols) else [])
+            ax.set_yticks(
+                range(len(values.index)), list(values.index) if not (cells.shared and i % cells.ncols) else []
+            )
             ax.tick_params(length=0)
-            if i + ncols >= len(models):
+            if i + cells.ncols >= len(models):
                 ax.set_xlabel(xname)
             ax.set_title(model_title(df, model))
         hide_unused(axes, len(models))
@@ -196,20 +165,100 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
             definition += " · × = not ok: " + ", ".join(f"{k} = {v}" for k, v in sorted(status_codes.items()))
         facts_title(fig, definition, width)
         if image is not None:
-            from matplotlib.ticker import PercentFormatter
+            _colour_bar(fig, axes, image)
+    return Plot(
+        "efficiency",
+        "Scaling efficiency",
+        fig,
+        {m: v for m, (v, _, _, _) in matrices.items()},
+        _caption(runs, status_codes, cells.has_ci),
+        extra={
+            "definition": efficiency_definition(runs),
+            "status_codes": status_codes,
+            "intervals": {m: sp for m, (_, _, _, sp) in matrices.items()},
+            "interval_placement": ("beside" if cells.beside else "under") if cells.has_ci else None,
+        },
+    )
 
-            bar = fig.colorbar(
-                image,
-                ax=[a for a in axes.ravel() if a.get_visible()],
-                orientation="horizontal",
-                location="bottom",
-                shrink=0.6,
-                aspect=30,
-                pad=0.01,
+
+@dataclass
+class _Cells:
+    """How the panels are laid out and what each cell holds: the % sign or not, an interval beside its
+    efficiency or under it."""
+
+    shared: bool  # one set of row labels per row of panels
+    panel_h: float
+    nrows: int
+    ncols: int
+    cell_w: float
+    has_ci: bool
+    beside: bool
+    with_percent: bool
+
+
+def _cells(matrices: dict, n_models: int, width: float) -> _Cells:
+    label_w = max(text_width(str(s)) for v, _, _, _ in matrices.values() for s in v.index) + 0.08
+    # One set of row labels per row of panels when every model has the same series: a 3.5-inch
+    # figure then holds two models side by side instead of stacking five panels 10 inches high.
+    shared = len({tuple(v.index) for v, _, _, _ in matrices.values()}) == 1
+    panel_h, nrows, ncols, cell_w = _grid(matrices, n_models, width, label_w, shared, ROW_H)
+    # Narrow cells drop the % sign (the line above the figure says the cells are percentages):
+    # "100%" would touch its neighbours. An interval goes beside its efficiency where the cell
+    # holds both, with the % sign if it still fits; else under it, in rows tall enough for two lines.
+    has_ci = _inline_width(matrices, False) > 0
+    beside = has_ci and _inline_width(matrices, False) + 0.08 <= cell_w
+    if has_ci and not beside:
+        panel_h, nrows, ncols, cell_w = _grid(matrices, n_models, width, label_w, shared, STACKED_ROW_H)
+    with_percent = _inline_width(matrices, True) + 0.08 <= cell_w if beside else cell_w >= text_width("100%") + 0.06
+    return _Cells(shared, panel_h, nrows, ncols, cell_w, has_ci, beside, with_percent)
+
+
+def _write_cells(ax, text: pd.DataFrame, spread: pd.DataFrame, cells: _Cells, status_codes: dict) -> None:
+    """Each cell's efficiency (with its interval), or × and the status of a run not ok, shortened to a code
+    where the cell is too narrow (the code is added to status_codes)."""
+    for (r, c), t in np.ndenumerate(text.to_numpy()):
+        failed = "×" in t
+        if failed and text_width(t.split("\n")[-1], 5.5) > cells.cell_w * 0.95:
+            status = t.split("\n")[-1]
+            short = STATUS_CODES.get(status.lower(), status[:4])
+            if short != status:
+                status_codes[short] = status.lower()
+            t = "×\n" + short
+        if not failed and not cells.with_percent:
+            t = t.rstrip("%")
+        if failed or not cells.has_ci:
+            ax.text(
+                c,
+                r,
+                t,
+                ha="center",
+                va="center",
+                fontsize=5.5 if failed else SMALL_PT,
+                color="firebrick" if failed else "black",
+                linespacing=0.85,
             )
-            bar.set_label("scaling efficiency", fontsize=SMALL_PT, labelpad=1)
-            bar.ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
-            ticks(bar.ax)
+        elif t:
+            _cell_with_interval(ax, r, c, t, spread.iat[r, c], cells.beside)
+
+
+def _colour_bar(fig, axes, image) -> None:
+    from matplotlib.ticker import PercentFormatter
+
+    bar = fig.colorbar(
+        image,
+        ax=[a for a in axes.ravel() if a.get_visible()],
+        orientation="horizontal",
+        location="bottom",
+        shrink=0.6,
+        aspect=30,
+        pad=0.01,
+    )
+    bar.set_label("scaling efficiency", fontsize=SMALL_PT, labelpad=1)
+    bar.ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+    ticks(bar.ax)
+
+
+def _caption(runs: pd.DataFrame, status_codes: dict, has_ci: bool) -> str:
     codes = ", ".join(f"{k} = {v}" for k, v in sorted(status_codes.items()))
     widest = widest_interval(runs)
     intervals = (
@@ -222,20 +271,10 @@ def efficiency(df: pd.DataFrame, width: float = COLUMN_WIDTH) -> Plot | None:
         if has_ci
         else ""
     )
-    return Plot(
-        "efficiency",
-        "Scaling efficiency",
-        fig,
-        {m: v for m, (v, _, _, _) in matrices.items()},
+    return (
         f"Weak-scaling {efficiency_definition(runs)}. Cells in percent; × marks a run that did not finish ok"
         + (f" ({codes})." if codes else ".")
-        + intervals,
-        extra={
-            "definition": efficiency_definition(runs),
-            "status_codes": status_codes,
-            "intervals": {m: sp for m, (_, _, _, sp) in matrices.items()},
-            "interval_placement": ("beside" if beside else "under") if has_ci else None,
-        },
+        + intervals
     )
 
 

@@ -83,76 +83,19 @@ def predicted_memory(
         gridspec_kw={"height_ratios": [2.2, 1]},
     )
     ax, res_ax = axes[0][0], axes[1][0]
-    drawn = {}
     lo = float(min(runs["plan_peak_allocated_gib"].min(), runs["memory_gib"].min()))
     hi = float(max(runs["plan_peak_allocated_gib"].max(), runs["memory_gib"].max()))
     log = hi / max(lo, 1e-9) > 8  # a ViT-Base next to a ViT-3B: on a linear axis the small ones are one blob
     with style():
-        items = []
-        for strategy in strategies:
-            sub = runs[runs["strategy"] == strategy]
-            color, marker = colors[strategy], markers[strategy]
-            sc = ax.scatter(
-                sub["plan_peak_allocated_gib"],
-                sub["memory_gib"],
-                s=16,
-                color=color,
-                marker=marker,
-                zorder=3,
-                lw=0.4,
-                edgecolor="white",
-            )
-            res_ax.scatter(
-                sub["plan_peak_allocated_gib"],
-                sub["residual"] * 100,
-                s=14,
-                color=color,
-                marker=marker,
-                zorder=3,
-                lw=0.4,
-                edgecolor="white",
-            )
-            drawn[strategy] = len(sub)
-            items.append((strategy, sc))
-        if log:
-            edges = [lo / 1.35, hi * 1.35]
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-        else:
-            edges = [0.0, hi * 1.12]
-        xs = np.geomspace(*edges, 50) if log else np.array(edges)
-        ax.plot(xs, xs, color="grey", lw=0.8, zorder=1)
-        ax.fill_between(xs, xs * 0.85, xs * 1.15, color="grey", alpha=0.12, lw=0)
-        ax.set_xlim(*edges)
-        ax.set_ylim(*edges)
+        drawn, items = _scatter(ax, res_ax, runs, strategies, colors, markers)
+        edges = _equality_band(ax, lo, hi, log)
         _label_points(ax, runs, log, (width - 0.75, side * 2.2 / 3.2 - 0.1))
         if log:
             for axis in (ax.xaxis, ax.yaxis):
                 log_axis_ticks(axis, edges)
         ax.set_ylabel("measured peak allocated\nper GPU (GiB)")
         ax.grid(True, alpha=0.3)
-        worst = float(runs["residual"].abs().max()) * 100
-        span = max(2.0, worst * 1.6)  # room for the summary line above the points
-        res_ax.axhline(0, color="grey", lw=0.8)
-        res_ax.set_ylim(-span, span)
-        res_ax.set_ylabel("predicted −\nmeasured (%)")
-        res_ax.set_xlabel("predicted peak allocated per GPU (GiB), vit-scale plan")
-        res_ax.grid(True, alpha=0.3)
-        ticks(res_ax)
-        stated = "max |residual|: " + ", ".join(
-            f"{FAMILY_SHORT.get(g, g)} {m * 100:.1f}% ({n})" for g, n, m, _ in summary
-        )
-        res_ax.text(
-            0.01,
-            0.97,
-            stated,
-            transform=res_ax.transAxes,
-            ha="left",
-            va="top",
-            fontsize=SMALL_PT - 0.5,
-            color="0.2",
-            bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5),
-        )
+        _residual_axes(res_ax, runs, summary)
         facts_title(fig, facts, width)
         items += [
             ("equal", Line2D([], [], color="grey", lw=0.8)),
@@ -181,6 +124,60 @@ def predicted_memory(
             "max_residual": {g: m for g, _, m, _ in summary},
             "log": log,
         },
+    )
+
+
+def _scatter(ax, res_ax, runs: pd.DataFrame, strategies: list, colors: dict, markers: dict) -> tuple[dict, list]:
+    """Each strategy's runs, measured against predicted above and their residual below; returns the points
+    drawn per strategy and the legend's items."""
+    drawn, items = {}, []
+    for strategy in strategies:
+        sub = runs[runs["strategy"] == strategy]
+        point = dict(color=colors[strategy], marker=markers[strategy], zorder=3, lw=0.4, edgecolor="white")
+        sc = ax.scatter(sub["plan_peak_allocated_gib"], sub["memory_gib"], s=16, **point)
+        res_ax.scatter(sub["plan_peak_allocated_gib"], sub["residual"] * 100, s=14, **point)
+        drawn[strategy] = len(sub)
+        items.append((strategy, sc))
+    return drawn, items
+
+
+def _equality_band(ax, lo: float, hi: float, log: bool) -> list:
+    """The line of equality and the ±15% band around it, over square axes; returns the axes' edges."""
+    if log:
+        edges = [lo / 1.35, hi * 1.35]
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    else:
+        edges = [0.0, hi * 1.12]
+    xs = np.geomspace(*edges, 50) if log else np.array(edges)
+    ax.plot(xs, xs, color="grey", lw=0.8, zorder=1)
+    ax.fill_between(xs, xs * 0.85, xs * 1.15, color="grey", alpha=0.12, lw=0)
+    ax.set_xlim(*edges)
+    ax.set_ylim(*edges)
+    return edges
+
+
+def _residual_axes(res_ax, runs: pd.DataFrame, summary: list) -> None:
+    """The residual panel's axes and, at its top, each family group's largest |residual|."""
+    worst = float(runs["residual"].abs().max()) * 100
+    span = max(2.0, worst * 1.6)  # room for the summary line above the points
+    res_ax.axhline(0, color="grey", lw=0.8)
+    res_ax.set_ylim(-span, span)
+    res_ax.set_ylabel("predicted −\nmeasured (%)")
+    res_ax.set_xlabel("predicted peak allocated per GPU (GiB), vit-scale plan")
+    res_ax.grid(True, alpha=0.3)
+    ticks(res_ax)
+    stated = "max |residual|: " + ", ".join(f"{FAMILY_SHORT.get(g, g)} {m * 100:.1f}% ({n})" for g, n, m, _ in summary)
+    res_ax.text(
+        0.01,
+        0.97,
+        stated,
+        transform=res_ax.transAxes,
+        ha="left",
+        va="top",
+        fontsize=SMALL_PT - 0.5,
+        color="0.2",
+        bbox=dict(facecolor="white", edgecolor="none", alpha=0.8, pad=0.5),
     )
 
 

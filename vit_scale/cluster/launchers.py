@@ -93,120 +93,204 @@ def build(
 ) -> Launch:
     """The commands of one run; `args` are the trainer's KEY=VALUE. `program`: what each rank runs
     (vit-scale check starts its worker module through the same launchers)."""
-    ranks = nodes * ranks_per_node
-    train = list(program)
-    # the records say whether emulated nodes shared this machine (an isolated emulation overrides it)
-    shared = {"VIT_SCALE_EMULATED": "shared"} if getattr(system, "emulation", None) is not None else {}
-    rendezvous = {"MASTER_ADDR": str(master_addr), "MASTER_PORT": str(master_port)}
-    where = [f"--nodelist={nodelist}"] if nodelist else []
+    if kind not in _BUILDERS:
+        raise ValueError(kind)
+    run = _Run(
+        python=python,
+        args=list(args),
+        system=system,
+        nodes=nodes,
+        ranks_per_node=ranks_per_node,
+        nodelist=nodelist,
+        master_addr=str(master_addr),
+        master_port=master_port,
+        time_limit_min=time_limit_min,
+        grace_s=grace_s,
+        rdzv_id=rdzv_id,
+        as_root=as_root,
+        train=list(program),
+    )
+    return _BUILDERS[kind](run, kind)
 
-    def flags(text: str) -> list:
-        return text.replace("{ranks_per_node}", str(ranks_per_node)).split()
 
-    # srun steps: a rank that fails does not take the others down at once (they write the end
-    # record), --wait ends the step that long after the first task ended, --time is the run's limit
-    tail = ["--kill-on-bad-exit=0", f"--wait={grace_s}"] + ([f"--time={time_limit_min}"] if time_limit_min else [])
-    if kind in ("srun", "mpi"):
-        mpi = flags(system.mpi_flags) if kind == "mpi" else []
-        argv = [
-            "srun",
-            f"--nodes={nodes}",
-            f"--ntasks={ranks}",
-            *where,
-            *flags(system.srun_flags),
-            *mpi,
-            *tail,
-            python,
-            *train,
-            f"system.launcher={kind}",
-            *args,
-        ]
-        return Launch(kind, [(argv, {})], rendezvous)
-    torchrun = [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc_per_node={ranks_per_node}"]
-    if kind == "torchrun-slurm":
-        argv = [
-            "srun",
-            f"--nodes={nodes}",
-            f"--ntasks={nodes}",
-            *where,
-            *flags(system.torchrun_srun_flags),
-            *tail,
-            *torchrun,
-            "--rdzv_backend=c10d",
-            f"--rdzv_endpoint={master_addr}:{master_port}",
-            f"--rdzv_id={rdzv_id}",
-            *train,
-            "system.launcher=torchrun",
-            *args,
-        ]
-        return Launch(kind, [(argv, {})], rendezvous)
-    if kind == "torchrun":
-        commands = [
-            (
-                [
-                    *torchrun,
-                    f"--node_rank={i}",
-                    f"--master_addr={master_addr}",
-                    f"--master_port={master_port}",
-                    *train,
-                    "system.launcher=torchrun",
-                    *args,
-                ],
-                {"VIT_SCALE_NODE_NAME": f"local{i}", **shared},
-            )
-            for i in range(nodes)
-        ]
-        return Launch(kind, commands, rendezvous)
-    if kind == "standalone":
-        argv = [
-            python,
+@dataclass
+class _Run:
+    """What every launcher needs to know about the run it starts."""
+
+    python: str
+    args: list
+    system: object
+    nodes: int
+    ranks_per_node: int
+    nodelist: str
+    master_addr: str
+    master_port: object
+    time_limit_min: int | None
+    grace_s: int
+    rdzv_id: str
+    as_root: bool
+    train: list  # what each rank runs after python
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def shared(self) -> dict:
+        # the records say whether emulated nodes shared this machine (an isolated emulation overrides it)
+        return {"VIT_SCALE_EMULATED": "shared"} if getattr(self.system, "emulation", None) is not None else {}
+
+    @property
+    def rendezvous(self) -> dict:
+        return {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+
+    @property
+    def where(self) -> list:
+        return [f"--nodelist={self.nodelist}"] if self.nodelist else []
+
+    def flags(self, text: str) -> list:
+        return text.replace("{ranks_per_node}", str(self.ranks_per_node)).split()
+
+    @property
+    def tail(self) -> list:
+        # srun steps: a rank that fails does not take the others down at once (they write the end
+        # record), --wait ends the step that long after the first task ended, --time is the run's limit
+        limit = [f"--time={self.time_limit_min}"] if self.time_limit_min else []
+        return ["--kill-on-bad-exit=0", f"--wait={self.grace_s}", *limit]
+
+    @property
+    def torchrun(self) -> list:
+        return [
+            self.python,
             "-m",
             "torch.distributed.run",
-            "--standalone",
-            "--nnodes=1",
-            f"--nproc_per_node={ranks_per_node}",
-            *train,
-            "system.launcher=torchrun",
-            *args,
+            f"--nnodes={self.nodes}",
+            f"--nproc_per_node={self.ranks_per_node}",
         ]
-        return Launch(kind, [(argv, {})])
-    if kind == "mpi-local":
-        argv = ["mpirun", *(["--allow-run-as-root"] if as_root else []), "--oversubscribe"]
-        for i in range(nodes):  # MPMD: one app context per emulated node, each with its node name
-            argv += ([":"] if i else []) + [
-                "-np",
-                str(ranks_per_node),
-                "env",
-                f"VIT_SCALE_NODE_NAME=local{i}",
-                *[f"{k}={v}" for k, v in shared.items()],
-                python,
-                *train,
-                "system.launcher=mpi",
-                *args,
-            ]
-        return Launch(kind, [(argv, {})])
-    if kind == "processes":
-        # what torchrun would give each rank (env://), without torchrun's agent processes
-        commands = []
-        for i in range(ranks):
-            commands.append(
-                (
-                    [python, *train, "system.launcher=torchrun", *args],
-                    {
-                        "RANK": str(i),
-                        "WORLD_SIZE": str(ranks),
-                        "LOCAL_RANK": str(i % ranks_per_node),
-                        "LOCAL_WORLD_SIZE": str(ranks_per_node),
-                        "GROUP_RANK": str(i // ranks_per_node),
-                        # the rendezvous too, so that each command as shown (dry run, log) is complete
-                        "GROUP_WORLD_SIZE": str(nodes),
-                        **rendezvous,
-                        "VIT_SCALE_NODE_NAME": f"local{i // ranks_per_node}",
-                        **shared,
-                    },
-                )
-            )
-        return Launch(kind, commands, rendezvous)
-    if kind == "single":
-        return Launch(kind, [([python, *train, "system.launcher=single", *args], dict(shared))])
-    raise ValueError(kind)
+
+
+def _srun(run: _Run, kind: str) -> Launch:
+    """srun, mpi: one srun step, one task per rank."""
+    mpi = run.flags(run.system.mpi_flags) if kind == "mpi" else []
+    argv = [
+        "srun",
+        f"--nodes={run.nodes}",
+        f"--ntasks={run.ranks}",
+        *run.where,
+        *run.flags(run.system.srun_flags),
+        *mpi,
+        *run.tail,
+        run.python,
+        *run.train,
+        f"system.launcher={kind}",
+        *run.args,
+    ]
+    return Launch(kind, [(argv, {})], run.rendezvous)
+
+
+def _torchrun_slurm(run: _Run, kind: str) -> Launch:
+    """One srun step of one task per node, each a torchrun agent meeting at the c10d rendezvous."""
+    argv = [
+        "srun",
+        f"--nodes={run.nodes}",
+        f"--ntasks={run.nodes}",
+        *run.where,
+        *run.flags(run.system.torchrun_srun_flags),
+        *run.tail,
+        *run.torchrun,
+        "--rdzv_backend=c10d",
+        f"--rdzv_endpoint={run.master_addr}:{run.master_port}",
+        f"--rdzv_id={run.rdzv_id}",
+        *run.train,
+        "system.launcher=torchrun",
+        *run.args,
+    ]
+    return Launch(kind, [(argv, {})], run.rendezvous)
+
+
+def _torchrun(run: _Run, kind: str) -> Launch:
+    """One torchrun per emulated node on this machine, each with its node rank and node name."""
+    commands = [
+        (
+            [
+                *run.torchrun,
+                f"--node_rank={i}",
+                f"--master_addr={run.master_addr}",
+                f"--master_port={run.master_port}",
+                *run.train,
+                "system.launcher=torchrun",
+                *run.args,
+            ],
+            {"VIT_SCALE_NODE_NAME": f"local{i}", **run.shared},
+        )
+        for i in range(run.nodes)
+    ]
+    return Launch(kind, commands, run.rendezvous)
+
+
+def _standalone(run: _Run, kind: str) -> Launch:
+    argv = [
+        run.python,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc_per_node={run.ranks_per_node}",
+        *run.train,
+        "system.launcher=torchrun",
+        *run.args,
+    ]
+    return Launch(kind, [(argv, {})])
+
+
+def _mpi_local(run: _Run, kind: str) -> Launch:
+    argv = ["mpirun", *(["--allow-run-as-root"] if run.as_root else []), "--oversubscribe"]
+    for i in range(run.nodes):  # MPMD: one app context per emulated node, each with its node name
+        argv += ([":"] if i else []) + [
+            "-np",
+            str(run.ranks_per_node),
+            "env",
+            f"VIT_SCALE_NODE_NAME=local{i}",
+            *[f"{k}={v}" for k, v in run.shared.items()],
+            run.python,
+            *run.train,
+            "system.launcher=mpi",
+            *run.args,
+        ]
+    return Launch(kind, [(argv, {})])
+
+
+def _processes(run: _Run, kind: str) -> Launch:
+    """What torchrun would give each rank (env://), without torchrun's agent processes."""
+    commands = []
+    for i in range(run.ranks):
+        env = {
+            "RANK": str(i),
+            "WORLD_SIZE": str(run.ranks),
+            "LOCAL_RANK": str(i % run.ranks_per_node),
+            "LOCAL_WORLD_SIZE": str(run.ranks_per_node),
+            "GROUP_RANK": str(i // run.ranks_per_node),
+            # the rendezvous too, so that each command as shown (dry run, log) is complete
+            "GROUP_WORLD_SIZE": str(run.nodes),
+            **run.rendezvous,
+            "VIT_SCALE_NODE_NAME": f"local{i // run.ranks_per_node}",
+            **run.shared,
+        }
+        commands.append(([run.python, *run.train, "system.launcher=torchrun", *run.args], env))
+    return Launch(kind, commands, run.rendezvous)
+
+
+def _single(run: _Run, kind: str) -> Launch:
+    return Launch(kind, [([run.python, *run.train, "system.launcher=single", *run.args], dict(run.shared))])
+
+
+_BUILDERS = {
+    "srun": _srun,
+    "mpi": _srun,
+    "torchrun-slurm": _torchrun_slurm,
+    "torchrun": _torchrun,
+    "standalone": _standalone,
+    "mpi-local": _mpi_local,
+    "processes": _processes,
+    "single": _single,
+}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vit_scale.planning.alpha_beta import (
     COLLECTIVES,
@@ -191,39 +191,13 @@ def fit_steps(
     steps = [ring_steps(collective, p.ranks, p.nodes if scope == "inter" else 1) for p in pts]
     xs = [p.size * bus_factor(collective, p.ranks) for p in pts]
     ts = [p.seconds for p in pts]
-    ws = [1.0 / (t * t) for t in ts]
-    usable_intra = intra is not None and intra.usable
     if scope == "intra":
-        # unknowns: launch, per-step latency, 1/B (launch only where the groups' steps differ)
-        if len({s[0] for s in steps}) > 1:
-            columns, latency = [[1.0] * len(pts), [s[0] for s in steps], xs], [0, 1]
-        else:
-            columns, latency = [[0.0] * len(pts), [s[0] for s in steps], xs], [1]
-            notes.append(ONE_GROUP_NOTE)
-        ys = ts
-        launch_s, intra_s = 0.0, 0.0
+        system = _intra_system(steps, xs, ts, notes)
     else:
-        launch_s = intra.launch_us * 1e-6 if usable_intra else 0.0
-        intra_s = intra.step_latency_us * 1e-6 if usable_intra else 0.0
-        in_node = [s[0] for s in steps]
-        if len({p.nodes for p in pts}) > 1 and any(in_node):
-            # several node counts: the in-node steps of a ring spanning nodes get a latency of their own (NCCL
-            # charges them at least its network overhead, tuning.cc), told apart from the across-nodes steps
-            ys = [t - launch_s for t in ts]
-            columns, latency = [[0.0] * len(pts), [s[1] for s in steps], xs, in_node], [1, 3]
-        else:
-            if any(in_node):
-                notes.append(
-                    "one node count: the steps inside each node charged the within-node fit's latency"
-                    if usable_intra
-                    else "one node count and no usable fit within a node: steps inside each node charged nothing"
-                )
-            ys = [t - launch_s - s[0] * intra_s for t, s in zip(ts, steps, strict=True)]
-            columns, latency = [[0.0] * len(pts), [s[1] for s in steps], xs], [1]
-    c = _nonnegative_latencies(columns, ys, ws, latency)
-    if len(c) > 3:
-        intra_s = c[3]
-    launch = c[0] if scope == "intra" else launch_s
+        system = _inter_system(pts, steps, xs, ts, intra, notes)
+    c = _nonnegative_latencies(system.columns, system.ys, [1.0 / (t * t) for t in ts], system.latency)
+    intra_s = c[3] if len(c) > 3 else system.intra_s
+    launch = c[0] if scope == "intra" else system.launch_s
     alpha, slope = c[1], c[2]
     if slope <= 0:
         flags.append("no bandwidth: time does not grow with size")
@@ -247,25 +221,58 @@ def fit_steps(
     )
     if residual > max_residual:
         flags.append(f"large residual: {residual:.0%} > {max_residual:.0%}")
+    flags += _first_backwards(pts, groups, noise)
+    return replace(fitted, max_rel_residual=residual, flags=tuple(flags), notes=tuple(notes))
+
+
+@dataclass
+class _System:
+    """The weighted least-squares system of one fit: a column per unknown (launch, per-step latency, 1/B, and
+    across nodes the in-node steps' latency), the times it explains, which unknowns are latencies (kept >= 0),
+    and the launch and in-node step latency taken as known (from the within-node fit) rather than fitted."""
+
+    columns: list
+    ys: list
+    latency: list
+    launch_s: float = 0.0
+    intra_s: float = 0.0
+
+
+def _intra_system(steps: list, xs: list, ts: list, notes: list) -> _System:
+    # unknowns: launch, per-step latency, 1/B (launch only where the groups' steps differ)
+    if len({s[0] for s in steps}) > 1:
+        return _System([[1.0] * len(ts), [s[0] for s in steps], xs], ts, [0, 1])
+    notes.append(ONE_GROUP_NOTE)
+    return _System([[0.0] * len(ts), [s[0] for s in steps], xs], ts, [1])
+
+
+def _inter_system(pts: list, steps: list, xs: list, ts: list, intra: StepFit | None, notes: list) -> _System:
+    usable_intra = intra is not None and intra.usable
+    launch_s = intra.launch_us * 1e-6 if usable_intra else 0.0
+    intra_s = intra.step_latency_us * 1e-6 if usable_intra else 0.0
+    in_node = [s[0] for s in steps]
+    if len({p.nodes for p in pts}) > 1 and any(in_node):
+        # several node counts: the in-node steps of a ring spanning nodes get a latency of their own (NCCL
+        # charges them at least its network overhead, tuning.cc), told apart from the across-nodes steps
+        ys = [t - launch_s for t in ts]
+        return _System([[0.0] * len(pts), [s[1] for s in steps], xs, in_node], ys, [1, 3], launch_s, intra_s)
+    if any(in_node):
+        notes.append(
+            "one node count: the steps inside each node charged the within-node fit's latency"
+            if usable_intra
+            else "one node count and no usable fit within a node: steps inside each node charged nothing"
+        )
+    ys = [t - launch_s - s[0] * intra_s for t, s in zip(ts, steps, strict=True)]
+    return _System([[0.0] * len(pts), [s[1] for s in steps], xs], ys, [1], launch_s, intra_s)
+
+
+def _first_backwards(pts: list, groups: tuple, noise: float) -> list:
+    """The flag of the first group size whose time runs backwards with size, if any."""
     for n in groups:
         backwards = _backwards([(p.size, p.seconds, p.spread) for p in pts if p.ranks == n], noise)
         if backwards:
-            flags.append(f"{n} ranks: {backwards}")
-            break
-    return StepFit(
-        collective,
-        scope,
-        alpha * 1e6,
-        launch * 1e6,
-        bus,
-        groups,
-        residual,
-        sizes,
-        tuple(flags),
-        tuple(notes),
-        fitted.ranks_per_node,
-        fitted.intra_latency_us,
-    )
+            return [f"{n} ranks: {backwards}"]
+    return []
 
 
 STEP_FIT_KEYS = ("collective", "scope", "step_latency_us", "launch_us", "bus_gbps", "groups", "max_rel_residual",

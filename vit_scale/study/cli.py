@@ -270,13 +270,7 @@ class StudyRun:
 
     def _run_all(self) -> int:
         p = self.plan
-        logs = os.path.join(self.study_dir, "logs")
-        if not self.dry_run:
-            try:
-                os.makedirs(logs, exist_ok=True)
-            except OSError as exc:
-                raise UserError(f"--out: cannot create {logs}: {exc.strerror}") from None
-            self.make_node_dirs()
+        logs = self._log_folder()
         ledger = Ledger(os.path.join(self.study_dir, "study_runs.tsv"))
         supervisor = None if self.dry_run else Supervisor(GRACE_S)
         nodes_here = systems.allocation_nodes() if self.in_slurm else []
@@ -293,15 +287,7 @@ class StudyRun:
         for index, run in enumerate(p.runs, 1):
             if supervisor and supervisor.interrupted:
                 break
-            label = f"[{index}/{len(p.runs)}] {run.model} {run.strategy} " + (
-                f"{run.ranks} GPU{'s' if run.ranks > 1 else ''}"
-                if self.one_machine
-                else f"n{run.nodes} ({run.ranks} rank{'s' if run.ranks > 1 else ''})"
-            )
-            if run.variant != "-":
-                label += " " + run.variant.replace(",", " ")
-            if p.repeat > 1:
-                label += f" repetition {run.repetition}/{p.repeat}"
+            label = self._label(index, run)
             parent = self.parent_dir(run)
             kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
             earlier = done_before.get((parent, tuple(run.settings), run.repetition))
@@ -313,90 +299,49 @@ class StudyRun:
                 )
                 earlier = None
             if earlier:
-                print(f"{label} ... ok earlier, skipped (--force runs it again): {earlier}", flush=True)
-                if not self.dry_run and not ledger.has_run(earlier):
-                    ledger.add(
-                        model=run.model,
-                        strategy=run.strategy,
-                        variant=run.variant,
-                        nodes=run.nodes,
-                        ranks=run.ranks,
-                        launcher=kind,
-                        status="ok",
-                        images_per_s=run_result(earlier)[1],
-                        seconds=0,
-                        run_dir=earlier,
-                        repetition=run.repetition,
-                    )
+                self._skip_done_earlier(label, run, kind, earlier, ledger)
                 done += 1
                 continue
             run_id = f"{stamp}-{tag}.{index}"
-            if self.in_slurm:
-                addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
-            else:
-                addr = self.emulation.master_addr if self.emulation else "127.0.0.1"
-            port = free_port()
-            if self.use_slurm and not self.in_slurm:  # a dry run far from the system: found when the job runs
-                addr, port = "{address of the first node}", "{a free port}"
-            launch = launchers.build(
-                kind,
-                self.python,
-                run.settings
-                + run.system_settings
-                + [
-                    f"output.dir={self.out}",
-                    f"output.study={p.name}",
-                    f"output.run_id={run_id}",
-                    f"output.repetition={run.repetition}",
-                ],
-                system=self.system,
-                nodes=run.nodes,
-                ranks_per_node=run.ranks_per_node,
-                nodelist=",".join(nodes_here[: run.nodes]),
-                master_addr=addr,
-                master_port=port,
-                time_limit_min=math.ceil(self.time_limit) if self.use_slurm and self.time_limit else None,
-                grace_s=GRACE_S,
-                rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.{index}",
-                as_root=os.geteuid() == 0,
-            )
-            if self.emulation and kind in emulation.WRAPPABLE:
-                launch = self.emulation.wrap_launch(launch)
+            launch = self._launch(run, kind, run_id, index, nodes_here)
             if self.dry_run:
-                print(label)
-                if len(launch.commands) > 1:
-                    for line in launch.shown():
-                        print(f"    {line} &")
-                else:
-                    env = " ".join(f"{k}={v}" for k, v in launch.env.items())
-                    print(f"    {env + ' ' if env else ''}{launch.shown()[0]}")
+                show_launch(label, launch)
                 continue
-            print(f"{label} ... ", end="", flush=True)
-            log = os.path.join(logs, f"{run.model}.{run.strategy}.n{run.nodes}.{run_id}.log")
-            with open(log, "w") as f:
-                f.write(launch.log_header())
-            outcome = supervisor.run(launch, log, self.time_limit * 60 if self.time_limit else None)
-            run_dir = os.path.join(parent, run_id)
-            status, ips, error = run_result(run_dir)
-            if outcome.timed_out and status in ("none", "failed"):
-                error = f"stopped after --run-time-limit {self.time_limit:g} min" + (
-                    "; its processes did not end on SIGTERM and were killed" if outcome.killed else ""
-                )
-                end_for_the_record(run_dir, "timeout", error)
-                status = "timeout"
-            elif status == "none":
-                status = status_of_code(outcome.code)
-                error = f"exit code {outcome.code}, {error}; last line of the log: {last_line(log)}"
-            seconds = int(outcome.seconds)
-            if status == "ok":
-                print(f"ok {ips} img/s ({seconds} s)")
-            elif status == "skipped":
-                print(f"skipped: {error or 'does not fit'}")
-            else:
-                failed += 1
-                print(f"{status.upper()} (exit {outcome.code}, {seconds} s): {error[:300]}")
-                print(f"      log: {log}")
-            sys.stdout.flush()
+            failed += not self._run_one(label, run, kind, launch, run_id, logs, supervisor, ledger)
+            done += 1
+        if self.dry_run:
+            return 0
+        return self.finish(ledger, failed, done, time.monotonic() - started, supervisor)
+
+    def _log_folder(self) -> str:
+        """STUDY/logs, and the emulated nodes' folders, made now unless this is a dry run."""
+        logs = os.path.join(self.study_dir, "logs")
+        if not self.dry_run:
+            try:
+                os.makedirs(logs, exist_ok=True)
+            except OSError as exc:
+                raise UserError(f"--out: cannot create {logs}: {exc.strerror}") from None
+            self.make_node_dirs()
+        return logs
+
+    def _label(self, index: int, run) -> str:
+        """The run's line in the study's output: '[3/12] vit_micro FULL_SHARD n2 (4 ranks) repetition 2/3'."""
+        p = self.plan
+        label = f"[{index}/{len(p.runs)}] {run.model} {run.strategy} " + (
+            f"{run.ranks} GPU{'s' if run.ranks > 1 else ''}"
+            if self.one_machine
+            else f"n{run.nodes} ({run.ranks} rank{'s' if run.ranks > 1 else ''})"
+        )
+        if run.variant != "-":
+            label += " " + run.variant.replace(",", " ")
+        if p.repeat > 1:
+            label += f" repetition {run.repetition}/{p.repeat}"
+        return label
+
+    def _skip_done_earlier(self, label: str, run, kind: str, earlier: str, ledger) -> None:
+        """A repetition an earlier study ran ok: skipped, and booked in this study's ledger if it is not there yet."""
+        print(f"{label} ... ok earlier, skipped (--force runs it again): {earlier}", flush=True)
+        if not self.dry_run and not ledger.has_run(earlier):
             ledger.add(
                 model=run.model,
                 strategy=run.strategy,
@@ -404,18 +349,93 @@ class StudyRun:
                 nodes=run.nodes,
                 ranks=run.ranks,
                 launcher=kind,
-                exit_code=outcome.code,
-                status=status,
-                images_per_s=ips,
-                seconds=seconds,
-                run_dir=run_dir if os.path.isdir(run_dir) else "-",
-                log=log,
+                status="ok",
+                images_per_s=run_result(earlier)[1],
+                seconds=0,
+                run_dir=earlier,
                 repetition=run.repetition,
             )
-            done += 1
-        if self.dry_run:
-            return 0
-        return self.finish(ledger, failed, done, time.monotonic() - started, supervisor)
+
+    def _launch(self, run, kind: str, run_id: str, index: int, nodes_here: list[str]):
+        """The commands that start one run: its launcher's, its rendezvous address, wrapped for emulated nodes."""
+        if self.in_slurm:
+            addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
+        else:
+            addr = self.emulation.master_addr if self.emulation else "127.0.0.1"
+        port = free_port()
+        if self.use_slurm and not self.in_slurm:  # a dry run far from the system: found when the job runs
+            addr, port = "{address of the first node}", "{a free port}"
+        launch = launchers.build(
+            kind,
+            self.python,
+            run.settings
+            + run.system_settings
+            + [
+                f"output.dir={self.out}",
+                f"output.study={self.plan.name}",
+                f"output.run_id={run_id}",
+                f"output.repetition={run.repetition}",
+            ],
+            system=self.system,
+            nodes=run.nodes,
+            ranks_per_node=run.ranks_per_node,
+            nodelist=",".join(nodes_here[: run.nodes]),
+            master_addr=addr,
+            master_port=port,
+            time_limit_min=math.ceil(self.time_limit) if self.use_slurm and self.time_limit else None,
+            grace_s=GRACE_S,
+            rdzv_id=f"{os.environ.get('SLURM_JOB_ID', '0')}.{index}",
+            as_root=os.geteuid() == 0,
+        )
+        if self.emulation and kind in emulation.WRAPPABLE:
+            launch = self.emulation.wrap_launch(launch)
+        return launch
+
+    def _run_one(self, label: str, run, kind: str, launch, run_id: str, logs: str, supervisor, ledger) -> bool:
+        """Runs one launch under the supervisor, says how it ended, books it in the ledger; True when it did
+        not fail (ok, or skipped as not fitting)."""
+        print(f"{label} ... ", end="", flush=True)
+        log = os.path.join(logs, f"{run.model}.{run.strategy}.n{run.nodes}.{run_id}.log")
+        with open(log, "w") as f:
+            f.write(launch.log_header())
+        outcome = supervisor.run(launch, log, self.time_limit * 60 if self.time_limit else None)
+        run_dir = os.path.join(self.parent_dir(run), run_id)
+        status, ips, error = run_result(run_dir)
+        if outcome.timed_out and status in ("none", "failed"):
+            error = f"stopped after --run-time-limit {self.time_limit:g} min" + (
+                "; its processes did not end on SIGTERM and were killed" if outcome.killed else ""
+            )
+            end_for_the_record(run_dir, "timeout", error)
+            status = "timeout"
+        elif status == "none":
+            status = status_of_code(outcome.code)
+            error = f"exit code {outcome.code}, {error}; last line of the log: {last_line(log)}"
+        seconds = int(outcome.seconds)
+        ok = status in ("ok", "skipped")
+        if status == "ok":
+            print(f"ok {ips} img/s ({seconds} s)")
+        elif status == "skipped":
+            print(f"skipped: {error or 'does not fit'}")
+        else:
+            print(f"{status.upper()} (exit {outcome.code}, {seconds} s): {error[:300]}")
+            print(f"      log: {log}")
+        sys.stdout.flush()
+        ledger.add(
+            model=run.model,
+            strategy=run.strategy,
+            variant=run.variant,
+            nodes=run.nodes,
+            ranks=run.ranks,
+            launcher=kind,
+            exit_code=outcome.code,
+            status=status,
+            images_per_s=ips,
+            seconds=seconds,
+            run_dir=run_dir if os.path.isdir(run_dir) else "-",
+            log=log,
+            repetition=run.repetition,
+        )
+        return ok
 
     def parent_dir(self, run) -> str:
         """Where the trainer puts the run directories of one point (each run its own run id)."""
@@ -531,6 +551,17 @@ class StudyRun:
         print(f"  plots:       {report}/ {plots or '(none)'}")
         print(f"  table:       {report}/results.csv")
         return True
+
+
+def show_launch(label: str, launch) -> None:
+    """A dry run's lines for one run: its label, then each command it would start (several run side by side)."""
+    print(label)
+    if len(launch.commands) > 1:
+        for line in launch.shown():
+            print(f"    {line} &")
+    else:
+        env = " ".join(f"{k}={v}" for k, v in launch.env.items())
+        print(f"    {env + ' ' if env else ''}{launch.shown()[0]}")
 
 
 def last_line(path: str) -> str:

@@ -118,23 +118,7 @@ def sweep(argv, prog: str = PROG) -> int:
         print(USAGE)
         return 0
     dry_run = "--dry-run" in flags
-    name = (
-        own.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or ("frontier" if systems.on_frontier() else "local")
-    )
-    system = systems.read_system(name)
-    for option in ("--max-nodes", "--gpus-per-node", "--ranks-per-node"):
-        if option in own:
-            whole(option, own[option])
-    gpus = own.get("--gpus-per-node") or own.get("--ranks-per-node")
-    if system.one_rank_per_gpu:
-        if not gpus:
-            raise UserError(
-                f"--gpus-per-node: {name} runs one rank per GPU, so say how many GPUs each node gets; "
-                f"allowed: a whole number such as 4"
-            )
-        ranks = int(gpus)
-    else:
-        ranks = int(gpus or system.ranks_per_node)
+    name, system, ranks = _system_and_ranks(own)
     if not dry_run and shutil.which("sbatch") is None:
         raise UserError(
             "--dry-run: sbatch is not on PATH, so nothing can be submitted here; allowed without Slurm: --dry-run"
@@ -148,52 +132,28 @@ def sweep(argv, prog: str = PROG) -> int:
     )
 
     out = os.path.abspath(own.get("--out", "runs"))
-    logs = os.path.abspath(own.get("--logs", "logs"))
-    if not dry_run:
-        # Slurm fails a job whose --output directory is missing, silently: make it before submitting
-        try:
-            os.makedirs(logs, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"--logs: cannot create {logs}: {exc.strerror}") from None
-
-    common = [f"--output={logs}/%x-%j.out"]
-    for option in ("--account", "--partition", "--qos"):
-        if option in own:
-            common.append(f"{option}={own[option]}")
-    if system.one_rank_per_gpu:
-        common.append(f"--gpus-per-node={ranks}")
-    common += system.sbatch_flags.split()
+    logs = _log_folder(own, dry_run)
+    sbatch = _Sbatch(
+        _sbatch_options(own, system, ranks, logs), os.path.join(home(), "jobs", "weak_scaling.sh"), dry_run
+    )
     job_args = ["--system", name, "--study", plan.name, "--out", out]
     if system.one_rank_per_gpu:
         job_args += ["--ranks-per-node", str(ranks)]
-    script = os.path.join(home(), "jobs", "weak_scaling.sh")
 
-    def say(text):
-        print(text, file=sys.stdout if dry_run else sys.stderr, flush=True)
-
-    def submit(job_name, sbatch_options, script_args):
-        cmd = ["sbatch", "--parsable", f"--job-name={job_name}", *common, *sbatch_options, script, *script_args]
-        if dry_run:
-            print(launchers.show_command(cmd))
-            return "{" + job_name + "}"
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr.strip() or f"sbatch exit code {proc.returncode}")
-        return proc.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
-
-    groups = plan.models if "--per-model" in flags else [",".join(plan.models)]
-    say(
+    per_model = "--per-model" in flags
+    groups = plan.models if per_model else [",".join(plan.models)]
+    sbatch.say(
         f"Sweep of study '{plan.name}' on {name}: {len(plan.nodes)} node count(s) x {len(groups)} model group(s), "
         f"then the analysis"
     )
-    job_ids = []
+    job_ids: list[str] = []
     for nodes in plan.nodes:
         for models in groups:
-            job_name = f"vit-{plan.name}-n{nodes}" + (f"-{models}" if "--per-model" in flags else "")
+            job_name = f"vit-{plan.name}-n{nodes}" + (f"-{models}" if per_model else "")
             time_opt = [f"--time={own['--time']}"] if "--time" in own else []
             args = [*job_args, "--nodes", str(nodes), "--models", models, "--no-analysis", *passed]
             try:
-                job_ids.append(submit(job_name, [f"--nodes={nodes}", *time_opt], args))
+                job_ids.append(sbatch.submit(job_name, [f"--nodes={nodes}", *time_opt], args))
             except RuntimeError as exc:
                 print(
                     f"{prog}: sbatch refused {job_name} ({exc}); jobs submitted so far: {' '.join(job_ids) or 'none'}",
@@ -201,17 +161,11 @@ def sweep(argv, prog: str = PROG) -> int:
                 )
                 return 1
             if dry_run:
-                # what that job will run, step by step
-                text = io.StringIO()
-                with contextlib.redirect_stdout(text):
-                    study_cli.main(["--dry-run", *args, "--ranks-per-node", str(ranks)])
-                for line in text.getvalue().splitlines():
-                    if line.startswith("[") or line.startswith("    "):
-                        print(f"    {line}")
+                _show_job_steps(args, ranks)
             else:
-                say(f"submitted {job_name}: job {job_ids[-1]}")
+                sbatch.say(f"submitted {job_name}: job {job_ids[-1]}")
     try:
-        analysis = submit(
+        analysis = sbatch.submit(
             f"vit-{plan.name}-analysis",
             [
                 "--nodes=1",
@@ -227,15 +181,96 @@ def sweep(argv, prog: str = PROG) -> int:
         )
         return 1
     if dry_run:
-        say("dry run: nothing was submitted")
+        sbatch.say("dry run: nothing was submitted")
         return 0
-    say(f"submitted vit-{plan.name}-analysis: job {analysis}, after jobs {' '.join(job_ids)} end")
-    say(
+    sbatch.say(f"submitted vit-{plan.name}-analysis: job {analysis}, after jobs {' '.join(job_ids)} end")
+    sbatch.say(
         f"job output: {logs}/   run records: {out}/{plan.name}   report: report/{plan.name} "
         f"(once job {analysis} has run)"
     )
     print(" ".join(job_ids + [analysis]))
     return 0
+
+
+def _system_and_ranks(own: dict) -> tuple[str, systems.SystemProfile, int]:
+    """The system's name, its profile, and the ranks each node runs (a GPU count where one rank drives one GPU)."""
+    name = (
+        own.get("--system") or os.environ.get("VIT_SCALE_SYSTEM") or ("frontier" if systems.on_frontier() else "local")
+    )
+    system = systems.read_system(name)
+    for option in ("--max-nodes", "--gpus-per-node", "--ranks-per-node"):
+        if option in own:
+            whole(option, own[option])
+    gpus = own.get("--gpus-per-node") or own.get("--ranks-per-node")
+    if not system.one_rank_per_gpu:
+        return name, system, int(gpus or system.ranks_per_node)
+    if not gpus:
+        raise UserError(
+            f"--gpus-per-node: {name} runs one rank per GPU, so say how many GPUs each node gets; "
+            f"allowed: a whole number such as 4"
+        )
+    return name, system, int(gpus)
+
+
+def _log_folder(own: dict, dry_run: bool) -> str:
+    logs = os.path.abspath(own.get("--logs", "logs"))
+    if not dry_run:
+        # Slurm fails a job whose --output directory is missing, silently: make it before submitting
+        try:
+            os.makedirs(logs, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"--logs: cannot create {logs}: {exc.strerror}") from None
+    return logs
+
+
+def _sbatch_options(own: dict, system, ranks: int, logs: str) -> list[str]:
+    """The sbatch options every job of the sweep shares."""
+    common = [f"--output={logs}/%x-%j.out"]
+    for option in ("--account", "--partition", "--qos"):
+        if option in own:
+            common.append(f"{option}={own[option]}")
+    if system.one_rank_per_gpu:
+        common.append(f"--gpus-per-node={ranks}")
+    return common + system.sbatch_flags.split()
+
+
+class _Sbatch:
+    """Submits the sweep's jobs, or on a dry run prints each sbatch command and returns a placeholder id."""
+
+    def __init__(self, common: list[str], script: str, dry_run: bool):
+        self.common, self.script, self.dry_run = common, script, dry_run
+
+    def say(self, text: str) -> None:
+        # a dry run's story is its output; a real sweep keeps stdout for the job ids
+        print(text, file=sys.stdout if self.dry_run else sys.stderr, flush=True)
+
+    def submit(self, job_name: str, sbatch_options: list[str], script_args: list[str]) -> str:
+        cmd = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={job_name}",
+            *self.common,
+            *sbatch_options,
+            self.script,
+            *script_args,
+        ]
+        if self.dry_run:
+            print(launchers.show_command(cmd))
+            return "{" + job_name + "}"
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip() or f"sbatch exit code {proc.returncode}")
+        return proc.stdout.strip().split(";")[0]  # --parsable prints "id" or "id;cluster"
+
+
+def _show_job_steps(args: list[str], ranks: int) -> None:
+    """What one job will run, step by step: the study's own dry run, its step lines indented under the job."""
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        study_cli.main(["--dry-run", *args, "--ranks-per-node", str(ranks)])
+    for line in text.getvalue().splitlines():
+        if line.startswith("[") or line.startswith("    "):
+            print(f"    {line}")
 
 
 if __name__ == "__main__":
