@@ -88,9 +88,8 @@ def test_import_time_contract_tells_lazy_imports_from_eager_ones(tmp_path, monke
 
 
 MAX_FUNCTION_LINES = 100
-# (file, function) allowed above MAX_FUNCTION_LINES for now. make_plan (201 lines): its split by
-# responsibility is pending (issue 31 item 4); ruff's C901 ignore for the same file goes with it.
-LONG_FUNCTIONS_ALLOWED = {("vit_scale/study/plan.py", "make_plan")}
+# (file, function) allowed above MAX_FUNCTION_LINES: none (make_plan, 201 lines, was the last; split)
+LONG_FUNCTIONS_ALLOWED: set = set()
 
 
 def test_no_function_above_100_lines():

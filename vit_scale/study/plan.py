@@ -136,140 +136,162 @@ def merge(study_file: str, cli: dict, sets: list) -> tuple[dict, dict]:
     return values, origin
 
 
-def make_plan(
-    study_file: str,
-    cli: dict,
-    sets: list,
-    system,
-    ranks_per_node: int,
-    alloc_nodes: int,
-    one_machine: bool = False,
-    analysis_only: bool = False,
-) -> Study:
-    """`one_machine`: a GPU machine without Slurm, where the ladder is over GPUs (`ranks_per_node`
-    is then the number of GPUs found). `alloc_nodes`: the allocation's size, 0 = not in one."""
-    from vit_scale.distributed import parse_strategy
+class _Options:
+    """The merged settings and where each came from, for the one-line errors that name the option."""
+
+    def __init__(self, study_file: str, cli: dict, sets: list):
+        self.study_file, self.cli = study_file, cli
+        self.values, self.origin = merge(study_file, cli, sets)
+
+    def where(self, key: str) -> str:
+        return self.origin.get(key, STUDY_KEYS[key][0])
+
+    def whole_number(self, key: str, minimum: int, value=None) -> int:
+        return whole(self.where(key), self.values[key] if value is None else value, minimum)
+
+
+def _study_name(o: _Options) -> str:
+    name = str(o.values.get("study") or "")
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
+        raise UserError(f"{o.where('study')}: '{name}' is not allowed; allowed: letters, digits, '.', '_' and '-'")
+    return name
+
+
+def _models(o: _Options) -> list:
     from vit_scale.models import MODELS
 
-    values, origin = merge(study_file, cli, sets)
-
-    def where(key):
-        return origin.get(key, STUDY_KEYS[key][0])
-
-    def whole_number(key, minimum, value=None):
-        return whole(where(key), values[key] if value is None else value, minimum)
-
-    name = str(values.get("study") or "")
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", name):
-        raise UserError(f"{where('study')}: '{name}' is not allowed; allowed: letters, digits, '.', '_' and '-'")
-
-    models = as_list(values.get("models"))
+    models = as_list(o.values.get("models"))
     if not models:
-        raise UserError(f"{where('models')}: no model given; allowed: {', '.join(MODELS)}")
+        raise UserError(f"{o.where('models')}: no model given; allowed: {', '.join(MODELS)}")
     for model in models:
         if model not in MODELS:
-            raise UserError(f"{where('models')}: unknown model '{model}'; allowed: {', '.join(MODELS)}")
+            raise UserError(f"{o.where('models')}: unknown model '{model}'; allowed: {', '.join(MODELS)}")
+    return models
 
-    if "ranks_per_node" in values:
-        ranks_per_node = whole_number("ranks_per_node", 1)
-    strategies = as_list(values.get("strategies"))
+
+def _strategies(o: _Options, system, per_node: int) -> list:
+    """The labels, each parsed; a hybrid group must divide a node's ranks (per_node 0: not known)."""
+    from vit_scale.distributed import parse_strategy
+
+    strategies = as_list(o.values.get("strategies"))
     if not strategies:
-        raise UserError(f"{where('strategies')}: no strategy given")
+        raise UserError(f"{o.where('strategies')}: no strategy given")
     for label in strategies:
         try:
-            parsed = parse_strategy(label)
+            g = parse_strategy(label).hybrid_group
         except UserError as exc:
-            raise UserError(f"{where('strategies')}: {str(exc).split(': ', 1)[1]}") from None
-        g = parsed.hybrid_group
-        per_node = 0 if one_machine else ranks_per_node
+            raise UserError(f"{o.where('strategies')}: {str(exc).split(': ', 1)[1]}") from None
         if g and per_node and per_node % g:
             fitting = [str(d) for d in range(1, per_node + 1) if per_node % d == 0]
             raise UserError(
-                f"{where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
+                f"{o.where('strategies')}: {label} shards over groups of {g} ranks within a node, but "
                 f"system {system.name} runs {per_node} ranks per node; allowed: "
                 f"HYBRID_<g>GPU with g in {', '.join(fitting)}"
             )
+    return strategies
 
-    rank_counts: list[int] = []
-    if analysis_only:
-        nodes = []
-    elif one_machine:
-        if "nodes" in cli and as_list(cli["nodes"]) != ["1"]:
-            raise UserError(
-                f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
-                f"(this machine; --gpu-counts gives the GPU counts)"
-            )
-        nodes = [1]
-        rank_counts = counts(values["gpu_counts"], where("gpu_counts"), ranks_per_node, "GPU")
-        if rank_counts[-1] > ranks_per_node:
-            raise UserError(
-                f"{where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's "
-                f"{ranks_per_node}; allowed: 1 to {ranks_per_node}"
-            )
-    else:
-        if str(values["nodes"]).strip() == "ladder" and not alloc_nodes:
-            raise UserError(
-                f"{where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
-                f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
-                f"submit_sweep.sh"
-            )
-        nodes = counts(values["nodes"], where("nodes"), alloc_nodes, "node")
-        if alloc_nodes and nodes[-1] > alloc_nodes:
-            raise UserError(
-                f"{where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
-                f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})"
-            )
 
-    steps = whole_number("steps", 2)
-    warmup = whole_number("warmup_steps", 0)
-    if warmup >= steps and "steps" in cli and "warmup_steps" not in cli:
+def _gpu_counts(o: _Options, system, ranks_per_node: int) -> list:
+    """One GPU machine without Slurm: the ladder is over its GPUs, on one node."""
+    cli = o.cli
+    if "nodes" in cli and as_list(cli["nodes"]) != ["1"]:
+        raise UserError(
+            f"--nodes: '{cli['nodes']}' is not allowed without Slurm on {system.name}; allowed: 1 "
+            f"(this machine; --gpu-counts gives the GPU counts)"
+        )
+    rank_counts = counts(o.values["gpu_counts"], o.where("gpu_counts"), ranks_per_node, "GPU")
+    if rank_counts[-1] > ranks_per_node:
+        raise UserError(
+            f"{o.where('gpu_counts')}: {rank_counts[-1]} GPUs is more than this machine's "
+            f"{ranks_per_node}; allowed: 1 to {ranks_per_node}"
+        )
+    return rank_counts
+
+
+def _node_counts(o: _Options, alloc_nodes: int) -> list:
+    if str(o.values["nodes"]).strip() == "ladder" and not alloc_nodes:
+        raise UserError(
+            f"{o.where('nodes')}: 'ladder' needs the largest node count, which only an allocation "
+            f"gives; allowed outside one: a list such as 1,2,4 (--nodes), or --max-nodes N with "
+            f"submit_sweep.sh"
+        )
+    nodes = counts(o.values["nodes"], o.where("nodes"), alloc_nodes, "node")
+    if alloc_nodes and nodes[-1] > alloc_nodes:
+        raise UserError(
+            f"{o.where('nodes')}: {nodes[-1]} nodes is more than this allocation's {alloc_nodes}; "
+            f"allowed: 1 to {alloc_nodes} (or submit with sbatch -N {nodes[-1]})"
+        )
+    return nodes
+
+
+def _steps(o: _Options) -> tuple[int, int]:
+    steps = o.whole_number("steps", 2)
+    warmup = o.whole_number("warmup_steps", 0)
+    if warmup >= steps and "steps" in o.cli and "warmup_steps" not in o.cli:
         # a short smoke test (--steps 4) over a study file's warm-up keeps most of its steps timed
         warmup = max(1, steps // 4)
     if warmup >= steps:
         raise UserError(
-            f"{where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
+            f"{o.where('warmup_steps')}: {warmup} is not allowed; allowed: fewer than the {steps} steps, "
             f"so that some steps are timed"
         )
+    return steps, warmup
 
-    repeat = whole(where("repeat"), values.get("repeat", 1), 1)
-    predict = as_list(values.get("predict"))
+
+def _predict(o: _Options) -> bool:
+    predict = as_list(o.values.get("predict"))
     if len(predict) > 1 or (predict and predict[0].lower() not in TRUE + FALSE):
-        raise UserError(f"{where('predict')}: '{','.join(predict)}' is not allowed; allowed: true, false")
+        raise UserError(f"{o.where('predict')}: '{','.join(predict)}' is not allowed; allowed: true, false")
+    return bool(predict) and predict[0].lower() in TRUE
 
-    launcher = str(values.get("launcher") or system.launcher or "srun")
+
+def _launcher(o: _Options, system) -> str:
+    launcher = str(o.values.get("launcher") or system.launcher or "srun")
     if launcher not in system.launchers:
         raise UserError(
-            f"{where('launcher')}: '{launcher}' is not allowed on {system.name}; allowed: {', '.join(system.launchers)}"
+            f"{o.where('launcher')}: '{launcher}' is not allowed on {system.name}; "
+            f"allowed: {', '.join(system.launchers)}"
         )
+    return launcher
 
-    # precision may also be a table: strategy -> precision, with `default` for the rest (the
-    # plugin comparison runs each plugin at the precision the seeds used)
-    precision_of = {}
-    if isinstance(values.get("precision"), dict):
-        precision_of = {str(k): str(v) for k, v in values.pop("precision").items()}
-        for key, value in precision_of.items():
-            if value not in CHOICES["precision"]:
-                raise UserError(
-                    f"{where('precision')}: {value!r} for {key} is not allowed; "
-                    f"allowed: {', '.join(CHOICES['precision'])}"
-                )
-    per_strategy = values.get("settings") or {}
+
+def _precision_table(o: _Options) -> dict:
+    """precision may also be a table: strategy -> precision, with `default` for the rest (the plugin
+    comparison runs each plugin at the precision the seeds used). Taken out of the grid's values."""
+    if not isinstance(o.values.get("precision"), dict):
+        return {}
+    precision_of = {str(k): str(v) for k, v in o.values.pop("precision").items()}
+    for key, value in precision_of.items():
+        if value not in CHOICES["precision"]:
+            raise UserError(
+                f"{o.where('precision')}: {value!r} for {key} is not allowed; "
+                f"allowed: {', '.join(CHOICES['precision'])}"
+            )
+    return precision_of
+
+
+def _per_strategy(o: _Options) -> dict:
+    per_strategy = o.values.get("settings") or {}
     if not isinstance(per_strategy, dict) or not all(
         isinstance(v, list) and all("=" in str(x) for x in v) for v in per_strategy.values() if v is not None
     ):
-        raise UserError(f"{study_file}: settings must map a strategy to a list of key=value")
+        raise UserError(f"{o.study_file}: settings must map a strategy to a list of key=value")
+    return per_strategy
 
+
+def _grid(o: _Options) -> list[tuple[str, list[str]]]:
+    """The grid keys given (batch size, precision and the FSDP modifiers), each with its values."""
     grid: list[tuple[str, list[str]]] = []
     for key in GRID_KEYS:
-        if key not in values:
+        if key not in o.values:
             continue
-        items = as_list(values[key])
-        option = where(key)
+        items = as_list(o.values[key])
+        option = o.where(key)
         if not items:
             raise UserError(f"{option}: no value given")
         for value in items:
             if key == "batch_size":
-                whole_number(key, 1, value)
+                o.whole_number(key, 1, value)
             elif key in BOOLEAN_KEYS:
                 if value not in TRUE + FALSE:
                     raise UserError(f"{option}: '{value}' is not allowed; allowed: true, false")
@@ -277,13 +299,17 @@ def make_plan(
                 raise UserError(f"{option}: '{value}' is not allowed; allowed: {', '.join(CHOICES[key])}")
         items = [normalise_bool(v) if key in BOOLEAN_KEYS else v for v in items]
         grid.append((key, list(dict.fromkeys(items))))
+    return grid
 
+
+def _common_settings(o: _Options, steps: int, warmup: int, system) -> list:
+    """The trainer settings every run gets: steps, the fit verdict, and --set's keys."""
     common = [f"train.steps={steps}", f"train.warmup_steps={warmup}"]
-    if "skip_if_not_fits" in values:
-        common.append(f"plan.skip_if_not_fits={normalise_bool(as_list(values['skip_if_not_fits'])[0])}")
+    if "skip_if_not_fits" in o.values:
+        common.append(f"plan.skip_if_not_fits={normalise_bool(as_list(o.values['skip_if_not_fits'])[0])}")
         if system.device_memory_gib:
             common.append(f"plan.device_memory_gib={system.device_memory_gib}")
-    for key, value in (values.get("set") or {}).items():
+    for key, value in (o.values.get("set") or {}).items():
         value = normalise_bool(value) if isinstance(value, bool) else str(value)
         if not re.fullmatch(r"[a-z_]+(\.[a-z_0-9]+)+", str(key)) or re.search(r"\s", value):
             raise UserError(
@@ -293,34 +319,27 @@ def make_plan(
         if key.split(".")[0] == "output":
             raise UserError(f"--set: {key} is chosen by the study; use --out and --study instead")
         common.append(f"{key}={value}")
+    return common
 
+
+def _runs(study: Study, grid: list, precision_of: dict, per_strategy: dict, shapes: list, system) -> list:
+    """Every point of models x strategies x grid x shapes, in that order, one PlannedRun each."""
     varying = {key for key, items in grid if len(items) > 1}
-    study = Study(
-        name,
-        models,
-        strategies,
-        nodes,
-        rank_counts,
-        launcher,
-        common,
-        " ".join(f"{k}={','.join(v)}" for k, v in grid if len(v) > 1),
-        ranks_per_node,
-    )
-    shapes = [(1, g) for g in rank_counts] if one_machine else [(n, ranks_per_node) for n in nodes]
-    for model in models:
-        for label in strategies:
+    runs = []
+    for model in study.models:
+        for label in study.strategies:
             for combo in itertools.product(*[items for _, items in grid]):
                 variant = dict(zip([key for key, _ in grid], combo, strict=True))  # batch_size always among them
                 if precision_of and "precision" not in variant:
                     variant["precision"] = precision_of.get(label, precision_of.get("default", "fp32"))
                 settings = [f"model={model}", f"strategy={label}"]
                 settings += [f"{STUDY_KEYS[k][1]}={v}" for k, v in variant.items()]
-                settings += common + [str(x) for x in per_strategy.get(label) or []]
+                settings += study.common + [str(x) for x in per_strategy.get(label) or []]
                 peak = system.peak_for(run_arithmetic(variant.get("precision", "fp32"), settings, system))
                 system_settings = [f"system.peak_tflops={peak}"] if peak is not None else []
                 shown = ",".join(f"{k}={v}" for k, v in variant.items() if k in varying) or "-"
                 for n, per_node in shapes:
-                    study.runs.append(
+                    runs.append(
                         PlannedRun(
                             model,
                             label,
@@ -331,10 +350,52 @@ def make_plan(
                             system_settings,
                         )
                     )
+    return runs
+
+
+def make_plan(
+    study_file: str,
+    cli: dict,
+    sets: list,
+    system,
+    ranks_per_node: int,
+    alloc_nodes: int,
+    one_machine: bool = False,
+    analysis_only: bool = False,
+) -> Study:
+    """The study's runs from its file and the command line, every option checked first (one line
+    naming the option on a bad one). `one_machine`: a GPU machine without Slurm, where the ladder is
+    over GPUs (`ranks_per_node` is then the number of GPUs found). `alloc_nodes`: the allocation's
+    size, 0 = not in one."""
+    o = _Options(study_file, cli, sets)
+    name, models = _study_name(o), _models(o)
+    if "ranks_per_node" in o.values:
+        ranks_per_node = o.whole_number("ranks_per_node", 1)
+    strategies = _strategies(o, system, 0 if one_machine else ranks_per_node)
+    rank_counts: list[int] = []
+    if analysis_only:
+        nodes = []
+    elif one_machine:
+        nodes, rank_counts = [1], _gpu_counts(o, system, ranks_per_node)
+    else:
+        nodes = _node_counts(o, alloc_nodes)
+    steps, warmup = _steps(o)
+    repeat = whole(o.where("repeat"), o.values.get("repeat", 1), 1)
+    predict = _predict(o)
+    launcher = _launcher(o, system)
+    precision_of = _precision_table(o)
+    per_strategy = _per_strategy(o)
+    grid = _grid(o)
+    common = _common_settings(o, steps, warmup, system)
+
+    varied = " ".join(f"{k}={','.join(v)}" for k, v in grid if len(v) > 1)
+    study = Study(name, models, strategies, nodes, rank_counts, launcher, common, varied, ranks_per_node)
+    shapes = [(1, g) for g in rank_counts] if one_machine else [(n, ranks_per_node) for n in nodes]
+    study.runs = _runs(study, grid, precision_of, per_strategy, shapes, system)
     if not one_machine and launcher in ("srun", "mpi"):
-        refuse_qgz_under_one_gpu_per_task(study.runs, system, where("strategies"))
+        refuse_qgz_under_one_gpu_per_task(study.runs, system, o.where("strategies"))
     study.repeat = repeat
-    study.predict = bool(predict) and predict[0].lower() in TRUE
+    study.predict = predict
     study.runs = interleave(study.runs, repeat)
     return study
 
