@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vit_scale.distributed.family import Family
+from vit_scale.distributed.fsdp.cost import COSTS
 from vit_scale.distributed.layout import Layout
 from vit_scale.options import option
 
@@ -61,6 +62,7 @@ FAMILY = Family(
     # from replicated to fully sharded, the order legends and tables use; g: shard group size
     labels=("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD"),
     strategy=_strategy,
+    costs=COSTS,
     options=FSDPConfig,
     layout=layout,
     supports_finetune=True,
