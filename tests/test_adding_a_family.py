@@ -49,7 +49,15 @@ def _strategy():
     return ToyStrategy
 
 
-FAMILY = Family("toy", labels=("TOY",), strategy=_strategy, options=ToyConfig, layout=layout, costs=COSTS)
+FAMILY = Family(
+    "toy",
+    labels=("TOY",),
+    strategy=_strategy,
+    options=ToyConfig,
+    layout=layout,
+    costs=COSTS,
+    plan_flags=(("width", "--toy-width", "default 2 (toy.width)"),),
+)
 '''
 
 TOY_COST = '''
@@ -234,8 +242,9 @@ def test_each_family_loads_its_own_strategy_behind_the_strategy_interface():
 
 def test_a_family_folder_and_its_two_lines_are_planned(tmp_path):
     """`vit-scale plan` sizes the toy family from its cost module: memory per component, the bytes it
-    all-reduces across its replicas, and (with --system) a predicted step; its rows validate against
-    the plan's schema, whose family names come from the registry."""
+    all-reduces across its replicas, and (with --system) a predicted step; its option has the flag the
+    family declares; its rows validate against the plan's schema, whose family names come from the
+    registry."""
     _add_toy(tmp_path)
     proc = _python(
         """
@@ -248,7 +257,7 @@ def test_a_family_folder_and_its_two_lines_are_planned(tmp_path):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             rc = main(["--model", "vit_tiny", "--strategy", "TOY", "--nodes", "1,2", "--gpus-per-node", "4",
-                       "--set", "toy.width=2", "--system", "frontier", "--no-figure", "--json"])
+                       "--toy-width", "4", "--system", "frontier", "--no-figure", "--json"])
         doc = json.loads(out.getvalue())
         jsonschema.validate(doc, PLAN_SCHEMA)
         params = Shape.from_spec(get_spec("vit_tiny")).params
@@ -263,8 +272,8 @@ def test_a_family_folder_and_its_two_lines_are_planned(tmp_path):
         tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
-    # 4 ranks a node, toy.width 2: 2 replicas on one node, 4 on two (the all-reduce then crosses nodes);
+    # 4 ranks a node, --toy-width 4: one copy on one node, 2 on two (the all-reduce then crosses nodes);
     # 4 bytes a parameter for the fp32 weights, 8 for AdamW's two states
-    assert "row toy 1 2 4.0 8.0 False True True True" in proc.stdout
-    assert "row toy 2 4 4.0 8.0 True True True True" in proc.stdout
-    assert "rc 0 toy {'width': 2, 'mode': 'fast', 'boost': False}" in proc.stdout
+    assert "row toy 1 1 4.0 8.0 False True True True" in proc.stdout
+    assert "row toy 2 2 4.0 8.0 True True True True" in proc.stdout
+    assert "rc 0 toy {'width': 4, 'mode': 'fast', 'boost': False}" in proc.stdout

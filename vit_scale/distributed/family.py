@@ -48,3 +48,6 @@ class Family:
     # its planner terms (its `cost` module: memory, collectives, timeline rules; vit_scale.distributed.costing);
     # None: `vit-scale plan` has no model of it
     costs: Costs | None = None
+    # (key, flag, help): the options `vit-scale plan` offers as flags of their own (the others through
+    # --set); type and choices come from the options dataclass's field
+    plan_flags: tuple = ()

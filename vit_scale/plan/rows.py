@@ -11,7 +11,7 @@ from vit_scale.errors import UserError
 from vit_scale.planning import assumptions, plan_row
 from vit_scale.planning.scenario import Allowance, from_config
 
-from .options import positive_ints, split, system_defaults
+from .options import family_flags, positive_ints, split, system_defaults
 
 
 def _default_strategies(gpus_per_node: int) -> list[str]:
@@ -52,15 +52,10 @@ def build(args) -> tuple[list[dict], dict, list]:
         f"train.activation_checkpointing={str(args.activation_checkpointing).lower()}",
         f"train.num_classes={args.num_classes}",
     ]
-    for key, value in (
-        ("fsdp.version", args.fsdp_version),
-        ("fsdp.backward_prefetch", args.backward_prefetch),
-        ("fsdp.limit_all_gathers", args.limit_all_gathers),
-        ("fsdp.forward_prefetch", args.forward_prefetch),
-        ("fsdp.use_orig_params", args.use_orig_params),
-    ):
+    for family, key, _, dest, _ in family_flags():
+        value = getattr(args, dest)
         if value is not None:
-            overrides.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+            overrides.append(f"{family}.{key}={str(value).lower() if isinstance(value, bool) else value}")
     base = load_config(None, [f"model={models[0]}"] + overrides)
     allowance = Allowance(runtime_gib=args.runtime_gib, fragmentation=args.fragmentation, stream_held=args.stream_held)
     refused = {}

@@ -34,6 +34,16 @@ class FSDPConfig:
     cpu_offload: bool = option(False, "needs a GPU with FSDP1 (pinned memory)")
 
 
+# the fsdp.* keys `vit-scale plan` has flags for, and what their --help says
+PLAN_FLAGS = (
+    ("version", "--fsdp-version", "default 1 (fsdp.version)"),
+    ("backward_prefetch", "--backward-prefetch", "default pre"),
+    ("limit_all_gathers", "--limit-all-gathers", "default on"),
+    ("forward_prefetch", "--forward-prefetch", "default off"),
+    ("use_orig_params", "--use-orig-params", "default off"),
+)
+
+
 def layout(cfg, label, world_size, ranks_per_node):
     W, notes = world_size, []
     version = cfg.fsdp.version
@@ -63,6 +73,7 @@ FAMILY = Family(
     labels=("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD"),
     strategy=_strategy,
     costs=COSTS,
+    plan_flags=PLAN_FLAGS,
     options=FSDPConfig,
     layout=layout,
     supports_finetune=True,
