@@ -113,15 +113,18 @@ def _edit(path, old: str, new: str) -> None:
         f.write(text.replace(old, new))
 
 
-def _add_toy(tmp_path, config_line: bool = True) -> None:
+def _add_toy(tmp_path, config_line: bool = True, costs: bool = True) -> None:
     """A copy of vit_scale with the toy family added: its folder, its FAMILIES line and (with
-    config_line) its section's line in Config, each import beside it."""
+    config_line) its section's line in Config, each import beside it; without costs, a family that
+    declares no planner terms."""
     package = tmp_path / "vit_scale"
     shutil.copytree(os.path.join(ROOT, "vit_scale"), package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "distributed" / "toy").mkdir()
     (package / "distributed" / "toy" / "__init__.py").write_text(TOY_FAMILY)
     (package / "distributed" / "toy" / "strategy.py").write_text(TOY_STRATEGY)
     (package / "distributed" / "toy" / "cost.py").write_text(TOY_COST)
+    if not costs:
+        _edit(package / "distributed" / "toy" / "__init__.py", "    costs=COSTS,\n", "")
     registry = package / "distributed" / "__init__.py"
     _edit(registry, "import colossalai, ddp, deepspeed, fsdp\n", "import colossalai, ddp, deepspeed, fsdp, toy\n")
     _edit(
@@ -277,3 +280,29 @@ def test_a_family_folder_and_its_two_lines_are_planned(tmp_path):
     assert "row toy 1 1 4.0 8.0 False True True True" in proc.stdout
     assert "row toy 2 2 4.0 8.0 True True True True" in proc.stdout
     assert "rc 0 toy {'width': 4, 'mode': 'fast', 'boost': False}" in proc.stdout
+
+
+def test_a_family_without_planner_terms_is_refused_by_the_plan_in_one_line(tmp_path):
+    """Asked for by name, a family with no cost module is a one-line error (exit 2); in the default
+    list of every label it is left out with why, and the other families are planned."""
+    _add_toy(tmp_path, costs=False)
+    proc = _python(
+        """
+        import contextlib, io, json
+        from vit_scale.plan import main
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            print("explicit", main(["--model", "vit_tiny", "--strategy", "TOY", "--json"]), err.getvalue().strip())
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["--model", "vit_tiny", "--json"])
+        doc = json.loads(out.getvalue())
+        print("default", rc, sorted({r["family"] for r in doc["rows"]}), doc["assumptions"]["refused"]["TOY"])
+    """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    why = "TOY: the toy family has no planner model (Family.costs: its cost.py, docs/architecture.md)"
+    assert f"explicit 2 vit-scale plan: error: --strategy: {why}" in proc.stdout
+    assert f"default 0 ['colossalai', 'ddp', 'deepspeed', 'fsdp'] {why}" in proc.stdout

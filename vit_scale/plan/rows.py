@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from vit_scale.distributed import GROUP_SIZE, all_labels
+from vit_scale.distributed import FAMILIES, GROUP_SIZE, all_labels, parse_strategy
 from vit_scale.distributed.capabilities import refusal
 from vit_scale.errors import UserError
 from vit_scale.planning import assumptions, plan_row
@@ -63,6 +63,10 @@ def build(args) -> tuple[list[dict], dict, list]:
         error = refusal(strategy, args.precision, args.device, base)  # base: option rules see --set
         if error and explicit:
             raise UserError(f"--strategy: {strategy} with --precision {args.precision} on {args.device}: {error}")
+        if not error:
+            error = _unplanned(strategy)
+            if error and explicit:
+                raise UserError(f"--strategy: {error}")
         if error:
             refused[strategy] = error
             strategies.remove(strategy)
@@ -92,6 +96,14 @@ def build(args) -> tuple[list[dict], dict, list]:
         )
     shared = {**shared, "device": args.device, "refused": refused}
     return rows, shared, scenarios
+
+
+def _unplanned(label: str) -> str | None:
+    """Why the planner cannot size a label whose family declares no planner terms, or None."""
+    family = parse_strategy(label).family
+    if FAMILIES[family].costs is not None:
+        return None
+    return f"{label}: the {family} family has no planner model (Family.costs: its cost.py, docs/architecture.md)"
 
 
 def _skip_default(sc) -> bool:

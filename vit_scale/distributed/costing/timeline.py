@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vit_scale.distributed.costing.memory import numel
 from vit_scale.distributed.costing.traffic import ranks_per_node, spans_nodes
 
 
@@ -74,13 +75,6 @@ def _tensor_units(shape) -> tuple[list, list]:
     return tensors, units
 
 
-def _numel(t) -> int:
-    numel = 1
-    for d in t:
-        numel *= d
-    return numel
-
-
 def buckets(sc, shape, grad_bytes: float, first_cap: float, cap: float) -> list[tuple[int, float]]:
     """Gradient buckets in reverse parameter order, as torch's _compute_bucket_assignment_by_size
     fills them (a bucket closes once it reaches its cap; the first has its own cap): (the unit whose
@@ -88,7 +82,7 @@ def buckets(sc, shape, grad_bytes: float, first_cap: float, cap: float) -> list[
     tensors, units = _tensor_units(shape)
     out, size, last, limit = [], 0.0, None, first_cap
     for t, unit in zip(reversed(tensors), reversed(units), strict=True):
-        size += _numel(t) * grad_bytes
+        size += numel(t) * grad_bytes
         last = unit
         if size >= limit:
             out.append((last, size))
@@ -108,11 +102,11 @@ def flushed_buckets(shape, grad_bytes: float, elements: int) -> list[tuple[int, 
     tensors, units = _tensor_units(shape)
     out, count = [], 0
     for t, unit in zip(reversed(tensors), reversed(units), strict=True):
-        numel = _numel(t)
-        if count + numel > elements and count > 0:
+        n = numel(t)
+        if count + n > elements and count > 0:
             out.append((unit, count * grad_bytes))
             count = 0
-        count += numel
+        count += n
     if count > 0:
         out.append((0, count * grad_bytes))
     return out
