@@ -1,8 +1,9 @@
 """docs/architecture.md's "Adding a strategy family" holds: a family package (its torch-free
 `__init__` with an options dataclass and a FAMILY, its `strategy` module, its `cost` module), its
 line in FAMILIES and, since it has options, its section's line in Config give the run configuration
-its keys, their rules and their --help, and `vit-scale plan` its memory and predicted step, with no
-other edit; and the configuration and the family packages import without torch.
+its keys, their rules and their --help, `vit-scale plan` its memory and predicted step, and
+`vit-scale study` its runs and forecast, with no other edit; and the configuration and the family
+packages import without torch.
 
 The toy family is added to a copy of the package, edited as a contributor would edit the source,
 and each case runs in a fresh interpreter on that copy.
@@ -306,3 +307,30 @@ def test_a_family_without_planner_terms_is_refused_by_the_plan_in_one_line(tmp_p
     why = "TOY: the toy family has no planner model (Family.costs: its cost.py, docs/architecture.md)"
     assert f"explicit 2 vit-scale plan: error: --strategy: {why}" in proc.stdout
     assert f"default 0 ['colossalai', 'ddp', 'deepspeed', 'fsdp'] {why}" in proc.stdout
+
+
+def test_a_study_plans_and_forecasts_a_family_added_in_one_folder(tmp_path):
+    """`vit-scale study --dry-run` lists the toy family's runs with its option, and the study's
+    forecast (predict: true) predicts them through the toy family's cost module: nothing of the
+    study names a family."""
+    _add_toy(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VIT_SCALE_HOME": ROOT}
+    argv = ["--system", "frontier", "--dry-run", "--models", "vit_base", "--strategies", "TOY", "--nodes", "1,2"]
+    argv += ["--steps", "2", "--warmup-steps", "1", "--repeat", "1", "--set", "toy.width=8", "--predict", "true"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "[1/2] vit_base TOY n1 (8 ranks)" in out and "[2/2] vit_base TOY n2 (16 ranks)" in out
+    assert "strategy=TOY" in out and "toy.width=8" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("TOY ")]
+    # strategy, nodes, GPUs, memory, fits, step ms, ...: both points predicted to fit and run
+    assert [(r[1], r[2], r[4]) for r in rows] == [("1", "8", "yes"), ("2", "16", "yes")], out
+    assert all(float(r[5]) > 0 for r in rows), out
+    assert not (tmp_path / "runs").exists()
