@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vit_scale.config import load_config
 from vit_scale.distributed import parse_strategy, parts, strategy_class
 from vit_scale.distributed.base import ModelFactory
+from vit_scale.distributed.deepspeed import cost as zero_cost
 from vit_scale.launch.world import choose_device, detect_world, init_distributed, leave
 from vit_scale.models import count_params, get_spec
 from vit_scale.planning import communication, from_config, layout
@@ -148,12 +149,12 @@ def run_case(case: str, world) -> dict:
     sc = from_config(cfg, nodes=world.nodes, gpus_per_node=world.local_world_size, device_memory_gib=None)
     lay = layout(sc)
     # the planner assumes DeepSpeed's default reuse distance; a case that sets another tells it so
-    default_reuse = communication.DS_MAX_REUSE_DISTANCE
-    communication.DS_MAX_REUSE_DISTANCE = zero.get("stage3_max_reuse_distance", default_reuse)
+    default_reuse = zero_cost.DS_MAX_REUSE_DISTANCE
+    zero_cost.DS_MAX_REUSE_DISTANCE = zero.get("stage3_max_reuse_distance", default_reuse)
     try:
         predicted, per_unit = communication.predict(sc, lay), communication.per_unit(sc, lay)
     finally:
-        communication.DS_MAX_REUSE_DISTANCE = default_reuse
+        zero_cost.DS_MAX_REUSE_DISTANCE = default_reuse
     ranks = [None] * world.world_size
     dist.all_gather_object(ranks, steps)
     return {

@@ -1,8 +1,9 @@
 """docs/architecture.md's "Adding a strategy family" holds: a family package (its torch-free
-`__init__` with an options dataclass and a FAMILY, its `strategy` module), its line in FAMILIES and,
-since it has options, its section's line in Config give the run configuration its keys, their
-rules and their --help, with no other edit; and the configuration and the family packages import
-without torch.
+`__init__` with an options dataclass and a FAMILY, its `strategy` module, its `cost` module), its
+line in FAMILIES and, since it has options, its section's line in Config give the run configuration
+its keys, their rules and their --help, `vit-scale plan` its memory and predicted step, and
+`vit-scale study` its runs and forecast, with no other edit; and the configuration and the family
+packages import without torch.
 
 The toy family is added to a copy of the package, edited as a contributor would edit the source,
 and each case runs in a fresh interpreter on that copy.
@@ -23,6 +24,7 @@ from typing import Literal
 
 from vit_scale.distributed.family import Family
 from vit_scale.distributed.layout import Layout
+from vit_scale.distributed.toy.cost import COSTS
 from vit_scale.errors import UserError
 from vit_scale.options import AT_LEAST_1, option
 
@@ -48,7 +50,44 @@ def _strategy():
     return ToyStrategy
 
 
-FAMILY = Family("toy", labels=("TOY",), strategy=_strategy, options=ToyConfig, layout=layout)
+FAMILY = Family(
+    "toy",
+    labels=("TOY",),
+    strategy=_strategy,
+    options=ToyConfig,
+    layout=layout,
+    costs=COSTS,
+    plan_flags=(("width", "--toy-width", "default 2 (toy.width)"),),
+)
+'''
+
+TOY_COST = '''
+"""The toy family's planner terms: fp32 weights, gradients and AdamW states on every rank, and one
+all-reduce of every gradient over the replicas once the backward is done (toy.width ranks per copy)."""
+from vit_scale.distributed.costing import Costs
+from vit_scale.distributed.costing.memory import StateMemory, const, per_phase
+from vit_scale.distributed.costing.timeline import UnitPlan, group_coll
+
+
+def memory(sc, shape, lay):
+    P = shape.params
+    grads = per_phase(0, 4.0 * shape.block_params, 4.0 * P, 4.0 * P)
+    zero = const(0.0)
+    return StateMemory(4.0 * P, 8.0 * P, grads, zero, zero, 0.0, optimizer_impl="fused")
+
+
+def traffic(sc, lay, shape, ledger):
+    ledger.add("all_reduce", 4 * shape.params, lay.replicate, "strided", lay.shard)
+
+
+def step_plan(sc, lay, net, units, c):
+    group = (lay.replicate, "strided", lay.shard)
+    coll = group_coll(sc, net, "all_reduce", 4 * sc.shape.params, group, "replicate", "all-reduce")
+    units[0].after_backward = (coll,) if coll else ()
+    return UnitPlan(units, rules=["TOY: every gradient all-reduced after the backward"])
+
+
+COSTS = Costs(memory=memory, traffic=traffic, step_plan=step_plan)
 '''
 
 TOY_STRATEGY = '''
@@ -75,14 +114,18 @@ def _edit(path, old: str, new: str) -> None:
         f.write(text.replace(old, new))
 
 
-def _add_toy(tmp_path, config_line: bool = True) -> None:
+def _add_toy(tmp_path, config_line: bool = True, costs: bool = True) -> None:
     """A copy of vit_scale with the toy family added: its folder, its FAMILIES line and (with
-    config_line) its section's line in Config, each import beside it."""
+    config_line) its section's line in Config, each import beside it; without costs, a family that
+    declares no planner terms."""
     package = tmp_path / "vit_scale"
     shutil.copytree(os.path.join(ROOT, "vit_scale"), package, ignore=shutil.ignore_patterns("__pycache__"))
     (package / "distributed" / "toy").mkdir()
     (package / "distributed" / "toy" / "__init__.py").write_text(TOY_FAMILY)
     (package / "distributed" / "toy" / "strategy.py").write_text(TOY_STRATEGY)
+    (package / "distributed" / "toy" / "cost.py").write_text(TOY_COST)
+    if not costs:
+        _edit(package / "distributed" / "toy" / "__init__.py", "    costs=COSTS,\n", "")
     registry = package / "distributed" / "__init__.py"
     _edit(registry, "import colossalai, ddp, deepspeed, fsdp\n", "import colossalai, ddp, deepspeed, fsdp, toy\n")
     _edit(
@@ -106,7 +149,8 @@ def _add_toy(tmp_path, config_line: bool = True) -> None:
 
 
 def _python(code: str, tmp_path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # the edited copy, not the checkout
+    # the edited copy, not the checkout; the checkout's configs/ (system profiles)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VIT_SCALE_HOME": ROOT}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -198,3 +242,95 @@ def test_each_family_loads_its_own_strategy_behind_the_strategy_interface():
         assert issubclass(strategy_class(name), Strategy)
     public = {m for m in vars(Strategy) if not m.startswith("_")}
     assert public == {"family", "check", "setup", "train_step", "options", "describe", "artifacts", "local_tensors"}
+
+
+def test_a_family_folder_and_its_two_lines_are_planned(tmp_path):
+    """`vit-scale plan` sizes the toy family from its cost module: memory per component, the bytes it
+    all-reduces across its replicas, and (with --system) a predicted step; its option has the flag the
+    family declares; its rows validate against the plan's schema, whose family names come from the
+    registry."""
+    _add_toy(tmp_path)
+    proc = _python(
+        """
+        import contextlib, io, json
+        import jsonschema
+        from vit_scale.plan import PLAN_SCHEMA, main
+        from vit_scale.planning.shapes import Shape
+        from vit_scale.models import get_spec
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["--model", "vit_tiny", "--strategy", "TOY", "--nodes", "1,2", "--gpus-per-node", "4",
+                       "--toy-width", "4", "--system", "frontier", "--no-figure", "--json"])
+        doc = json.loads(out.getvalue())
+        jsonschema.validate(doc, PLAN_SCHEMA)
+        params = Shape.from_spec(get_spec("vit_tiny")).params
+        for row in doc["rows"]:
+            print("row", row["family"], row["nodes"], row["replicate_group_size"],
+                  round(row["components_gib"]["params"] * 2**30 / params, 2),
+                  round(row["components_gib"]["optimizer"] * 2**30 / params, 2),
+                  row["communication"]["all_reduce"]["inter"] > 0, row["fits"],
+                  row["prediction"]["step"]["step_s"] > 0, row["prediction"]["images_per_s"] > 0)
+        print("rc", rc, "toy", doc["assumptions"]["toy"])
+    """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    # 4 ranks a node, --toy-width 4: one copy on one node, 2 on two (the all-reduce then crosses nodes);
+    # 4 bytes a parameter for the fp32 weights, 8 for AdamW's two states
+    assert "row toy 1 1 4.0 8.0 False True True True" in proc.stdout
+    assert "row toy 2 2 4.0 8.0 True True True True" in proc.stdout
+    assert "rc 0 toy {'width': 4, 'mode': 'fast', 'boost': False}" in proc.stdout
+
+
+def test_a_family_without_planner_terms_is_refused_by_the_plan_in_one_line(tmp_path):
+    """Asked for by name, a family with no cost module is a one-line error (exit 2); in the default
+    list of every label it is left out with why, and the other families are planned."""
+    _add_toy(tmp_path, costs=False)
+    proc = _python(
+        """
+        import contextlib, io, json
+        from vit_scale.plan import main
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            print("explicit", main(["--model", "vit_tiny", "--strategy", "TOY", "--json"]), err.getvalue().strip())
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = main(["--model", "vit_tiny", "--json"])
+        doc = json.loads(out.getvalue())
+        print("default", rc, sorted({r["family"] for r in doc["rows"]}), doc["assumptions"]["refused"]["TOY"])
+    """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    why = "TOY: the toy family has no planner model (Family.costs: its cost.py, docs/architecture.md)"
+    assert f"explicit 2 vit-scale plan: error: --strategy: {why}" in proc.stdout
+    assert f"default 0 ['colossalai', 'ddp', 'deepspeed', 'fsdp'] {why}" in proc.stdout
+
+
+def test_a_study_plans_and_forecasts_a_family_added_in_one_folder(tmp_path):
+    """`vit-scale study --dry-run` lists the toy family's runs with its option, and the study's
+    forecast (predict: true) predicts them through the toy family's cost module: nothing of the
+    study names a family."""
+    _add_toy(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VIT_SCALE_HOME": ROOT}
+    argv = ["--system", "frontier", "--dry-run", "--models", "vit_base", "--strategies", "TOY", "--nodes", "1,2"]
+    argv += ["--steps", "2", "--warmup-steps", "1", "--repeat", "1", "--set", "toy.width=8", "--predict", "true"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "[1/2] vit_base TOY n1 (8 ranks)" in out and "[2/2] vit_base TOY n2 (16 ranks)" in out
+    assert "strategy=TOY" in out and "toy.width=8" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith("TOY ")]
+    # strategy, nodes, GPUs, memory, fits, step ms, ...: both points predicted to fit and run
+    assert [(r[1], r[2], r[4]) for r in rows] == [("1", "8", "yes"), ("2", "16", "yes")], out
+    assert all(float(r[5]) > 0 for r in rows), out
+    assert not (tmp_path / "runs").exists()

@@ -1,7 +1,8 @@
 """Strategy registry: family name -> its `Family` (vit_scale.distributed.family). Adding a family
-is one package here (its torch-free `__init__` declaring FAMILY, its `strategy` module) and one
-line below; every list of labels is derived here from the families' labels, as is the set of
-option sections (`fsdp.*`, `deepspeed.*` ...) that the run configuration declares.
+is one package here (its torch-free `__init__` declaring FAMILY, its torch-free `cost` module, the
+planner's terms, and its `strategy` module) and one line below; every list of labels is derived
+here from the families' labels, as is the set of option sections (`fsdp.*`, `deepspeed.*` ...)
+that the run configuration and the planner's Scenario declare.
 
 The family packages' `__init__` import no torch, DeepSpeed or ColossalAI, nor their own
 `strategy` module (the planner and the analysis read labels, options and layouts without them);

@@ -1,9 +1,10 @@
 """What the registry knows of a strategy family without loading its torch half.
 
 Each family package (`vit_scale.distributed.fsdp` ...) declares one `Family` in its `__init__`:
-its labels, its options dataclass (the run configuration's section named after it), its layout
-and what it can do (fine-tune, compile, LoRA, which JIT kernels it needs). The planner, the
-analysis and every list of labels read these; only a run loads `strategy()`, the family's
+its labels, its options dataclass (the run configuration's section named after it), its layout,
+its planner terms (`costs`, from its torch-free `cost` module) and what it can do (fine-tune,
+compile, LoRA, which JIT kernels it needs). The planner, the analysis and every list of labels
+read these; only a run loads `strategy()`, the family's
 Strategy class in its `strategy` module. Torch-free, like the family packages' `__init__`.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vit_scale.distributed.costing import Costs
 from vit_scale.distributed.layout import Layout
 
 
@@ -43,3 +45,9 @@ class Family:
     # the JIT-built kernels (keys of distributed/kernels.py) a run of (label, device kind) may
     # need; `vit-scale prepare` builds them before any run's clock starts
     jit_kernels: Callable[[str, str], tuple] = _no_kernels
+    # its planner terms (its `cost` module: memory, collectives, timeline rules; vit_scale.distributed.costing);
+    # None: `vit-scale plan` has no model of it
+    costs: Costs | None = None
+    # (key, flag, help): the options `vit-scale plan` offers as flags of their own (the others through
+    # --set); type and choices come from the options dataclass's field
+    plan_flags: tuple = ()

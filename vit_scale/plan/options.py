@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import typing
 
+from vit_scale.distributed import FAMILIES
 from vit_scale.errors import UserError
 from vit_scale.planning.scenario import ATTENTION, OPTIMIZER_IMPLS, PRECISIONS, Allowance
 
@@ -74,13 +76,29 @@ def _point_options(p) -> None:
     )
 
 
+def family_flags():
+    """(family, key, flag, argparse dest, help) of each option a family offers as a flag (Family.plan_flags)."""
+    for name, family in FAMILIES.items():
+        for key, flag, text in family.plan_flags:
+            yield name, key, flag, flag.removeprefix("--").replace("-", "_"), text
+
+
+def _flag_kind(options: type, key: str) -> dict:
+    """argparse's type and choices for an option's flag, from its field's type: a boolean as --x/--no-x,
+    a Literal as its choices; None when not given, so the configuration's default applies."""
+    typ = typing.get_type_hints(options)[key]
+    if typ is bool:
+        return {"action": argparse.BooleanOptionalAction, "default": None}
+    if typing.get_origin(typ) is typing.Literal:
+        choices = typing.get_args(typ)
+        return {"type": type(choices[0]), "choices": choices}
+    return {"type": typ}
+
+
 def _strategy_options(p) -> None:
-    """The FSDP modifiers and any trainer key (--set)."""
-    p.add_argument("--fsdp-version", type=int, choices=(1, 2), help="default 1 (fsdp.version)")
-    p.add_argument("--backward-prefetch", choices=("none", "pre", "post"), help="default pre")
-    p.add_argument("--limit-all-gathers", action=argparse.BooleanOptionalAction, default=None, help="default on")
-    p.add_argument("--forward-prefetch", action=argparse.BooleanOptionalAction, default=None, help="default off")
-    p.add_argument("--use-orig-params", action=argparse.BooleanOptionalAction, default=None, help="default off")
+    """The families' own flags and any trainer key (--set)."""
+    for name, key, flag, _, text in family_flags():
+        p.add_argument(flag, help=text, **_flag_kind(FAMILIES[name].options, key))
     p.add_argument(
         "--set",
         action="append",

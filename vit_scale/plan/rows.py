@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from vit_scale.distributed import GROUP_SIZE, all_labels
+from vit_scale.distributed import FAMILIES, GROUP_SIZE, all_labels, parse_strategy
 from vit_scale.distributed.capabilities import refusal
 from vit_scale.errors import UserError
 from vit_scale.planning import assumptions, plan_row
 from vit_scale.planning.scenario import Allowance, from_config
 
-from .options import positive_ints, split, system_defaults
+from .options import family_flags, positive_ints, split, system_defaults
 
 
 def _default_strategies(gpus_per_node: int) -> list[str]:
@@ -52,15 +52,10 @@ def build(args) -> tuple[list[dict], dict, list]:
         f"train.activation_checkpointing={str(args.activation_checkpointing).lower()}",
         f"train.num_classes={args.num_classes}",
     ]
-    for key, value in (
-        ("fsdp.version", args.fsdp_version),
-        ("fsdp.backward_prefetch", args.backward_prefetch),
-        ("fsdp.limit_all_gathers", args.limit_all_gathers),
-        ("fsdp.forward_prefetch", args.forward_prefetch),
-        ("fsdp.use_orig_params", args.use_orig_params),
-    ):
+    for family, key, _, dest, _ in family_flags():
+        value = getattr(args, dest)
         if value is not None:
-            overrides.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
+            overrides.append(f"{family}.{key}={str(value).lower() if isinstance(value, bool) else value}")
     base = load_config(None, [f"model={models[0]}"] + overrides)
     allowance = Allowance(runtime_gib=args.runtime_gib, fragmentation=args.fragmentation, stream_held=args.stream_held)
     refused = {}
@@ -68,6 +63,10 @@ def build(args) -> tuple[list[dict], dict, list]:
         error = refusal(strategy, args.precision, args.device, base)  # base: option rules see --set
         if error and explicit:
             raise UserError(f"--strategy: {strategy} with --precision {args.precision} on {args.device}: {error}")
+        if not error:
+            error = _unplanned(strategy)
+            if error and explicit:
+                raise UserError(f"--strategy: {error}")
         if error:
             refused[strategy] = error
             strategies.remove(strategy)
@@ -97,6 +96,14 @@ def build(args) -> tuple[list[dict], dict, list]:
         )
     shared = {**shared, "device": args.device, "refused": refused}
     return rows, shared, scenarios
+
+
+def _unplanned(label: str) -> str | None:
+    """Why the planner cannot size a label whose family declares no planner terms, or None."""
+    family = parse_strategy(label).family
+    if FAMILIES[family].costs is not None:
+        return None
+    return f"{label}: the {family} family has no planner model (Family.costs: its cost.py, docs/architecture.md)"
 
 
 def _skip_default(sc) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vit_scale.distributed import FAMILIES
 from vit_scale.planning import SCHEMA_VERSION
 
 _NUM = {"type": "number"}
@@ -43,7 +44,7 @@ ROW_SCHEMA = {
         "model": {"type": "string"},
         "params": {"type": "integer", "minimum": 1},
         "strategy": {"type": "string"},
-        "family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]},
+        "family": {"enum": list(FAMILIES)},  # the registry's, in its order
         "implementation": {"type": "string"},
         "nodes": {"type": "integer", "minimum": 1},
         "gpus_per_node": {"type": "integer", "minimum": 1},

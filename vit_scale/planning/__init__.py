@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from vit_scale.distributed import family_options
 from vit_scale.planning import communication, memory
 from vit_scale.planning.scenario import Allowance, Layout, Scenario, from_config, layout
 from vit_scale.planning.shapes import Shape
@@ -34,9 +35,7 @@ def assumptions(sc: Scenario) -> dict:
         "num_classes": sc.num_classes,
         "synthetic_batches": sc.synthetic_batches,
         "optimizer": sc.optimizer,
-        "fsdp": dataclasses.asdict(sc.fsdp),
-        "deepspeed": dataclasses.asdict(sc.deepspeed),
-        "colossalai": dataclasses.asdict(sc.colossalai),
+        **{name: dataclasses.asdict(getattr(sc, name)) for name in family_options()},
         "allowance": dataclasses.asdict(sc.allowance),
     }
 

@@ -29,9 +29,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from vit_scale.distributed.colossalai import ColossalAIConfig
-from vit_scale.distributed.deepspeed import DeepSpeedConfig
-from vit_scale.distributed.fsdp import FSDPConfig
+from vit_scale.distributed import family_options
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning import step_fit
@@ -484,13 +482,11 @@ def scenario_of_run(start: dict) -> Scenario:
         # the device's memory as the run saw it (null on a CPU), so that a point the planner says does not
         # fit is predicted as not fitting, not as a speed
         device_memory_gib=_memory(world.get("device_memory_gib")),
-        fsdp=_section(FSDPConfig, cfg.get("fsdp"), options if strat.get("family") == "fsdp" else {}),
-        deepspeed=_section(
-            DeepSpeedConfig, cfg.get("deepspeed"), options if strat.get("family") == "deepspeed" else {}
-        ),
-        colossalai=_section(
-            ColossalAIConfig, cfg.get("colossalai"), options if strat.get("family") == "colossalai" else {}
-        ),
+        # each family's section from the resolved config, the run's own family's from its recorded options
+        **{
+            name: _section(cls, cfg.get(name), options if strat.get("family") == name else {})
+            for name, cls in family_options().items()
+        },
     )
 
 

@@ -10,10 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from vit_scale.distributed import PRECISIONS, layout_of, parse_strategy
-from vit_scale.distributed.colossalai import ColossalAIConfig
-from vit_scale.distributed.deepspeed import DeepSpeedConfig
-from vit_scale.distributed.fsdp import FSDPConfig
+from vit_scale.distributed import FAMILIES, PRECISIONS, family_options, layout_of, parse_strategy
 from vit_scale.distributed.layout import Layout
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
@@ -21,12 +18,6 @@ from vit_scale.planning.shapes import Shape
 
 ATTENTION = ("fused", "materialised")
 OPTIMIZER_IMPLS = ("auto", "foreach", "single", "fused")
-
-# ColossalAI's LowLevelZero default reduce bucket (reduce_bucket_size_in_m=12, in elements)
-CAI_REDUCE_BUCKET = 12 * 1024 * 1024
-# DeepSpeed ZeRO-3 defaults the trainer does not override
-DS_MAX_LIVE_PARAMETERS = 1_000_000_000
-DS_SUB_GROUP_SIZE = 1_000_000_000
 
 
 @dataclass
@@ -40,7 +31,9 @@ class Allowance:
 
 
 @dataclass
-class Scenario:
+class _Point:
+    """The scenario's fields every family shares; Scenario adds one section per family's options."""
+
     model: str
     strategy: str
     nodes: int = 1
@@ -53,10 +46,6 @@ class Scenario:
     synthetic_batches: int = 4
     optimizer: str = "auto"
     device_memory_gib: float | None = 64.0
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
-    colossalai: ColossalAIConfig = field(default_factory=ColossalAIConfig)
-    allowance: Allowance = field(default_factory=Allowance)
 
     @property
     def world(self) -> int:
@@ -90,27 +79,42 @@ class Scenario:
                 f"x {self.gpus_per_node} GPUs is {self.world}; use HYBRID_<g>GPU with g dividing "
                 f"{self.world}"
             )
-        if label.label == "ZEROPP":
-            hpz = self.deepspeed.hpz_partition_size or self.gpus_per_node
-            if self.world % hpz:
-                raise UserError(f"deepspeed.hpz_partition_size: {hpz} must divide the world size ({self.world})")
+        costs = FAMILIES[label.family].costs
+        if costs is not None:
+            costs.check(self, label)  # the family's options against this world (ZeRO++'s partition)
 
 
-def baseline_nodes(sc: Scenario) -> int:
+# One question's every field: _Point's, then each family's options as a section named after it
+# (sc.fsdp, sc.deepspeed ..., in registry order, as the run configuration's Config has them; the
+# families' cost modules read them), then the allowance. Derived from the registry, so that a family
+# added in one folder is planned with its options; keyword construction and dataclasses.replace work
+# as on any dataclass (Scenario(model=..., fsdp=FSDPConfig(version=2))).
+Scenario = dataclasses.make_dataclass(
+    "Scenario",
+    [(name, options, field(default_factory=options)) for name, options in family_options().items()]
+    + [("allowance", Allowance, field(default_factory=Allowance))],
+    bases=(_Point,),
+)
+Scenario.__module__ = __name__  # make_dataclass's `module` argument is Python 3.12's
+Scenario.__doc__ = "A model under a strategy on so many nodes, with the step and every family's options."
+
+
+def baseline_nodes(sc) -> int:
     """The smallest node count the scenario's strategy can run on (its weak-scaling baseline): 1, or for a
     group wider than a node (HYBRID_16GPU on 8-GPU nodes, a ZeRO++ partition of 16) the fewest nodes
     whose ranks it divides."""
     label = parse_strategy(sc.strategy)
     groups = [label.hybrid_group or 1]
-    if label.label == "ZEROPP" and sc.deepspeed.hpz_partition_size:
-        groups.append(sc.deepspeed.hpz_partition_size)
+    costs = FAMILIES[label.family].costs
+    if costs is not None:
+        groups.extend(costs.groups(sc, label))
     n = 1
     while any((n * sc.gpus_per_node) % g for g in groups) and n < 1 << 16:
         n += 1
     return n
 
 
-def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: float | None, **extra) -> Scenario:
+def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: float | None, **extra):
     """A Scenario for the run `cfg` describes, on `nodes` x `gpus_per_node` ranks."""
     return Scenario(
         model=cfg.model,
@@ -123,26 +127,19 @@ def from_config(cfg, nodes: int, gpus_per_node: int, device_memory_gib: float | 
         num_classes=cfg.train.num_classes,
         synthetic_batches=getattr(cfg.train, "synthetic_batches", 4),
         device_memory_gib=device_memory_gib,
-        fsdp=dataclasses.replace(cfg.fsdp),
-        deepspeed=dataclasses.replace(cfg.deepspeed),
-        colossalai=dataclasses.replace(cfg.colossalai),
+        **{name: dataclasses.replace(getattr(cfg, name)) for name in family_options()},
         **{"optimizer": cfg.train.optimizer, **extra},
     )
 
 
 # ---------------------------------------------------------------- who holds what
 
-# what the planner adds to the strategy's own layout notes: how far its formula is checked
-_APPROXIMATE = {
-    "deepspeed": "DeepSpeed memory follows its 0.19 ZeRO optimizer; approximate beyond the states the tests check",
-    "colossalai": "ColossalAI memory is approximate: its plugins need a GPU, so nothing here is checked against "
-    "real tensors",
-}
 
-
-def layout(sc: Scenario) -> Layout:
+def layout(sc) -> Layout:
     """The strategy's own layout (vit_scale.distributed), as the trainer would build it."""
     lay = layout_of(sc.strategy, sc.world, sc.gpus_per_node, sc)
-    if lay.family in _APPROXIMATE:
-        lay = dataclasses.replace(lay, notes=lay.notes + (_APPROXIMATE[lay.family],))
+    costs = FAMILIES[lay.family].costs
+    if costs is not None and costs.note:
+        # what the planner adds to the strategy's own layout notes: how far its formulas are checked
+        lay = dataclasses.replace(lay, notes=lay.notes + (costs.note,))
     return lay

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from vit_scale.distributed.costing.memory import numel
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -91,7 +93,7 @@ class Shape:
         """The most elements any rank's partition buffer holds when the flat parameter list is cut
         into `parts` equal partitions (padded to a multiple of parts x align) and a rank keeps
         every tensor that overlaps its partition whole (DeepSpeed ZeRO-1/2 gradient partitions)."""
-        sizes = [_numel(s) for s in self.module_order_tensors()]
+        sizes = [numel(s) for s in self.module_order_tensors()]
         part = -(-sum(sizes) // (parts * align)) * align
         held = [0] * parts
         start = 0
@@ -104,11 +106,11 @@ class Shape:
 
     @cached_property
     def block_params(self) -> int:
-        return sum(_numel(s) for s in self.block_tensors())  # 4D^2 + 2DM + 9D + M
+        return sum(numel(s) for s in self.block_tensors())  # 4D^2 + 2DM + 9D + M
 
     @cached_property
     def root_params(self) -> int:
-        return sum(_numel(s) for s in self.root_tensors())
+        return sum(numel(s) for s in self.root_tensors())
 
     @cached_property
     def params(self) -> int:
@@ -116,7 +118,7 @@ class Shape:
 
     @cached_property
     def largest_tensor(self) -> int:
-        return max(_numel(s) for s in self.tensors())
+        return max(numel(s) for s in self.tensors())
 
     @cached_property
     def matmul_weights(self) -> int:
@@ -130,7 +132,7 @@ class Shape:
 
     def small_tensor_params(self, threshold: int) -> int:
         """Parameters in tensors of at most `threshold` elements (ZeRO-3 keeps those gathered)."""
-        return sum(_numel(s) for s in self.tensors() if _numel(s) <= threshold)
+        return sum(numel(s) for s in self.tensors() if numel(s) <= threshold)
 
     # ------------------------------------------------------------ activations (bytes, one image)
 
@@ -175,14 +177,3 @@ class Shape:
     def image_bytes(self) -> int:
         """One fp32 input image (the trainer keeps its synthetic batches on the device)."""
         return 3 * self.img * self.img * 4
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    return _numel(shape)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vit_scale.distributed.colossalai.cost import COSTS
 from vit_scale.distributed.family import Family
 from vit_scale.distributed.layout import Layout
 from vit_scale.options import AT_LEAST_1, FRACTION, option
@@ -80,6 +81,7 @@ FAMILY = Family(
     "colossalai",
     labels=("CAI_DDP", "CAI_DDP_FP16", "CAI_LOW_LEVEL_ZERO", "CAI_GEMINI", "CAI_FSDP"),
     strategy=_strategy,
+    costs=COSTS,
     options=ColossalAIConfig,
     layout=layout,
     supports_finetune=True,

@@ -3,6 +3,7 @@ are all-reduced. The Strategy is in `strategy`."""
 
 from __future__ import annotations
 
+from vit_scale.distributed.ddp.cost import COSTS
 from vit_scale.distributed.family import Family
 from vit_scale.distributed.layout import Layout
 
@@ -21,6 +22,7 @@ FAMILY = Family(
     "ddp",
     labels=("DDP",),
     strategy=_strategy,
+    costs=COSTS,
     layout=layout,
     supports_finetune=True,  # the fine-tuning hooks' defaults are DDP's; only no_sync is its own
     supports_compile=True,

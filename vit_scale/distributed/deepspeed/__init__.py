@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vit_scale.distributed.deepspeed.cost import COSTS
 from vit_scale.distributed.family import Family
 from vit_scale.distributed.layout import Layout
 from vit_scale.options import AT_LEAST_1, NON_NEGATIVE, option
@@ -115,6 +116,7 @@ FAMILY = Family(
     "deepspeed",
     labels=("ZERO1", "ZERO2", "ZERO3", "ZEROPP"),
     strategy=_strategy,
+    costs=COSTS,
     options=DeepSpeedConfig,
     layout=layout,
     # the engine owns the loss scale, clipping, accumulation boundaries and checkpoints (strategy)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vit_scale.distributed.family import Family
+from vit_scale.distributed.fsdp.cost import COSTS
 from vit_scale.distributed.layout import Layout
 from vit_scale.options import option
 
@@ -31,6 +32,16 @@ class FSDPConfig:
     forward_prefetch: bool = option(False, "FSDP1")
     use_orig_params: bool = option(False, "FSDP1")
     cpu_offload: bool = option(False, "needs a GPU with FSDP1 (pinned memory)")
+
+
+# the fsdp.* keys `vit-scale plan` has flags for, and what their --help says
+PLAN_FLAGS = (
+    ("version", "--fsdp-version", "default 1 (fsdp.version)"),
+    ("backward_prefetch", "--backward-prefetch", "default pre"),
+    ("limit_all_gathers", "--limit-all-gathers", "default on"),
+    ("forward_prefetch", "--forward-prefetch", "default off"),
+    ("use_orig_params", "--use-orig-params", "default off"),
+)
 
 
 def layout(cfg, label, world_size, ranks_per_node):
@@ -61,6 +72,8 @@ FAMILY = Family(
     # from replicated to fully sharded, the order legends and tables use; g: shard group size
     labels=("NO_SHARD", "HYBRID_<g>GPU", "SHARD_GRAD_OP", "FULL_SHARD"),
     strategy=_strategy,
+    costs=COSTS,
+    plan_flags=PLAN_FLAGS,
     options=FSDPConfig,
     layout=layout,
     supports_finetune=True,
