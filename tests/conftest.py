@@ -238,11 +238,12 @@ def run_outputs(stdout: str, count: int) -> list[str]:
 
 def load_runs(out_dir) -> dict:
     """{(study, strategy, run_id): records} for every run under out_dir, each record validated."""
+    from vit_scale.distributed import FAMILIES
     from vit_scale.record.schema import validate_record_file
 
     found = {}
     for path in sorted(glob.glob(os.path.join(str(out_dir), "**", "metrics.jsonl"), recursive=True)):
-        records = validate_record_file(path)
+        records = validate_record_file(path, families=FAMILIES)
         start = records[0]
         found[(start["study"], start["strategy"]["label"], start["run_id"])] = records
     return found

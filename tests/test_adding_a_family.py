@@ -334,3 +334,40 @@ def test_a_study_plans_and_forecasts_a_family_added_in_one_folder(tmp_path):
     assert [(r[1], r[2], r[4]) for r in rows] == [("1", "8", "yes"), ("2", "16", "yes")], out
     assert all(float(r[5]) > 0 for r in rows), out
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_run_record_of_a_family_added_in_one_folder_validates_and_reads(tmp_path):
+    """A TOY run, recorded as the trainer records a run (analysis.synthetic writes it with the
+    registry's own layout), validates against the run record's schema with the registry's family names
+    and is read by the analysis' reader; the same record against the four families of the checkout is
+    refused with a line naming the family."""
+    _add_toy(tmp_path)
+    # the analysis beside the edited package, so that it reads the copy's registry
+    shutil.copytree(os.path.join(ROOT, "analysis"), tmp_path / "analysis", ignore=shutil.ignore_patterns("__pycache__"))
+    proc = _python(
+        """
+        from analysis.synthetic import write_run
+        from vit_scale.distributed import FAMILIES
+        from vit_scale.record.reader import read_run
+        from vit_scale.record.schema import validate_record_file
+
+        path = write_run("runs", strategy="TOY", model="vit_tiny", nodes=2, ranks_per_node=4)
+        records = validate_record_file(path, families=FAMILIES)
+        start = records[0]
+        print("start", start["strategy"]["label"], start["strategy"]["family"], start["strategy"]["shard_group_size"])
+        run = read_run(path)
+        print("read", run.start["strategy"]["family"], run.end["status"])
+        try:
+            validate_record_file(path, families=("ddp", "fsdp", "deepspeed", "colossalai"))
+        except ValueError as exc:
+            print("refused", str(exc).split(": ", 1)[1])
+    """,
+        tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "start TOY toy 2" in proc.stdout  # the toy layout: toy.width (2 by default) ranks a copy
+    assert "read toy ok" in proc.stdout
+    assert (
+        "refused strategy.family 'toy' is not a registered family; allowed: ddp, fsdp, deepspeed, colossalai"
+        in proc.stdout
+    )

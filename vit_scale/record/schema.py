@@ -82,7 +82,9 @@ START = {
                 "notes",
             ],
             "properties": {
-                "family": {"enum": ["ddp", "fsdp", "deepspeed", "colossalai"]},
+                # a family's name; which ones exist is the registry's (vit_scale.distributed.FAMILIES),
+                # which this layer cannot import: validate_record_file(path, families=...) checks it
+                "family": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$"},
                 "options": {"type": "object"},
                 "notes": {"type": "array"},
             },
@@ -217,8 +219,10 @@ EVAL = {
 BY_EVENT = {"start": START, "step": STEP, "end": END, "eval": EVAL}
 
 
-def validate_record_file(path: str) -> list[dict]:
-    """Validate every line of a metrics.jsonl; returns the records. Needs the `jsonschema` package."""
+def validate_record_file(path: str, families=None) -> list[dict]:
+    """Validate every line of a metrics.jsonl; returns the records. Needs the `jsonschema` package.
+    `families`: the family names a start record may carry (e.g. vit_scale.distributed.FAMILIES);
+    None: any name of the schema's form."""
     import json
 
     import jsonschema
@@ -237,6 +241,11 @@ def validate_record_file(path: str) -> list[dict]:
             records.append(record)
     if not records or records[0]["event"] != "start":
         raise ValueError(f"{path}: the first record must be 'start'")
+    family = records[0]["strategy"]["family"]
+    if families is not None and family not in families:
+        raise ValueError(
+            f"{path}:1: strategy.family {family!r} is not a registered family; allowed: {', '.join(families)}"
+        )
     ends = [r for r in records if r["event"] == "end"]
     if len(ends) > 1 or (ends and records[-1]["event"] != "end"):
         raise ValueError(f"{path}: at most one 'end' record, and it must be last")
