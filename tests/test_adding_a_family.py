@@ -371,3 +371,35 @@ def test_a_run_record_of_a_family_added_in_one_folder_validates_and_reads(tmp_pa
         "refused strategy.family 'toy' is not a registered family; allowed: ddp, fsdp, deepspeed, colossalai"
         in proc.stdout
     )
+
+
+def test_a_study_grids_over_an_option_of_a_family_added_in_one_folder(tmp_path):
+    """The toy family's flag (Family.plan_flags) is a study option and a grid axis with no study code
+    naming it: --toy-width 2,4 makes two runs a point, --help lists it, and a value the option's own
+    rule refuses (at least 1) is one line naming the flag, exit 2, before anything runs."""
+    _add_toy(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "VIT_SCALE_HOME": ROOT}
+
+    def study(*extra):
+        argv = ["--system", "frontier", "--dry-run", "--models", "vit_base", "--strategies", "TOY", "--nodes", "1"]
+        argv += ["--steps", "2", "--warmup-steps", "1", "--repeat", "1", *extra]
+        return subprocess.run(
+            [sys.executable, "-m", "vit_scale", "study", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=str(tmp_path),
+            timeout=300,
+        )
+
+    proc = study("--toy-width", "2,4")
+    assert proc.returncode == 0, proc.stderr
+    assert "toy.width=2" in proc.stdout and "toy.width=4" in proc.stdout
+    assert "[2/2] vit_base TOY n1 (8 ranks)" in proc.stdout
+    bad = study("--toy-width", "0")
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].endswith(
+        "--toy-width: must be at least 1, got 0"
+    )
+    assert len(bad.stderr.strip().splitlines()) == 1
+    helptext = study("--help")
+    assert "--toy-width LIST" in helptext.stdout and "(toy.width)" in helptext.stdout

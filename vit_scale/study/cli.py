@@ -38,7 +38,7 @@ from vit_scale.study.ledger import (
     unattended,
 )
 from vit_scale.study.lock import StudyLock
-from vit_scale.study.plan import STUDY_KEYS, make_plan
+from vit_scale.study.plan import BOOLEAN_KEYS, CHOICES, FAMILY_KEYS, STUDY_KEYS, make_plan
 from vit_scale.study.preflight import check_first
 
 FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--check", "--which-env")
@@ -66,14 +66,10 @@ What to run (lists are comma-separated; defaults come from the study file):
   --repeat N               runs of each point (default: the study file's, 3 in configs/studies/), in rounds:
                            every point once before any point again; 1 gives up the comparison of points
                            (one run each: not compared) and leaves within-run intervals only
-FSDP and precision modifiers (several values: each is one more run, a grid):
+Precision and the families' modifiers (several values: each is one more run, a grid):
   --precision LIST         fp32 bf16 fp16
-  --backward-prefetch LIST none pre post
-  --limit-all-gathers LIST true false
-  --forward-prefetch LIST  true false
-  --fsdp-version LIST      1 2
   --activation-checkpointing LIST  true false
-  --use-orig-params LIST   true false
+{family_options}
   --skip-if-not-fits BOOL  record a run that cannot fit the GPU as skipped instead of running it
   --set KEY=VALUE          any trainer key for every run (repeatable), e.g. --set train.lr=3e-4
 Where and how:
@@ -140,8 +136,21 @@ def usage() -> str:
     from vit_scale.models import MODELS
 
     return USAGE.format(
-        models=" ".join(MODELS), strategies=" ".join(all_labels()), systems=" ".join(systems.known_systems())
+        models=" ".join(MODELS),
+        strategies=" ".join(all_labels()),
+        systems=" ".join(systems.known_systems()),
+        family_options=family_options_help(),
     )
+
+
+def family_options_help() -> str:
+    """A line per family option the study grids over (study.plan.FAMILY_KEYS, from Family.plan_flags):
+    its flag and what it allows."""
+    lines = []
+    for key, (flag, trainer_key) in FAMILY_KEYS.items():
+        allowed = " ".join(CHOICES.get(key, ())) or ("true false" if key in BOOLEAN_KEYS else "")
+        lines.append(f"  {flag + ' LIST':<24} {allowed}  ({trainer_key})".rstrip())
+    return "\n".join(lines)
 
 
 class StudyRun:

@@ -7,12 +7,36 @@ import dataclasses
 import itertools
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 
 from vit_scale.cluster.files import load_yaml
 from vit_scale.cluster.values import FALSE, TRUE, as_list, normalise_bool, whole
 from vit_scale.errors import UserError
 from vit_scale.run.peaks import math_precision
+
+
+def _family_keys() -> tuple[dict, dict, tuple]:
+    """The options each family offers `vit-scale plan` as flags (Family.plan_flags) are study keys and
+    grid axes too, named after the flag (--fsdp-version: fsdp_version, trainer key fsdp.version); their
+    choices, or true/false, from the family's options dataclass. A family added in one folder brings
+    its own."""
+    from vit_scale.distributed import FAMILIES
+
+    keys, choices, booleans = {}, {}, []
+    for name, family in FAMILIES.items():
+        hints = typing.get_type_hints(family.options) if family.options else {}
+        for option, flag, _ in family.plan_flags:
+            key = flag.removeprefix("--").replace("-", "_")
+            keys[key] = (flag, f"{name}.{option}")
+            if hints.get(option) is bool:
+                booleans.append(key)
+            elif typing.get_origin(hints.get(option)) is typing.Literal:
+                choices[key] = tuple(str(c) for c in typing.get_args(hints[option]))
+    return keys, choices, tuple(booleans)
+
+
+FAMILY_KEYS, FAMILY_CHOICES, FAMILY_BOOLEANS = _family_keys()
 
 # study key -> (command-line option, trainer key or None)
 STUDY_KEYS = {
@@ -28,11 +52,7 @@ STUDY_KEYS = {
     "repeat": ("--repeat", None),
     "precision": ("--precision", "train.precision"),
     "activation_checkpointing": ("--activation-checkpointing", "train.activation_checkpointing"),
-    "fsdp_version": ("--fsdp-version", "fsdp.version"),
-    "backward_prefetch": ("--backward-prefetch", "fsdp.backward_prefetch"),
-    "limit_all_gathers": ("--limit-all-gathers", "fsdp.limit_all_gathers"),
-    "forward_prefetch": ("--forward-prefetch", "fsdp.forward_prefetch"),
-    "use_orig_params": ("--use-orig-params", "fsdp.use_orig_params"),
+    **FAMILY_KEYS,
     "skip_if_not_fits": ("--skip-if-not-fits", "plan.skip_if_not_fits"),
     "launcher": ("--launcher", None),
     "predict": ("--predict", None),  # vit_scale/study/forecast.py: the predicted curves before the runs
@@ -48,22 +68,15 @@ GRID_KEYS = (
     "batch_size",
     "precision",
     "activation_checkpointing",
-    "fsdp_version",
-    "backward_prefetch",
-    "limit_all_gathers",
-    "forward_prefetch",
-    "use_orig_params",
+    *FAMILY_KEYS,
 )
 CHOICES = {
     "precision": ("fp32", "bf16", "fp16"),
-    "fsdp_version": ("1", "2"),
-    "backward_prefetch": ("none", "pre", "post"),
+    **FAMILY_CHOICES,
 }
 BOOLEAN_KEYS = (
     "activation_checkpointing",
-    "limit_all_gathers",
-    "forward_prefetch",
-    "use_orig_params",
+    *FAMILY_BOOLEANS,
     "skip_if_not_fits",
 )
 LAUNCHERS = ("srun", "torchrun", "mpi")
@@ -295,11 +308,25 @@ def _grid(o: _Options) -> list[tuple[str, list[str]]]:
             elif key in BOOLEAN_KEYS:
                 if value not in TRUE + FALSE:
                     raise UserError(f"{option}: '{value}' is not allowed; allowed: true, false")
-            elif value not in CHOICES[key]:
-                raise UserError(f"{option}: '{value}' is not allowed; allowed: {', '.join(CHOICES[key])}")
+            elif key in CHOICES:
+                if value not in CHOICES[key]:
+                    raise UserError(f"{option}: '{value}' is not allowed; allowed: {', '.join(CHOICES[key])}")
+            else:
+                _trainer_value(o, key, value)
         items = [normalise_bool(v) if key in BOOLEAN_KEYS else v for v in items]
         grid.append((key, list(dict.fromkeys(items))))
     return grid
+
+
+def _trainer_value(o: _Options, key: str, value) -> None:
+    """A family option with neither choices nor true/false (a number): the trainer's own rule for its
+    key decides, before any run starts."""
+    from vit_scale.config import load_config
+
+    try:
+        load_config(None, [f"{STUDY_KEYS[key][1]}={value}"])
+    except UserError as exc:
+        raise UserError(f"{o.where(key)}: {str(exc).split(': ', 1)[-1]}") from None
 
 
 def _common_settings(o: _Options, steps: int, warmup: int, system) -> list:

@@ -65,8 +65,8 @@ Sweep options:
   --dry-run             print every sbatch command and the srun lines of each job; submit nothing
   -h, --help            this text
 Study options (passed to every job): --config --study --models --strategies --batch-size --steps
-  --warmup-steps --repeat --precision --backward-prefetch --limit-all-gathers --forward-prefetch
-  --fsdp-version --activation-checkpointing --use-orig-params --skip-if-not-fits --set
+  --warmup-steps --repeat --precision --activation-checkpointing, the families' modifiers
+  (--fsdp-version ...: jobs/weak_scaling.sh --help lists them), --skip-if-not-fits --set
   --launcher --ranks-per-node --run-time-limit --force --report
   --check               each job checks its nodes first (vit-scale check --quick; OUT/STUDY/check-nN.json)"""
 
