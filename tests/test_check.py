@@ -596,13 +596,17 @@ class FakeOutcome:
 def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_launch(tmp_path, monkeypatch):
     """The relaunch decisions, with the launches faked: a meter that took rank 0 down, then a label
     that ran out of the one --time-limit every launch shares."""
-    from vit_scale.check import cli
+    from vit_scale.check import launches as launches_module
+    from vit_scale.check import ledger
+    from vit_scale.check.options import PARTS, Request, parse
 
-    check = cli.Check(
-        cli.parse(["--system", "local", "--strategies", "DDP,ZERO1", "--out", str(tmp_path), "--time-limit", "0.05"])
+    check = launches_module.Launches(
+        Request(
+            parse(["--system", "local", "--strategies", "DDP,ZERO1", "--out", str(tmp_path), "--time-limit", "0.05"])
+        )
     )
     clock = [1000.0]
-    monkeypatch.setattr(cli.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(launches_module.time, "monotonic", lambda: clock[0])
     launches = []
 
     def launch(supervisor, parts, labels, attempt, stamp, left_s):
@@ -627,9 +631,9 @@ def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_l
         )
 
     monkeypatch.setattr(check, "launch", launch)
-    monkeypatch.setattr(cli, "last_line", lambda log: "the last line")
+    monkeypatch.setattr(ledger, "last_line", lambda log: "the last line")
     facts, attempts = check.launch_until_done(type("S", (), {"interrupted": False})(), "stamp")
-    assert [parts for parts, _ in launches] == [list(cli.PARTS), ["environment", "interconnect", "strategies"]]
+    assert [parts for parts, _ in launches] == [list(PARTS), ["environment", "interconnect", "strategies"]]
     assert launches[0][1] == pytest.approx(3.0) and launches[1][1] == pytest.approx(1.0)
     assert facts["meter"] == {
         "error": "failed: the trainer's run ended the ranks (exit 1): the last line",
@@ -715,21 +719,23 @@ def test_a_signal_during_a_part_leaves_it_a_timeout_even_without_its_end_record(
     it writes an end record: the second check.json write, after the launch ended, still says the
     signal stopped it (a timeout), not that the ranks failed. The launch is faked: what it returns is
     what a SIGKILLed launch leaves."""
-    from vit_scale.check import cli
+    from vit_scale.check import cli, ledger
+    from vit_scale.check.launches import Launches
+    from vit_scale.check.options import Request, parse
 
-    check = cli.Check(cli.parse(["--system", "local", "--strategies", "DDP", "--out", str(tmp_path / "c")]))
+    request = Request(parse(["--system", "local", "--strategies", "DDP", "--out", str(tmp_path / "c")]))
     supervisor = type("S", (), {"interrupted": False})()
 
-    def launch(supervisor_, parts, labels, attempt, stamp, left_s):
+    def launch(self, supervisor_, parts, labels, attempt, stamp, left_s):
         supervisor.interrupted = True
         outcome = FakeOutcome(143, False, 1.0)
         outcome.interrupted = True
         running = {"part": "meter", "settings": {}} if part == "meter" else {"label": "DDP", "precision": "fp32"}
         return {"world": {"world_size": 2}, "in_progress": running}, outcome, "log"
 
-    monkeypatch.setattr(check, "launch", launch)
-    monkeypatch.setattr(cli, "last_line", lambda log: "the last line")
-    assert check.run(supervisor) == 143
+    monkeypatch.setattr(Launches, "launch", launch)
+    monkeypatch.setattr(ledger, "last_line", lambda log: "the last line")
+    assert cli.run(request, supervisor) == 143
     found = {line["check"]: line for line in json.loads((tmp_path / "c" / "check.json").read_text())["lines"]}
     name = "meter" if part == "meter" else "DDP fp32"
     assert found[name]["text"].startswith("timeout: stopped by a signal"), found[name]

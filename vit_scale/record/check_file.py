@@ -14,7 +14,7 @@ import os
 import re
 
 CHECK_FILE = "check.json"
-CHECK_SCHEMAS = (1, 2)  # the check.json schemas this reads (vit_scale.check.cli.SCHEMA_VERSION writes the last)
+CHECK_SCHEMAS = (1, 2)  # the check.json schemas this reads (vit_scale.check.report.SCHEMA_VERSION writes the last)
 # A study's check of its N nodes (what `vit-scale study --check` writes): check-n<N>.json, or
 # check-n<N>-<MODEL>.json where the study has one model, as each job of a --per-model sweep has: those
 # jobs run side by side on one node count, each checking its own model into the same study directory.
