@@ -135,23 +135,52 @@ def require_module(name: str, install: str):
     return importlib.import_module(name)
 
 
+# `vit-scale prepare` for DeepSpeed's CPU Adam, started when collection ends if a selected test needs it: its
+# build (about 45 s on a fresh machine, one or two cores) then runs beside the tests before the first one that
+# needs it (test_check_allocations' jobs spend minutes waiting on their limits), not inside that test's setup.
+PREPARE_CPU_ADAM = [PYTHON, "-m", "vit_scale", "prepare", "--strategies", "ZERO1"]
+_prepare = {}  # "proc": the Popen, "out": its output file
+
+
+def pytest_collection_finish(session):
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None or session.config.option.collectonly:
+        return
+    if any("deepspeed_cpu_adam" in getattr(item, "fixturenames", ()) for item in session.items):
+        import tempfile
+
+        out = tempfile.TemporaryFile(mode="w+")
+        _prepare.update(out=out, proc=subprocess.Popen(PREPARE_CPU_ADAM, cwd=ROOT, stdout=out, stderr=out, text=True))
+
+
+def pytest_sessionfinish(session):
+    proc = _prepare.get("proc")
+    if proc is not None and proc.poll() is None:  # a run stopped before any test needed it
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def deepspeed_cpu_adam():
     """DeepSpeed's CPU Adam op, compiled once, in one process, before a multi-rank launch needs it.
     On a fresh machine the first offload run compiled it inside the run (about 45 s quiet, minutes
     under load) in every rank at once, racing the launch's timeouts: the suite then failed at
     random. `vit-scale prepare` also clears a lock that a build killed half-way left behind.
-    (It is the command a study runs before its first run.)"""
+    (It is the command a study runs before its first run.) Started in the background when
+    collection ends (pytest_collection_finish); waited for here."""
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
-    proc = subprocess.run(
-        [PYTHON, "-m", "vit_scale", "prepare", "--strategies", "ZERO1"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    print(proc.stdout.strip())
+    proc, out = _prepare.pop("proc", None), _prepare.pop("out", None)
+    if proc is None:
+        done = subprocess.run(PREPARE_CPU_ADAM, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        code, output = done.returncode, done.stdout + done.stderr
+    else:
+        code = proc.wait(timeout=900)
+        out.seek(0)
+        output = out.read()
+        out.close()
+    assert code == 0, output[-6000:]
+    print(output.strip())
 
 
 def init_one_rank_group() -> None:
