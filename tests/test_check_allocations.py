@@ -66,7 +66,7 @@ def test_check_jobs_against_their_allocations_and_the_sweeps_checks(slurm_four_n
     cluster = slurm_four_nodes
     derived, stopped = tmp_path / "derived", tmp_path / "stopped"
     jobs = {}
-    for work, sbatch, extra in ((derived, ["--time=3"], []), (stopped, ["--time=2"], ["--time-limit", "30"])):
+    for work, sbatch, extra in ((derived, ["--time=2"], []), (stopped, ["--time=1"], ["--time-limit", "30"])):
         work.mkdir()
         jobs[work] = cluster.sbatch(
             ["-N", "1", *sbatch, CHECK_SH, *ARGS, *extra],
@@ -88,12 +88,13 @@ def test_check_jobs_against_their_allocations_and_the_sweeps_checks(slurm_four_n
 
 
 def check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(cluster, derived, stopped, jobs):
-    # the default limit: the job's 3 minutes left, less the margin; the check stops itself and says so
+    # the default limit: the job's 2 minutes left, less the margin; the check stops itself and says so
     job = jobs[derived]
     output = (derived / f"vit-check-{job}.out").read_text()
     assert re.search(
-        # 3 minutes less the 1 minute margin, less the seconds the job took to start (shown to a tenth)
-        rf"  time limit: (1\.[5-9]|2) min \(job {job} has [23](\.\d+)? min left, less a 1\.0 min margin to "
+        # 2 minutes less the 1 minute margin, but at least half of what is left, less the seconds the
+        # job took to start (shown to a tenth)
+        rf"  time limit: (0\.[5-9]|1) min \(job {job} has [12]\.\d min left, less a 1\.0 min margin to "
         rf"stop the ranks and write check\.json\)",
         output,
     ), output
