@@ -349,7 +349,10 @@ def assert_calibrates(check: dict, path: str) -> None:
     step, beyond = predict.predict([sc, far], cal, predict.compute_from_flops(1.0, 0.5), blocking=True)
     assert step.images_per_s > 0 and step.breakdown.exposed_inter_s > 0
     if usable:
-        assert not step.extrapolated and beyond.extrapolated
+        # 2 nodes' world group is 4 ranks: within what was fitted only if a usable fit saw 4 (one across
+        # nodes); the within-node fits alone saw 2 (a noisy sweep can flag every fit across nodes)
+        seen = max(f["largest_ranks"] for f in usable)
+        assert step.extrapolated == (seen < 4) and beyond.extrapolated, (seen, step.extrapolated)
 
 
 def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
