@@ -103,7 +103,7 @@ def slurm_cluster():
 
 
 @pytest.fixture(scope="session")
-def slurm_four_nodes():
-    """Four emulated nodes, n1 to n4 (each claims 2 CPUs of the same machine): room for jobs that
+def slurm_six_nodes():
+    """Six emulated nodes, n1 to n6 (each claims 2 CPUs of the same machine): room for jobs that
     wait most of their time (a hung label until the allocation ends) beside others that work."""
-    yield from _cluster(4)
+    yield from _cluster(6)

@@ -1,5 +1,5 @@
 """vit-scale check on this CPU, as a user runs it: real ranks over gloo on emulated nodes, through
-the study's launchers, without Slurm and on the local Slurm cluster (tests/slurm_fixture.py).
+the study's launchers, without Slurm (on the local Slurm cluster: tests/test_check_allocations.py).
 
 Failures are injected one of each kind, several in one check: a label the capability table
 refuses (CAI_DDP_FP16 on a CPU), a label that fails in its second step (the worker run through a
@@ -21,7 +21,6 @@ import pytest
 
 import jobs_support
 from conftest import PYTHON, ROOT, require_module
-from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 
 jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
 
@@ -353,46 +352,6 @@ def assert_calibrates(check: dict, path: str) -> None:
         # nodes); the within-node fits alone saw 2 (a noisy sweep can flag every fit across nodes)
         seen = max(f["largest_ranks"] for f in usable)
         assert step.extrapolated == (seen < 4) and beyond.extrapolated, (seen, step.extrapolated)
-
-
-def test_check_job_on_two_slurm_nodes(slurm_cluster, tmp_path):  # noqa: F811
-    """sbatch -N 2 jobs/check.sh: one srun step over both nodes, through env/local.sh, in full mode:
-    the size sweep and its alpha-beta fits, which the prediction takes as its calibration."""
-    job = slurm_cluster.sbatch(
-        [
-            "-N",
-            "2",
-            os.path.join(ROOT, "jobs", "check.sh"),
-            "--system",
-            "local",
-            "--strategies",
-            "DDP,HYBRID_2GPU",
-            "--out",
-            "check",
-        ],
-        cwd=tmp_path,
-    )
-    slurm_cluster.wait([job])
-    output = (tmp_path / f"vit-check-{job}.out").read_text()
-    info = slurm_cluster.job(job)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output
-    assert "check.sh: ready -> " in output
-    check = valid_check(tmp_path / "check" / "check.json")
-    assert check["ok"] and check["nodes"] == 2 and check["launch"]["kind"] == "srun"
-    assert check["slurm"]["job_id"] == job
-    assert sorted({r["node"] for r in check["facts"]["ranks"]}) == ["n1", "n2"]
-    assert {m["scope"] for m in check["facts"]["interconnect"]["measurements"]} == {"node", "world"}
-    assert lines_of(check)["HYBRID_2GPU fp32"]["status"] == "ok"
-    # full mode: at least 8 sizes from 8 B to the largest message, per collective and scope, fitted
-    measured = check["facts"]["interconnect"]["measurements"]
-    assert min(m["bytes"] for m in measured) <= 16 and max(m["bytes"] for m in measured) >= 25 * 2**20
-    assert all(m["repeats"] == 3 and m["spread_s"] >= 0 for m in measured)
-    assert_fits(
-        check,
-        min_sizes=8,
-        pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter") for s in ("intra", "inter")},
-    )
-    assert_calibrates(check, str(tmp_path / "check" / "check.json"))
 
 
 # ---------------------------------------------------------------- what needs a GPU, on real check.json

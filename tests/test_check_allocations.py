@@ -8,7 +8,16 @@ in its second step (the worker run through a VIT_SCALE_PYTHON that patches the t
 tests/jobs_support.py does for the study), so that neither check can finish on its own.
 
 jobs/submit_sweep.sh --check: each job checks its own nodes into a check.json of its node count
-(and model, the study having one), and the report shows each."""
+(and model, the study having one), and the report shows each.
+
+sbatch -N 2 jobs/check.sh in full mode: the size sweep and its fits, which the prediction takes as
+its calibration.
+
+All three on one six-node cluster, from one module fixture: the allocation jobs spend most of their
+time in their hung label, waiting for their limit, and the sweep's jobs and then the full check run
+meanwhile on the other nodes (one after the other, they took 151, then 62 s of the suite). The full
+check starts after the sweep's jobs end, so that nothing but the hung labels' sleep runs beside
+its timed collectives."""
 
 import glob
 import json
@@ -17,9 +26,12 @@ import re
 import subprocess
 import time
 
+import pytest
+
 import jobs_support
 from conftest import PYTHON, ROOT
-from slurm_fixture import slurm_four_nodes  # noqa: F401  (the session fixture)
+from slurm_fixture import slurm_six_nodes  # noqa: F401  (the session fixture)
+from test_check import assert_calibrates, assert_fits, valid_check
 
 CHECK_SH = os.path.join(ROOT, "jobs", "check.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
@@ -59,12 +71,14 @@ def ended(work, strategy: str) -> bool:
     return False
 
 
-def test_check_jobs_against_their_allocations_and_the_sweeps_checks(slurm_four_nodes, tmp_path):  # noqa: F811
-    """One test on four emulated nodes: the two allocation jobs spend most of their time in their hung
-    label, waiting for their limit, and the sweep's jobs run meanwhile on the other nodes (as two
-    tests, one after the other, they took the allocations' minutes and then the sweep's)."""
-    cluster = slurm_four_nodes
-    derived, stopped = tmp_path / "derived", tmp_path / "stopped"
+@pytest.fixture(scope="module")
+def submitted(slurm_six_nodes, tmp_path_factory):  # noqa: F811
+    """The two allocation jobs; once both are past DDP (the label each must finish: on a loaded
+    machine the work beside it could otherwise hold it past its limit) the sweep, waited for; then
+    the full check. Returns the cluster, the folders and the job ids."""
+    cluster = slurm_six_nodes
+    tmp = tmp_path_factory.mktemp("allocations")
+    derived, stopped, sweep, full = tmp / "derived", tmp / "stopped", tmp / "sweep", tmp / "full"
     jobs = {}
     for work, sbatch, extra in ((derived, ["--time=2"], []), (stopped, ["--time=1"], ["--time-limit", "30"])):
         work.mkdir()
@@ -74,17 +88,66 @@ def test_check_jobs_against_their_allocations_and_the_sweeps_checks(slurm_four_n
             VIT_SCALE_PYTHON=hanging_python(work),
             VIT_SCALE_STOP_GRACE_S="3",
         )
-    # the sweep once both checks are past DDP, the label each must finish (on a loaded machine the
-    # sweep's work beside it could otherwise hold it past its limit)
     deadline = time.monotonic() + 400
     while not (ended(derived, "DDP") and ended(stopped, "DDP")) and time.monotonic() < deadline:
         time.sleep(1)
-    sweep = tmp_path / "sweep"
     sweep.mkdir()
     n1, n2, analysis = submit_sweep_with_check(cluster, sweep)
-    cluster.wait([*jobs.values(), n1, n2, analysis], timeout=900)
-    check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(cluster, derived, stopped, jobs)
-    sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(cluster, sweep, n1, n2, analysis)
+    cluster.wait([n1, n2, analysis], timeout=900)
+    full.mkdir()
+    full_job = cluster.sbatch(
+        ["-N", "2", CHECK_SH, "--system", "local", "--strategies", "DDP,HYBRID_2GPU", "--out", "check"], cwd=full
+    )
+    return {
+        "cluster": cluster,
+        "derived": derived,
+        "stopped": stopped,
+        "jobs": jobs,
+        "sweep": (sweep, n1, n2, analysis),
+        "full": (full, full_job),
+    }
+
+
+def test_check_jobs_end_before_their_allocations_or_write_check_json_if_stopped(submitted):
+    cluster, jobs = submitted["cluster"], submitted["jobs"]
+    cluster.wait(list(jobs.values()), timeout=900)
+    check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(
+        cluster, submitted["derived"], submitted["stopped"], jobs
+    )
+
+
+def test_the_sweeps_checks_keep_each_node_counts_check_and_the_report_shows_it(submitted):
+    sweep_check_keeps_each_node_counts_check_and_the_report_shows_it(submitted["cluster"], *submitted["sweep"])
+
+
+def test_check_job_on_two_slurm_nodes(submitted):
+    """sbatch -N 2 jobs/check.sh: one srun step over both nodes, through env/local.sh, in full mode."""
+    cluster, (work, job) = submitted["cluster"], submitted["full"]
+    cluster.wait([job], timeout=900)
+    output = (work / f"vit-check-{job}.out").read_text()
+    info = cluster.job(job)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", output
+    assert "check.sh: ready -> " in output
+    check = valid_check(work / "check" / "check.json")
+    assert check["ok"] and check["nodes"] == 2 and check["launch"]["kind"] == "srun"
+    assert check["slurm"]["job_id"] == job
+    # the ranks ran on the job's two nodes (of six)
+    hosts = subprocess.run(
+        ["scontrol", "show", "hostnames", info["NodeList"]], env=cluster.env(), capture_output=True, text=True
+    ).stdout.split()
+    assert sorted({r["node"] for r in check["facts"]["ranks"]}) == sorted(hosts) and len(hosts) == 2, hosts
+    assert {m["scope"] for m in check["facts"]["interconnect"]["measurements"]} == {"node", "world"}
+    assert {line["check"]: line for line in check["lines"]}["HYBRID_2GPU fp32"]["status"] == "ok"
+    # full mode: at least 8 sizes from 8 B to the largest message, per collective and scope, fitted
+    measured = check["facts"]["interconnect"]["measurements"]
+    assert min(m["bytes"] for m in measured) <= 16 and max(m["bytes"] for m in measured) >= 25 * 2**20
+    assert all(m["repeats"] == 3 and m["spread_s"] >= 0 for m in measured)
+    assert_fits(
+        check,
+        min_sizes=8,
+        pairs={(c, s) for c in ("all_reduce", "all_gather", "reduce_scatter") for s in ("intra", "inter")},
+    )
+    assert_calibrates(check, str(work / "check" / "check.json"))
 
 
 def check_job_ends_before_its_allocation_or_writes_check_json_if_stopped(cluster, derived, stopped, jobs):
