@@ -212,6 +212,29 @@ def test_every_label_has_a_row():
         assert sum(parts.values()) == pytest.approx(r["memory_gib"], abs=1e-3), r["strategy"]
 
 
+def test_a_gemms_blas_workspace_is_counted_on_rocm_and_named_in_the_assumptions():
+    """torch's ROCm hipBLASLt path takes 76 MiB from the caching allocator for every GEMM (docs/plan.md):
+    on a ROCm device the plan's workspace holds it at the forward's and backward's instants, on CUDA
+    and CPU the term is 0; a negative figure is refused in one line."""
+    from vit_scale.errors import UserError
+    from vit_scale.planning.scenario import Allowance
+
+    found = {}
+    for device in ("rocm", "cuda"):
+        rows, shared = build_rows(
+            parser().parse_args(["--model", "vit_base", "--strategy", "FULL_SHARD", "--nodes", "8", "--device", device])
+        )
+        found[device] = (rows[0], shared["allowance"]["blas_workspace_mib"])
+    (rocm, rocm_mib), (cuda, cuda_mib) = found["rocm"], found["cuda"]
+    assert (rocm_mib, cuda_mib) == (76.0, 0.0)
+    assert rocm["components_gib"]["workspace"] - cuda["components_gib"]["workspace"] == pytest.approx(
+        76 / 1024, abs=1e-3
+    )
+    assert rocm["memory_gib"] > cuda["memory_gib"]
+    with pytest.raises(UserError, match="blas-workspace-mib must not be negative"):
+        Scenario(model="vit_base", strategy="DDP", allowance=Allowance(blas_workspace_mib=-1)).validate()
+
+
 # ---------------------------------------------------------------- output
 
 

@@ -430,6 +430,10 @@ def test_scenario_of_a_run_carries_its_options(tmp_path):
     assert (sc.nodes, sc.gpus_per_node, sc.batch_size, sc.precision) == (2, 4, 16, "fp32")
     assert sc.activation_checkpointing and sc.fsdp.backward_prefetch == "post" and sc.fsdp.forward_prefetch
     assert dataclasses.replace(sc, nodes=1).world == 4
+    # the run's device names the BLAS workspace the memory prediction counts: 76 MiB on ROCm, none on a CPU
+    assert sc.allowance.blas_workspace_mib == 76.0
+    cpu = write_run(str(tmp_path / "cpu"), strategy="FULL_SHARD", device="cpu", device_memory_gib=None)
+    assert pr.scenario_of_run(reader.read_run(cpu).start).allowance.blas_workspace_mib == 0.0
 
 
 # ---------------------------------------------------------------- review fixes

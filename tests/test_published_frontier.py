@@ -56,15 +56,18 @@ def test_speed_bars(figures):
     )
 
 
-def test_memory_within_ten_percent_but_a_constant_of_the_small_models(figures):
-    """Peak active memory within 10% at every node count for vit_3b and vit_15b (FULL_SHARD, SHARD_GRAD_OP,
-    the hybrids). vit_base, vit_huge and vit_1b FULL_SHARD fall short by a near constant 0.22-0.30 GiB at
-    every node count (as do the larger models, by the same amount, within their 10%): an allocation of the
-    authors' script outside the model that the planner does not know of (docs/plan.md); pinned as that."""
+def test_memory_within_ten_percent_but_vit_base(figures):
+    """Peak active memory within 10% at every node count for every series but vit_base FULL_SHARD, with a
+    GEMM's hipBLASLt workspace counted (76 MiB, torch's ROCm default; docs/plan.md). vit_base falls short
+    by a near constant 0.20 GiB at every node count (the others by 0.14-0.23 GiB, within their 10%): a fixed
+    allocation of the authors' script outside the model that the planner does not know of; pinned as that."""
     _, _, mem, _ = figures
-    small = {"vit_base", "vit_huge", "vit_1b"}
     for m in mem:
-        if m.model in small:
-            assert 0.2 <= m.measured_gib - m.predicted_gib <= 0.32, m
+        if m.model == "vit_base":
+            assert 0.18 <= m.measured_gib - m.predicted_gib <= 0.22, m
         else:
             assert abs(m.error) <= 0.10, m
+    # without the workspace the two next-smallest models fall outside the bar: the term is what holds them
+    for m in mem:
+        if m.model in ("vit_huge", "vit_1b") and m.nodes == 8:
+            assert m.measured_gib / (m.predicted_gib - 76 / 1024) - 1 > 0.10, m

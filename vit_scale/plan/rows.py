@@ -9,7 +9,7 @@ from vit_scale.distributed import FAMILIES, GROUP_SIZE, all_labels, parse_strate
 from vit_scale.distributed.capabilities import refusal
 from vit_scale.errors import UserError
 from vit_scale.planning import assumptions, plan_row
-from vit_scale.planning.scenario import Allowance, from_config
+from vit_scale.planning.scenario import BLAS_WORKSPACE_MIB, Allowance, from_config
 
 from .options import family_flags, positive_ints, split, system_defaults
 
@@ -57,7 +57,12 @@ def build(args) -> tuple[list[dict], dict, list]:
         if value is not None:
             overrides.append(f"{family}.{key}={str(value).lower() if isinstance(value, bool) else value}")
     base = load_config(None, [f"model={models[0]}"] + overrides)
-    allowance = Allowance(runtime_gib=args.runtime_gib, fragmentation=args.fragmentation, stream_held=args.stream_held)
+    allowance = Allowance(
+        runtime_gib=args.runtime_gib,
+        fragmentation=args.fragmentation,
+        stream_held=args.stream_held,
+        blas_workspace_mib=BLAS_WORKSPACE_MIB.get(args.device, 0.0),
+    )
     refused = {}
     for strategy in list(strategies):
         error = refusal(strategy, args.precision, args.device, base)  # base: option rules see --set

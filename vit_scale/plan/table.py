@@ -149,10 +149,16 @@ def _assumptions(a: dict) -> list:
         lines += _wrap(f"left out: {strategy} ({error.split(': ', 1)[1]})", "  ")
     lines += _wrap(
         f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
-        f"{' + memory held for communication streams' if al['stream_held'] else ''}",
+        f"{' + memory held for communication streams' if al['stream_held'] else ''}"
+        # .get: a plan --json written before the term existed has no such key
+        f"{_workspace(al.get('blas_workspace_mib', 0.0), a['device'])}",
         "  ",
     )
     return lines
+
+
+def _workspace(mib: float, device: str) -> str:
+    return f"; a GEMM's BLAS workspace {mib:g} MiB ({device}'s default) in the workspace column" if mib else ""
 
 
 def _legend(predicted: bool, wide: bool) -> list:

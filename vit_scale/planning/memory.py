@@ -19,7 +19,8 @@ of its two ends. Each phase is the sum of components, all in bytes held by one d
                autocast's low-precision weight copies
   activations  what autograd saves, the input batches on the device, logits and loss
   buckets      communication buffers: DDP's gradient buckets, DeepSpeed's reduction buffers
-  workspace    gradient temporaries of one Block's backward; the optimizer step's temporaries
+  workspace    gradient temporaries of one Block's backward; the optimizer step's temporaries; a GEMM's
+               BLAS workspace (Allowance.blas_workspace_mib: 76 MiB on ROCm)
 Their largest sum over the phases is the prediction of `torch.cuda.max_memory_allocated`.
 
 What the device must have, per phase, is that sum plus the allocator allowance: a fixed runtime
@@ -33,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vit_scale.distributed import FAMILIES
-from vit_scale.distributed.costing.memory import PHASES, S, StateMemory, per_phase
+from vit_scale.distributed.costing.memory import B0, B1, PHASES, F, S, StateMemory, per_phase
 from vit_scale.planning.scenario import Layout, Scenario, layout
 from vit_scale.planning.shapes import Shape
 
@@ -100,6 +101,8 @@ def predict(sc: Scenario, lay: Layout | None = None) -> MemoryPrediction:
     st = state_memory(sc, shape, lay)
     acts, work = activations(sc, shape, st.autocast, st.compute_bytes)
     work[S] += st.optimizer_temporaries
+    for phase in (F, B0, B1):  # a GEMM runs at these instants; the fused optimizer step runs none
+        work[phase] += sc.allowance.blas_workspace_mib * 2**20
     phases = {}
     for phase in PHASES:
         phases[phase] = {

@@ -34,7 +34,7 @@ from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning import step_fit
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
-from vit_scale.planning.scenario import Scenario, baseline_nodes
+from vit_scale.planning.scenario import BLAS_WORKSPACE_MIB, Allowance, Scenario, baseline_nodes
 from vit_scale.planning.shapes import Shape
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
 from vit_scale.record import reader
@@ -482,6 +482,8 @@ def scenario_of_run(start: dict) -> Scenario:
         # the device's memory as the run saw it (null on a CPU), so that a point the planner says does not
         # fit is predicted as not fitting, not as a speed
         device_memory_gib=_memory(world.get("device_memory_gib")),
+        # a GEMM's BLAS workspace on the device the run had (76 MiB on ROCm; 0 on CUDA and CPU)
+        allowance=Allowance(blas_workspace_mib=BLAS_WORKSPACE_MIB.get(str(world.get("device_type")), 0.0)),
         # each family's section from the resolved config, the run's own family's from its recorded options
         **{
             name: _section(cls, cfg.get(name), options if strat.get("family") == name else {})

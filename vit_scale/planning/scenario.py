@@ -20,11 +20,21 @@ ATTENTION = ("fused", "materialised")
 OPTIMIZER_IMPLS = ("auto", "foreach", "single", "fused")
 
 
+# A GEMM's BLAS workspace, which torch takes from its caching allocator for the call (so it counts in
+# max_memory_allocated and the active-bytes peak) and which is live at every instant inside a GEMM:
+# the forward's and the backward's peaks. ROCm: torch's hipBLASLt path (the default for bf16 matmuls on
+# gfx90a/gfx94x) allocates HIPBLASLT_WORKSPACE_SIZE, 76 MiB unless set (aten/src/ATen/cuda/CUDABlas.cpp,
+# _parseChosenWorkspaceSize; torch 2.6-2.7). CUDA: 1 to 32 MiB by torch version and architecture, not
+# modelled (0). CPU: none.
+BLAS_WORKSPACE_MIB = {"rocm": 76.0, "cuda": 0.0, "cpu": 0.0}
+
+
 @dataclass
 class Allowance:
     """What the caching allocator and the runtime need beyond the bytes tensors hold."""
 
     runtime_gib: float = 1.0  # device context + NCCL/RCCL buffers: outside torch's allocator
+    blas_workspace_mib: float = 0.0  # a GEMM's BLAS workspace (BLAS_WORKSPACE_MIB), counted as workspace
     fragmentation: float = 0.05  # share of the peak lost to block rounding and splitting
     stream_held: bool = True  # count memory released onto communication streams (docs/plan.md)
     cpu_ahead_units: int = 4  # FSDP1 without limit_all_gathers: units the CPU all-gathers ahead
@@ -70,8 +80,10 @@ class _Point:
         if self.optimizer not in OPTIMIZER_IMPLS:
             raise UserError(f"optimizer: {self.optimizer!r} is not allowed; allowed: {', '.join(OPTIMIZER_IMPLS)}")
         a = self.allowance
-        if a.runtime_gib < 0 or a.fragmentation < 0 or a.cpu_ahead_units < 0:
-            raise UserError("allowance: runtime-gib, fragmentation and cpu-ahead-units must not be negative")
+        if a.runtime_gib < 0 or a.fragmentation < 0 or a.cpu_ahead_units < 0 or a.blas_workspace_mib < 0:
+            raise UserError(
+                "allowance: runtime-gib, fragmentation, cpu-ahead-units and blas-workspace-mib must not be negative"
+            )
         g = label.hybrid_group
         if g and self.world % g:
             raise UserError(
