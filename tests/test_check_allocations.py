@@ -32,6 +32,7 @@ import jobs_support
 from conftest import PYTHON, ROOT
 from slurm_fixture import slurm_six_nodes  # noqa: F401  (the session fixture)
 from test_check import assert_calibrates, assert_fits, valid_check
+from test_check import lines_of as lines_by_name
 
 CHECK_SH = os.path.join(ROOT, "jobs", "check.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
@@ -137,7 +138,7 @@ def test_check_job_on_two_slurm_nodes(submitted):
     ).stdout.split()
     assert sorted({r["node"] for r in check["facts"]["ranks"]}) == sorted(hosts) and len(hosts) == 2, hosts
     assert {m["scope"] for m in check["facts"]["interconnect"]["measurements"]} == {"node", "world"}
-    assert {line["check"]: line for line in check["lines"]}["HYBRID_2GPU fp32"]["status"] == "ok"
+    assert lines_by_name(check)["HYBRID_2GPU fp32"]["status"] == "ok"
     # full mode: at least 8 sizes from 8 B to the largest message, per collective and scope, fitted
     measured = check["facts"]["interconnect"]["measurements"]
     assert min(m["bytes"] for m in measured) <= 16 and max(m["bytes"] for m in measured) >= 25 * 2**20

@@ -9,7 +9,7 @@ from vit_scale.distributed import FAMILIES, GROUP_SIZE, all_labels, parse_strate
 from vit_scale.distributed.capabilities import refusal
 from vit_scale.errors import UserError
 from vit_scale.planning import assumptions, plan_row
-from vit_scale.planning.scenario import BLAS_WORKSPACE_MIB, Allowance, from_config
+from vit_scale.planning.scenario import Allowance, blas_workspace_mib, from_config
 
 from .options import family_flags, positive_ints, split, system_defaults
 
@@ -61,7 +61,7 @@ def build(args) -> tuple[list[dict], dict, list]:
         runtime_gib=args.runtime_gib,
         fragmentation=args.fragmentation,
         stream_held=args.stream_held,
-        blas_workspace_mib=BLAS_WORKSPACE_MIB.get(args.device, 0.0),
+        blas_workspace_mib=blas_workspace_mib(args.device),
     )
     refused = {}
     for strategy in list(strategies):

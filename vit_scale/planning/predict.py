@@ -34,7 +34,7 @@ from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning import step_fit
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
-from vit_scale.planning.scenario import BLAS_WORKSPACE_MIB, Allowance, Scenario, baseline_nodes
+from vit_scale.planning.scenario import Allowance, Scenario, baseline_nodes, blas_workspace_mib
 from vit_scale.planning.shapes import Shape
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
 from vit_scale.record import reader
@@ -483,7 +483,7 @@ def scenario_of_run(start: dict) -> Scenario:
         # fit is predicted as not fitting, not as a speed
         device_memory_gib=_memory(world.get("device_memory_gib")),
         # a GEMM's BLAS workspace on the device the run had (76 MiB on ROCm; 0 on CUDA and CPU)
-        allowance=Allowance(blas_workspace_mib=BLAS_WORKSPACE_MIB.get(str(world.get("device_type")), 0.0)),
+        allowance=Allowance(blas_workspace_mib=blas_workspace_mib(world.get("device_type"))),
         # each family's section from the resolved config, the run's own family's from its recorded options
         **{
             name: _section(cls, cfg.get(name), options if strat.get("family") == name else {})

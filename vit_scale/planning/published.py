@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from vit_scale.planning import memory
 from vit_scale.planning.alpha_beta import Network
 from vit_scale.planning.predict import MeasuredStep, compute_of
-from vit_scale.planning.scenario import BLAS_WORKSPACE_MIB, Allowance, Scenario, baseline_nodes
+from vit_scale.planning.scenario import Allowance, Scenario, baseline_nodes, blas_workspace_mib
 from vit_scale.planning.step_time import predict_step
 
 HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,7 +54,7 @@ def _scenario(data: dict, model: str, strategy: str, nodes: int) -> Scenario:
         precision=str(data["precision"]),
         activation_checkpointing=bool(data["activation_checkpointing"]),
         device_memory_gib=None,
-        allowance=Allowance(blas_workspace_mib=BLAS_WORKSPACE_MIB["rocm"]),  # MI250X GCDs, ROCm torch
+        allowance=Allowance(blas_workspace_mib=blas_workspace_mib("rocm")),  # MI250X GCDs, ROCm torch
     )
 
 

@@ -29,15 +29,20 @@ OPTIMIZER_IMPLS = ("auto", "foreach", "single", "fused")
 BLAS_WORKSPACE_MIB = {"rocm": 76.0, "cuda": 0.0, "cpu": 0.0}
 
 
+def blas_workspace_mib(device: str | None) -> float:
+    """The BLAS workspace of a device kind ("rocm", "cuda", "cpu"); 0 for one not known."""
+    return BLAS_WORKSPACE_MIB.get(str(device), 0.0)
+
+
 @dataclass
 class Allowance:
     """What the caching allocator and the runtime need beyond the bytes tensors hold."""
 
     runtime_gib: float = 1.0  # device context + NCCL/RCCL buffers: outside torch's allocator
-    blas_workspace_mib: float = 0.0  # a GEMM's BLAS workspace (BLAS_WORKSPACE_MIB), counted as workspace
     fragmentation: float = 0.05  # share of the peak lost to block rounding and splitting
     stream_held: bool = True  # count memory released onto communication streams (docs/plan.md)
     cpu_ahead_units: int = 4  # FSDP1 without limit_all_gathers: units the CPU all-gathers ahead
+    blas_workspace_mib: float = 0.0  # a GEMM's BLAS workspace (blas_workspace_mib()), counted as workspace
 
 
 @dataclass
