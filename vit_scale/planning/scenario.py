@@ -23,8 +23,9 @@ OPTIMIZER_IMPLS = ("auto", "foreach", "single", "fused")
 # A GEMM's BLAS workspace, which torch takes from its caching allocator for the call (so it counts in
 # max_memory_allocated and the active-bytes peak) and which is live at every instant inside a GEMM:
 # the forward's and the backward's peaks. ROCm: torch's hipBLASLt path (the default for bf16 matmuls
-# on gfx90a/gfx94x) allocates HIPBLASLT_WORKSPACE_SIZE, 76 MiB unless set (aten/src/ATen/cuda,
-# parseCUDABlasLtWorkspaceSize: 76*1024 KiB under USE_ROCM). CUDA: 1 to 32 MiB by torch version and
+# on gfx90a/gfx94x) allocates HIPBLASLT_WORKSPACE_SIZE, 76 MiB unless set (torch 2.6 on, pytorch PR
+# 139300; aten/src/ATen/cuda, parseCUDABlasLtWorkspaceSize: 76*1024 KiB under USE_ROCM); one at a
+# time (docs/plan.md, Workspace, says why not two). CUDA: 1 to 32 MiB by torch version and
 # architecture, not modelled (0). CPU: none.
 BLAS_WORKSPACE_MIB = {"rocm": 76.0, "cuda": 0.0, "cpu": 0.0}
 
