@@ -150,8 +150,7 @@ def _assumptions(a: dict) -> list:
     lines += _wrap(
         f"allocator allowance: {al['runtime_gib']:g} GiB runtime + {al['fragmentation']:.0%} of the peak"
         f"{' + memory held for communication streams' if al['stream_held'] else ''}"
-        # .get: a plan --json written before the term existed has no such key
-        f"{_workspace(al.get('blas_workspace_mib', 0.0), a['device'])}",
+        f"{_workspace(al['blas_workspace_mib'], a['device'])}",
         "  ",
     )
     return lines
