@@ -32,6 +32,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_alpha_beta",
         "test_adding_a_family",
         "test_analysis",
+        "test_check_nodes",
         "test_check_scale",
         "test_compute_from_check",
         "test_emulation_units",

@@ -60,6 +60,9 @@ ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DistributedDataParallel's bucket_cap_mb default
 LATENCY_SIZES = (8, 64, 512, 4096)
 QUICK_LATENCY_SIZES = (8, 4096)
+# quick mode's third small size: large enough that a slow link's bandwidth shows in its time (on a 25 Mbit/s
+# emulated link 20 ms, several times the latency), so that the named sizes can follow the rate it finds
+QUICK_RATE_SIZE = 64 * 1024
 # after the world's rendezvous, how long any collective of the check may wait for its peers
 COLLECTIVE_TIMEOUT_S = 300
 EXACT_FP32 = 2**24  # every integer up to this is exact in fp32
@@ -87,10 +90,15 @@ class Settings:
     budget_s: float  # about how long the timed iterations of one measurement may take
     repeats: int = 2  # timed windows per measurement: their range is the point's noise
     sweep_budget_s: float = 120.0  # about how long every collective's sweep may take, both scopes together
+    # quick mode: a named size (a Block, a bucket) expected to take longer than this a call, at the rate the
+    # smaller sizes found, is measured at the largest size that takes about this long instead (None: never)
+    call_cap_s: float | None = None
 
 
 FULL = Settings(warmup=5, min_iterations=3, max_iterations=100, budget_s=1.0, repeats=3, sweep_budget_s=120.0)
-QUICK = Settings(warmup=1, min_iterations=2, max_iterations=20, budget_s=0.2, repeats=2, sweep_budget_s=20.0)
+QUICK = Settings(
+    warmup=1, min_iterations=2, max_iterations=20, budget_s=0.2, repeats=2, sweep_budget_s=20.0, call_cap_s=0.5
+)
 
 
 def bandwidths(collective: str, nbytes: int, seconds: float, ranks: int) -> tuple[float, float]:
@@ -127,7 +135,8 @@ def sizes_for(model: str, precision: str, quick: bool) -> list[Size]:
     ]
     if quick:
         latency = [Size("latency", n, "fp32", human_bytes(n)) for n in QUICK_LATENCY_SIZES]
-        return sorted(latency + named, key=lambda size: (size.nbytes, size.name))
+        rate = [Size("sweep", QUICK_RATE_SIZE, "fp32", human_bytes(QUICK_RATE_SIZE))]
+        return sorted(latency + rate + named, key=lambda size: (size.nbytes, size.name))
     named.append(Size("zero_bucket", zero_bucket_bytes(model, precision), precision, "ZeRO bucket"))
     largest = max(size.nbytes for size in named)
     sweep, n = [], LATENCY_SIZES[0]
@@ -342,6 +351,11 @@ def measure_all(world, sizes: list[Size], settings: Settings, quick: bool = Fals
                         }
                     )
                     continue
+                size, cut = within_cap(size, done, settings)
+                if cut:
+                    skipped.append(
+                        {"scope": scope, "collective": collective, "size": size.name, "ranks": ranks, **cut}
+                    )
                 one = measure(world, collective, size, group, ranks, settings)
                 if len(groups) > 1:
                     one = slowest_node(world, one)  # every group measured at once; the slowest is reported
@@ -385,6 +399,29 @@ def left_out(
             f"this collective's share of {human_seconds(settings.sweep_budget_s)}"
         )
     return ""
+
+
+def within_cap(size: Size, done: list, settings: Settings) -> tuple[Size, dict | None]:
+    """A named size cut to what a call may take in quick mode (Settings.call_cap_s), at the rate the
+    sizes measured so far found: (the size to measure, None) or (the cut size, what was cut and why). A
+    fabric moves a 25 MiB bucket in milliseconds and keeps it; a 25 Mbit/s link would take seconds a
+    call, times the check's calls, so the check measures there the largest power of two that fits.
+    Decided from agreed figures (every rank's `done` holds the slowest group's times)."""
+    cap = settings.call_cap_s
+    if cap is None or size.name not in NAMED_SIZES or not done:
+        return size, None
+    expected = expected_seconds(done, size.nbytes)
+    if expected <= cap:
+        return size, None
+    cut = max(m["bytes"] for m in done)
+    while cut * 2 < size.nbytes and expected_seconds(done, cut * 2) <= cap:
+        cut *= 2
+    smaller = Size(size.name, cut, size.precision, f"{size.what}, cut to {human_bytes(cut)}")
+    why = (
+        f"time: about {human_seconds(expected)} a call at the rate found, more than quick mode's "
+        f"{human_seconds(cap)}; measured at {human_bytes(cut)} instead"
+    )
+    return smaller, {"bytes": size.nbytes, "why": why, "measured_bytes": cut}
 
 
 def expected_seconds(done: list, nbytes: int) -> float:

@@ -74,7 +74,7 @@ class Launches:
         self.ledger = Ledger(stamp)
         facts, attempts = self.ledger.facts, self.ledger.attempts
         remaining = [(a["label"], a["precision"]) for a in r.labels]
-        parts = list(PARTS)
+        parts = list(r.parts)
         deadline = time.monotonic() + r.time_limit_min * 60  # one limit for every launch together
         while not supervisor.interrupted:
             left_s = deadline - time.monotonic()
@@ -170,9 +170,11 @@ class Launches:
             f.write(launch.log_header())
         what = (
             "every part"
-            if len(parts) == len(PARTS)
+            if parts == list(PARTS)
             else f"the {len(labels)} label(s) left"
             if parts == ["strategies"]
+            else ", ".join(parts)
+            if attempt == 1
             else f"{', '.join(parts)} (without the meter)"
         )
         print(f"  launch {attempt}: {what} ... ", end="", flush=True)

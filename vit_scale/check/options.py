@@ -34,10 +34,11 @@ OPTIONS = (
     "--out",
     "--json",
     "--time-limit",
+    "--only",
 )
 DEFAULT_BATCH = 32  # per device, for the timed GEMMs, when neither --batch-size nor the study file gives one
 DEFAULT_LIMIT_MIN = 30.0  # --time-limit without an allocation, and at most this within one
-PARTS = ("meter", "compute", "environment", "interconnect", "strategies")  # what a check does, in order
+PARTS = ("meter", "compute", "environment", "nodes", "interconnect", "strategies")  # what a check does, in order
 
 USAGE = """usage: vit-scale check [options]
        sbatch [-N NODES] jobs/check.sh [options]     (bash jobs/check.sh without Slurm)
@@ -63,6 +64,8 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
   --quick                 fewer sizes, iterations and steps (what `vit-scale study --check` runs)
   --out DIR               check.json, logs/, records/ (default: runs/check)
   --json PATH             where check.json goes (default: OUT/check.json)
+  --only PARTS            run only these parts: {parts} (e.g. --only nodes: every node's compute
+                          and link, about 30 s on 4 emulated nodes)
   --time-limit MIN        stop the check after this many minutes, every launch together (default: 30;
                           in a Slurm job at most the job's time left less a margin, so that check.json
                           is written before Slurm ends the job)
@@ -72,7 +75,7 @@ Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 st
 
 
 def usage() -> str:
-    return USAGE.format(systems=" ".join(systems.known_systems()))
+    return USAGE.format(systems=" ".join(systems.known_systems()), parts=" ".join(PARTS))
 
 
 class Options:
@@ -117,7 +120,8 @@ class Request:
         self.precisions = self._precisions(v.get("--precision"), study)
         self.model = self._model(v.get("--model"), study)
         self.batch_size = self._batch_size(v.get("--batch-size"), study)
-        self.labels = self._labels(v.get("--strategies"))
+        self.parts = self._parts(v.get("--only"))
+        self.labels = self._labels(v.get("--strategies")) if "strategies" in self.parts else []
         self.expected = self._expected(v.get("--expect-transport") or os.environ.get("VIT_SCALE_EXPECT_TRANSPORT"))
         self.launcher = v.get("--launcher") or self.system.launcher or "srun"
         if self.launcher not in self.system.launchers:
@@ -162,6 +166,18 @@ class Request:
                 f"--gpus-per-node=N, or give --ranks-per-node"
             )
         return gpus or 1
+
+    def _parts(self, given) -> list:
+        """The parts to run, in the check's order (--only; default every part)."""
+        if given is None:
+            return list(PARTS)
+        asked = as_list(given)
+        for part in asked:
+            if part not in PARTS:
+                raise UserError(f"--only: '{part}' is not a part of the check; allowed: {', '.join(PARTS)}")
+        if not asked:
+            raise UserError(f"--only: no part given; allowed: {', '.join(PARTS)}")
+        return [p for p in PARTS if p in asked]
 
     def _time_limit(self, given, only_env: bool) -> tuple[float, str]:
         """(minutes, where they come from). In an allocation the default ends before the allocation

@@ -27,7 +27,10 @@ def header(request: Request) -> None:
         f"{r.ranks_per_node} rank{'s' if r.ranks_per_node > 1 else ''} ({ranks} in all, "
         f"{r.system.backend}), {'/'.join(r.precisions)}{', quick' if r.quick else ''}"
     )
-    print(f"  strategies: {', '.join(labels)}; collective sizes from {r.model}")
+    if r.parts != list(PARTS):
+        print(f"  parts: {', '.join(r.parts)} (--only)")
+    if labels:
+        print(f"  strategies: {', '.join(labels)}; collective sizes from {r.model}")
     print(f"  launcher: {launchers.describe(r.kind, r.system, r.ranks_per_node)}; logs: {os.path.join(r.out, 'logs')}")
     print(f"  time limit: {r.time_limit_min:.3g} min ({r.time_limit_why})", flush=True)
 
@@ -62,7 +65,7 @@ def assemble(request: Request, facts: dict, attempts: list, stamp: str, emulatio
         "precisions": r.precisions,
         "model": r.model,
         "quick": r.quick,
-        "parts": list(PARTS),
+        "parts": list(request.parts),
         "labels": r.labels,
         "expected_transport": r.expected,
         "slurm": {"job_id": os.environ.get("SLURM_JOB_ID"), "nodelist": os.environ.get("SLURM_JOB_NODELIST")}
@@ -76,9 +79,11 @@ def assemble(request: Request, facts: dict, attempts: list, stamp: str, emulatio
             "emulation": emulation_kind,
         },
         "transport": transport_facts(backend, logs, tuple(r.expected), world.get("gloo_transport", "tcp")),
-        "facts": {k: v for k, v in facts.items() if k != "compute"},
+        "facts": {k: v for k, v in facts.items() if k not in ("compute", "nodes")},
         # the Block's GEMMs timed at the model's shapes (vit_scale.check.gemms): the planner's compute
         "compute": facts.get("compute"),
+        # every node's compute and link, the median node and the nodes named slow (vit_scale.check.nodes)
+        "per_node": facts.get("nodes"),
         "out": r.out,
         # the alpha-beta line of each collective, scope and group size, from the size sweep, and the
         # per-step fit over every group size that a prediction uses (docs/check.md)

@@ -19,7 +19,9 @@ def lines(check: dict) -> list[Line]:
     out = launch_lines(check, facts)
     if facts.get("world") is None:
         return out + not_run_lines(check, facts, "the check's ranks never reported")
-    out += environment_lines(check, facts)
+    if "environment" in (check.get("parts") or ["environment"]):
+        out += environment_lines(check, facts)
+    out += node_lines(check)
     out += interconnect_lines(check, facts)
     out += fit_lines(check, facts)
     out += compute_lines(check)
@@ -257,6 +259,64 @@ def kernel_lines(check: dict, facts: dict) -> list[Line]:
             )
         else:
             out.append(Line(f"kernel {key}", "ok", f"built (needed by {labels})"))
+    return out
+
+
+# ---------------------------------------------------------------- nodes
+
+
+def node_lines(check: dict) -> list[Line]:
+    """The nodes part (check.json's `per_node`, vit_scale.check.nodes): a line of every node's figures,
+    a FAIL line for each node the rule names with the `--exclude=` list to leave them out, and with two
+    nodes a warning that the pair test cannot say which of them is slow."""
+    from vit_scale.check.nodes import FIGURES, UNITS
+
+    found = check.get("per_node")
+    if found is None:
+        if "nodes" in (check.get("parts") or []):
+            return [Line("nodes", "fail", "the ranks ended before every node was measured", f"see {last_log(check)}")]
+        return []
+    if found.get("error"):
+        return [Line("nodes", "fail", found["error"], f"see {last_log(check)}")]
+    hosts = found.get("hosts") or {}
+    median = found.get("median") or {}
+    parts = []
+    for part, key in FIGURES.items():
+        values = [h[key] for h in hosts.values() if h.get(key) is not None]
+        if values:
+            parts.append(
+                f"{part} median {median[key]:.3g} {UNITS[part]} ({min(values):.3g} to {max(values):.3g})"
+                + (f" at {human_bytes(found['exchange_bytes'])} a rank" if part == "link" else "")
+            )
+    errors = found.get("errors") or []
+    text = f"{len(hosts)} node{'s' if len(hosts) != 1 else ''}: " + ("; ".join(parts) or "no figure")
+    text += f" ({found.get('seconds', 0):.1f} s)" + (f"; compute probe failed: {errors[0]}" if errors else "")
+    out = [Line("nodes", "warn" if errors else "ok", text, needed=False)]
+    for named in found.get("slow") or []:
+        unit = UNITS[named["figure"]]
+        out.append(
+            Line(
+                f"node {named['node']}",
+                "fail",
+                f"{named['figure']} {named['value']:.3g} {unit}, {named['share']:.0%} of the median node's "
+                f"{named['median']:.3g} {unit}",
+                f"leave it out: sbatch or srun --exclude={found['exclude']} (or vit-scale study --check "
+                "--exclude-slow-nodes)",
+            )
+        )
+    if found.get("exclude"):
+        out.append(Line("exclude", "info", f"--exclude={found['exclude']}", needed=False))
+    pair = found.get("undecidable") or []
+    if pair:
+        out.append(
+            Line(
+                "nodes pair",
+                "warn",
+                f"{' and '.join(pair)}: with two nodes the pair test cannot say which one a slow link is on",
+                "check 3 nodes or more to name a slow node's link",
+                needed=False,
+            )
+        )
     return out
 
 

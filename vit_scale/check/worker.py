@@ -97,6 +97,8 @@ def main(argv=None) -> int:
     facts.save()
     if "environment" in parts:
         environment(world, spec, facts)
+    if "nodes" in parts:
+        nodes(world, spec, facts)
     if "interconnect" in parts:
         interconnect(world, spec, facts)
     if "strategies" in parts:
@@ -285,6 +287,23 @@ def environment(world, spec: dict, facts: Facts) -> None:
     if world.rank == 0:
         facts.set(ranks=ranks, kernels=[k for k in by_node if k], **host_facts(world))
     facts.done("environment")
+
+
+def nodes(world, spec: dict, facts: Facts) -> None:
+    """Every node's compute and link at once (check.nodes); rank 0 keeps the figures."""
+    from vit_scale.check.nodes import measure
+    from vit_scale.errors import UserError
+
+    try:
+        found = measure(world, spec)
+    except UserError as exc:  # e.g. uneven placement: the same one line on every rank
+        found = {"error": str(exc)}
+    except Exception as exc:
+        traceback.print_exc()
+        found = {"error": short_error(exc)}
+    if world.rank == 0:
+        facts.set(nodes=found)
+    facts.done("nodes")
 
 
 def interconnect(world, spec: dict, facts: Facts) -> None:

@@ -41,7 +41,15 @@ from vit_scale.study.lock import StudyLock
 from vit_scale.study.plan import BOOLEAN_KEYS, CHOICES, FAMILY_KEYS, STUDY_KEYS, make_plan
 from vit_scale.study.preflight import check_first
 
-FLAGS = ("--force", "--dry-run", "--analysis-only", "--no-analysis", "--check", "--which-env")
+FLAGS = (
+    "--force",
+    "--dry-run",
+    "--analysis-only",
+    "--no-analysis",
+    "--check",
+    "--exclude-slow-nodes",
+    "--which-env",
+)
 OWN_OPTIONS = ("--config", "--system", "--out", "--report", "--run-time-limit", "--prog")
 STUDY_OPTIONS = {option: key for key, (option, _) in STUDY_KEYS.items() if option}
 # the plugin comparison's names for two of them
@@ -86,7 +94,9 @@ Where and how:
   --analysis-only          only the analysis and the summary of what OUT/STUDY holds
   --check                  first `vit-scale check --quick` on the study's nodes, strategies and precisions
                            (OUT/STUDY/check-nN.json for N nodes, the latest also OUT/STUDY/check.json); no run
-                           starts when a needed line fails
+                           starts when a needed line fails (a node named slow alone does not stop it)
+  --exclude-slow-nodes     with --check: run on the allocation less the nodes the check named slow (a rung
+                           that no longer fits is skipped, said in one line; OUT/STUDY/nodes_left_out.json)
   --no-analysis            skip the analysis at the end
   -h, --help               this text
 Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad input."""
@@ -160,6 +170,9 @@ class StudyRun:
     def __init__(self, opts: Options, prog: str = PROG):
         self.opts = opts
         self.prog = prog
+        if "--exclude-slow-nodes" in opts.flags and "--check" not in opts.flags:
+            raise UserError("--exclude-slow-nodes: needs --check, whose nodes part names the slow nodes")
+        self.left_out: dict = {}  # {host: why}: the nodes the check named slow, with --exclude-slow-nodes
         self.dry_run = "--dry-run" in opts.flags
         self.analysis_only = "--analysis-only" in opts.flags
         self.force = "--force" in opts.flags
@@ -289,6 +302,7 @@ class StudyRun:
             if code:
                 return code
         forecast(self)  # predict: true: the predicted table and figure before the first run
+        nodes_here = self.nodes_to_use(nodes_here)
         started, failed, done = time.monotonic(), 0, 0
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
@@ -310,6 +324,9 @@ class StudyRun:
             if earlier:
                 self._skip_done_earlier(label, run, kind, earlier, ledger)
                 done += 1
+                continue
+            if self.left_out and run.nodes > len(nodes_here):
+                self._skip_too_few_nodes(label, run, kind, len(nodes_here), ledger)
                 continue
             run_id = f"{stamp}-{tag}.{index}"
             launch = self._launch(run, kind, run_id, index, nodes_here)
@@ -365,12 +382,43 @@ class StudyRun:
                 repetition=run.repetition,
             )
 
+    def nodes_to_use(self, nodes_here: list[str]) -> list[str]:
+        """The nodes the runs are placed on: the allocation's, or with emulated nodes their names, less the
+        nodes left out (--exclude-slow-nodes); the allocation's as before when none is left out."""
+        if not self.left_out:
+            return nodes_here
+        if not self.in_slurm and self.emulation:
+            nodes_here = self.emulation.names
+        return [n for n in nodes_here if n not in self.left_out]
+
+    def _skip_too_few_nodes(self, label: str, run, kind: str, usable: int, ledger) -> None:
+        """A rung the nodes left out no longer fit: one line, a ledger row, no run."""
+        print(
+            f"{label} ... skipped: needs {run.nodes} nodes, {usable} left after leaving out "
+            f"{', '.join(self.left_out)} (named slow by the check)",
+            flush=True,
+        )
+        if not self.dry_run:
+            ledger.add(
+                model=run.model,
+                strategy=run.strategy,
+                variant=run.variant,
+                nodes=run.nodes,
+                ranks=run.ranks,
+                launcher=kind,
+                status="skipped",
+                seconds=0,
+                repetition=run.repetition,
+            )
+
     def _launch(self, run, kind: str, run_id: str, index: int, nodes_here: list[str]):
         """The commands that start one run: its launcher's, its rendezvous address, wrapped for emulated nodes."""
         if self.in_slurm:
             addr = systems.node_address(nodes_here[0], self.system.master_addr) if nodes_here else "127.0.0.1"
+        elif self.emulation:  # the run's first emulated node, which need not be local0 when nodes are left out
+            addr = self.emulation.address_of(nodes_here[0]) if nodes_here else self.emulation.master_addr
         else:
-            addr = self.emulation.master_addr if self.emulation else "127.0.0.1"
+            addr = "127.0.0.1"
         port = free_port()
         if self.use_slurm and not self.in_slurm:  # a dry run far from the system: found when the job runs
             addr, port = "{address of the first node}", "{a free port}"

@@ -10,6 +10,7 @@ OUT/STUDY/check.json is a copy of the latest, what one allocation's study has al
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import sys
 from vit_scale.check.cli import main as run_check
 from vit_scale.cluster import launchers
 from vit_scale.record.check_file import check_path
+from vit_scale.study.slow_nodes import named_slow, only_slow_nodes_broken, write_left_out
 
 
 def check_first(study, supervisor) -> int:
@@ -35,6 +37,8 @@ def check_first(study, supervisor) -> int:
         tmp = os.path.join(study.study_dir, f".check.json.tmp.{socket.gethostname()}.{os.getpid()}")
         shutil.copyfile(path, tmp)
         os.replace(tmp, os.path.join(study.study_dir, "check.json"))
+    if code == 1 and only_slow_nodes_broken(read_json(path)):
+        code = slow_nodes_found(study, path)
     if code == 1:
         print(
             f"{study.prog}: the check found the system not ready (the lines above; {path}); no run was started",
@@ -42,6 +46,32 @@ def check_first(study, supervisor) -> int:
         )
     print(flush=True)
     return code
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def slow_nodes_found(study, path: str) -> int:
+    """The check found the system working but named slow nodes: the study goes on (0), leaving them out
+    with --exclude-slow-nodes (study.left_out, written beside the runs), else on every node, said."""
+    named = named_slow(read_json(path))
+    listed = "; ".join(f"{host} ({why})" for host, why in named.items())
+    if "--exclude-slow-nodes" in study.opts.flags:
+        study.left_out = named
+        write_left_out(study.study_dir, named, path)
+        print(f"{study.prog}: leaving out the node(s) the check named slow: {listed}", flush=True)
+    else:
+        print(
+            f"{study.prog}: the check named slow node(s): {listed}; the study runs on them all the same "
+            f"(--exclude-slow-nodes leaves them out) and the report flags the points they ran",
+            flush=True,
+        )
+    return 0
 
 
 def check_argv(study, prog: str) -> list[str]:

@@ -1,0 +1,153 @@
+"""The check's nodes part without its ranks: the pairings every node count gets, the figures and the
+rule that names a slow node, the verdict's lines and `--exclude=`, the quick collectives' cut to the
+rate found, and --only's bad input. The part on emulated nodes with a slow one injected runs in
+tests/test_emulation.py; its error rates are measured by benchmarks/slow_node.py."""
+
+import pytest
+
+from vit_scale.check import nodes as part
+from vit_scale.check.collectives import QUICK, Size, within_cap
+from vit_scale.check.verdict import node_lines
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8, 9, 128, 129, 9408])
+def test_every_node_meets_both_ring_neighbours_in_at_most_three_rounds(count):
+    rounds = part.pairings(count)
+    assert len(rounds) == (1 if count == 2 else 2 if count % 2 == 0 else 3)
+    met = {i: set() for i in range(count)}
+    for pairing in rounds:
+        busy = [n for pair in pairing for n in pair]
+        assert len(busy) == len(set(busy)), "a node in two pairs of one round"
+        for a, b in pairing:
+            met[a].add(b)
+            met[b].add(a)
+    for i in range(count):
+        assert met[i] == {(i - 1) % count, (i + 1) % count}
+
+
+def test_exchange_size_follows_the_rate_found():
+    slow = part.exchange_bytes(probe_s=0.25, free_bytes=0)  # 256 KiB in 0.25 s: about 1 MB/s
+    fast = part.exchange_bytes(probe_s=20e-6, free_bytes=64 * 2**30)  # 256 KiB in 20 us: 13 GB/s
+    assert part.PROBE_BYTES <= slow <= 2**20
+    assert fast == part.MAX_BYTES
+    assert part.exchange_bytes(probe_s=20e-6, free_bytes=2**26) <= 2**26 / 8  # two buffers within a quarter
+
+
+def figures(compute: dict, link: dict) -> dict:
+    return {
+        h: {
+            "gemm_tflops": compute[h],
+            "gemm_spread_tflops": 0.02 * compute[h],
+            "link_gbps": link[h],
+            "link_spread_gbps": 0.05 * link[h],
+        }
+        for h in compute
+    }
+
+
+HOSTS = ["local0", "local1", "local2", "local3"]
+
+
+def test_a_node_at_a_quarter_is_named_and_a_node_within_the_noise_is_not():
+    nodes = figures(
+        {"local0": 1.0, "local1": 0.97, "local2": 1.02, "local3": 0.25},
+        {"local0": 3.0, "local1": 2.1, "local2": 2.9, "local3": 3.1},  # local1 30% low, but see its spread
+    )
+    nodes["local1"]["link_spread_gbps"] = 1.0  # its windows ranged over 2 GB/s: not a finding
+    found = part.verdict(HOSTS, nodes, [])
+    assert [(n["node"], n["figure"]) for n in found["slow"]] == [("local3", "compute")]
+    assert found["exclude"] == "local3"
+    assert found["median"]["gemm_tflops"] == pytest.approx(0.985)
+
+
+def test_two_nodes_name_a_slow_cpu_but_never_a_link():
+    nodes = figures({"local0": 1.0, "local1": 0.25}, {"local0": 0.5, "local1": 0.5})
+    nodes["local0"]["link_gbps"] = 3.0  # cannot happen in one pair, but the rule must not name a link
+    found = part.verdict(HOSTS[:2], nodes, [])
+    assert {n["figure"] for n in found["slow"]} == {"compute"}
+    assert found["undecidable"] == HOSTS[:2]
+
+
+def test_a_slow_link_is_slow_in_both_its_pairs_and_only_its_node_is_named():
+    """local2's link at a quarter: its two pairs are slow, its partners' other pairs are not."""
+    rounds = part.pairings(4)
+    fast, slow = [0.1, 0.11, 0.1], [0.4, 0.42, 0.41]
+    times = {(r, a, b): (slow if 2 in (a, b) else fast) for r, pairing in enumerate(rounds) for a, b in pairing}
+    link, pairs = part.link_figures(HOSTS, rounds, times, nbytes=2**20, per_node=2)
+    assert len(pairs) == 4
+    assert link["local2"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.41 / 1e9)
+    assert link["local1"]["link_gbps"] == link["local0"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.1 / 1e9)
+    compute = {h: {"gemm_tflops": 1.0, "gemm_spread_tflops": 0.0} for h in HOSTS}
+    found = part.verdict(HOSTS, {h: {**compute[h], **link[h]} for h in HOSTS}, pairs)
+    assert [(n["node"], n["figure"]) for n in found["slow"]] == [("local2", "link")]
+
+
+def test_a_node_counts_at_its_slowest_rank():
+    rows = [
+        {"node": "local0", "rank": 0, "gemm_tflops_windows": [1.0, 1.1, 0.9]},
+        {"node": "local0", "rank": 1, "gemm_tflops_windows": [0.5, 0.6, 0.4]},
+        {"node": "local1", "rank": 2, "gemm_tflops_windows": [1.0, 1.0, 1.0]},
+    ]
+    found = part.compute_figures(rows)
+    assert found["local0"] == {"gemm_tflops": 0.5, "gemm_spread_tflops": pytest.approx(0.1), "slowest_rank": 1}
+
+
+def test_lines_name_each_slow_node_with_its_figure_and_the_exclude_list():
+    nodes = figures(
+        {"local0": 1.0, "local1": 1.0, "local2": 1.0, "local3": 0.25},
+        {"local0": 3.0, "local1": 3.0, "local2": 0.7, "local3": 3.0},
+    )
+    found = part.verdict(HOSTS, nodes, [])
+    found.update(exchange_bytes=2**20, seconds=9.5)
+    lines = node_lines({"parts": ["nodes"], "per_node": found})
+    by = {line.check: line for line in lines}
+    assert by["nodes"].status == "ok" and "4 nodes" in by["nodes"].text
+    assert by["node local3"].status == "fail" and by["node local3"].broken
+    assert "compute 0.25 TFLOP/s, 25% of the median node's 1 TFLOP/s" in by["node local3"].text
+    assert "link 0.7 GB/s, 23% of the median node's 3 GB/s" in by["node local2"].text
+    assert by["exclude"].text == "--exclude=local2,local3"
+    assert "--exclude=local2,local3" in by["node local2"].fix
+
+
+def test_two_nodes_warn_and_name_the_pair():
+    nodes = figures({"local0": 1.0, "local1": 1.0}, {"local0": 3.0, "local1": 3.0})
+    found = {**part.verdict(HOSTS[:2], nodes, []), "exchange_bytes": 2**20, "seconds": 3.0}
+    pair = {line.check: line for line in node_lines({"parts": ["nodes"], "per_node": found})}["nodes pair"]
+    assert pair.status == "warn" and not pair.broken
+    assert "local0 and local1" in pair.text
+
+
+def test_a_part_that_never_reported_fails_and_one_not_asked_for_is_silent():
+    assert node_lines({"parts": ["nodes"], "per_node": None})[0].status == "fail"
+    assert node_lines({"parts": ["meter"], "per_node": None}) == []
+
+
+def done(nbytes, seconds):
+    return {"bytes": nbytes, "time_s": seconds}
+
+
+def test_quick_mode_cuts_a_bucket_a_slow_link_would_take_seconds_to_move():
+    bucket = Size("bucket", 25 * 2**20, "fp32", "DDP bucket")
+    # 25 Mbit/s: 8 B in 5 ms, 64 KiB in 26 ms -> about 3 MB/s
+    slow = [done(8, 0.005), done(4096, 0.0055), done(65536, 0.026)]
+    size, cut = within_cap(bucket, slow, QUICK)
+    assert size.nbytes < 2**21 and size.nbytes >= 65536 and "cut to" in size.what
+    assert cut["bytes"] == 25 * 2**20 and "measured at" in cut["why"]
+    fabric = [done(8, 20e-6), done(4096, 22e-6), done(65536, 30e-6)]  # a fabric keeps the bucket
+    assert within_cap(bucket, fabric, QUICK) == (bucket, None)
+    latency = Size("latency", 8, "fp32", "8 B")
+    assert within_cap(latency, slow, QUICK) == (latency, None)
+
+
+def test_only_takes_parts_of_the_check(tmp_path, capsys):
+    from vit_scale.check.cli import main
+
+    assert main(["--only", "nodes,bogus", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--only: 'bogus' is not a part of the check; allowed: meter" in err[0]
+    assert not any(tmp_path.iterdir())
+
+
+def test_cost_does_not_grow_with_the_node_count():
+    costs = {n: part.cost_seconds(n, 0.01, 0.03, 1.0, 20e-6) for n in (2, 128, 9408)}
+    assert costs[9408] < 1.2 * costs[128]

@@ -1,0 +1,321 @@
+"""The nodes part of `vit-scale check`: every node's compute and its link to the other nodes, measured
+at once on all of them, so that one slow node or one bad link is named before a study spends the
+allocation on it (a weak-scaling point runs at its slowest rank's pace: one slow node makes the
+strategy look slow).
+
+Compute: every rank times the Block's GEMMs of the check's model, batch and precision
+(vit_scale.run.health.rank_figures, the probe every run also makes after its timed steps); a node
+counts at its slowest rank.
+
+Link: nodes exchange in pairs, every pair at once, each rank with the rank of the same local index on
+the partner node (so the node's whole link carries traffic, as a strategy's rings do), in both directions
+at once, at a size where bandwidth dominates. The pairs follow the ring of nodes: one round pairs each
+even node with the next, the other each odd node with the next (the last with the first when the count is
+even); an odd count needs a third round for the node left out. So every node meets both its neighbours:
+a slow node is slow in both its pairs, while each of its partners is fast in its other pair, and a node's
+figure is the best of its pairs. Two or three rounds whatever the node count: the part's time does not
+grow with the allocation (docs/check.md, "Finding a slow node", gives its cost at 2, 128 and 9,408 nodes).
+
+The size follows the rate found: a probe exchange of PROBE_BYTES a rank, then the size at which the
+slowest pair's exchange takes about TARGET_S, between PROBE_BYTES and MAX_BYTES (and a quarter of a rank's
+free memory), so that a 25 Mbit/s emulated link and a 200 Gbit/s fabric both get a bandwidth figure in
+about a second a round.
+
+The verdict's rule (`slow_nodes`): a node whose figure is below the median of the nodes by more than
+SLOW_SHARE, and by more than the spread the check measured across its windows, is named. With fewer than
+three nodes the pair test cannot say which of two is slow (both are in the one pair): `undecidable`.
+
+The arithmetic and the rule here are torch-free; torch is imported inside the functions that measure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+SLOW_SHARE = 0.20  # below the median node by more than this share (and more than the spread): named
+PROBE_BYTES = 256 * 1024  # a rank's first exchange, to find the rate
+MAX_BYTES = 256 * 2**20  # a rank's largest exchange: on a 25 GB/s NIC share, 10 ms, bandwidth-bound
+TARGET_S = 0.8  # the slowest pair's exchange, about: long enough for CPU quotas' periods (100 ms) to show
+REPEATS = 3  # timed windows a round; their range is the pair's spread
+COMPUTE_WINDOW_S = 0.3  # a compute window: several CFS periods, so a CPU quota shows in the rate
+FIGURES = {"compute": "gemm_tflops", "link": "link_gbps"}
+UNITS = {"compute": "TFLOP/s", "link": "GB/s"}
+
+
+# ---------------------------------------------------------------- pairings and figures (torch-free)
+
+
+def pairings(nodes: int) -> list[list[tuple[int, int]]]:
+    """Rounds of (node, node) pairs over the ring of `nodes`: even nodes with the next, odd nodes with
+    the next, and for an odd count the last node with the first in a third round. Each node meets both
+    its ring neighbours (one, when there are two nodes)."""
+    if nodes < 2:
+        return []
+    if nodes == 2:
+        return [[(0, 1)]]
+    rounds = [
+        [(i, i + 1) for i in range(0, nodes - 1, 2)],
+        [(i, (i + 1) % nodes) for i in range(1, nodes, 2)],  # odd count: the last odd node is nodes - 2
+    ]
+    if nodes % 2:
+        rounds.append([(nodes - 1, 0)])
+    return rounds
+
+
+def exchange_bytes(probe_s: float, free_bytes: float) -> int:
+    """A rank's exchange size from the slowest probe's seconds: about TARGET_S at the rate found, a power
+    of two between PROBE_BYTES and MAX_BYTES, and within a quarter of the rank's free memory (two buffers)."""
+    rate = PROBE_BYTES / max(probe_s, 1e-9)
+    want = min(MAX_BYTES, rate * TARGET_S)
+    if free_bytes > 0:
+        want = min(want, free_bytes / 8)
+    size = PROBE_BYTES
+    while size * 2 <= want:
+        size *= 2
+    return size
+
+
+def window_stats(values: list[float]) -> tuple[float, float]:
+    """(median, half the range): a figure and its spread across the windows."""
+    ordered = sorted(values)
+    return statistics.median(ordered), (ordered[-1] - ordered[0]) / 2 if ordered else 0.0
+
+
+def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_node: int) -> tuple[dict, list]:
+    """Per host its link figure and the pairs measured. `times[(round, a, b)]`: the pair's seconds per
+    window (its slowest rank's). A pair's figure is what one node sent in one direction per second
+    (every rank's bytes, GB/s); a node's is the best of its pairs."""
+    pairs, best = [], {}
+    for r, pairing in enumerate(rounds):
+        for a, b in pairing:
+            windows = times.get((r, a, b)) or []
+            if not windows:
+                continue
+            rates = [nbytes * per_node / t / 1e9 for t in windows if t > 0]
+            value, spread = window_stats(rates)
+            pair = {
+                "round": r + 1,
+                "nodes": [hosts[a], hosts[b]],
+                "link_gbps": value,
+                "spread_gbps": spread,
+                "windows_gbps": rates,
+            }
+            pairs.append(pair)
+            for node in (a, b):
+                if hosts[node] not in best or value > best[hosts[node]]["link_gbps"]:
+                    best[hosts[node]] = {"link_gbps": value, "link_spread_gbps": spread, "link_partner": pair["nodes"]}
+    return best, pairs
+
+
+def compute_figures(rows: list[dict]) -> dict:
+    """Per host the slowest rank's GEMM rate and its spread (rows: each rank's `node` and the probe's
+    `gemm_tflops_windows`)."""
+    out: dict = {}
+    for row in rows:
+        windows = row.get("gemm_tflops_windows") or []
+        if not windows:
+            continue
+        value, spread = window_stats(windows)
+        host = row["node"]
+        if host not in out or value < out[host]["gemm_tflops"]:
+            out[host] = {"gemm_tflops": value, "gemm_spread_tflops": spread, "slowest_rank": row.get("rank")}
+    return out
+
+
+def medians(nodes: dict) -> dict:
+    """The median node's figure and spread for each figure the nodes have."""
+    out = {}
+    for part, key in FIGURES.items():
+        values = [n[key] for n in nodes.values() if n.get(key) is not None]
+        if values:
+            spreads = [n.get(spread_key(part)) or 0.0 for n in nodes.values() if n.get(key) is not None]
+            out[key] = statistics.median(values)
+            out[spread_key(part)] = statistics.median(spreads)
+    return out
+
+
+def spread_key(part: str) -> str:
+    return "gemm_spread_tflops" if part == "compute" else "link_spread_gbps"
+
+
+def slow_nodes(nodes: dict, median: dict, share: float = SLOW_SHARE) -> list[dict]:
+    """The nodes named by the rule: a figure below the median node's by more than `share` of it and by
+    more than the spread measured (the node's and the median node's, windows' half-ranges added)."""
+    named = []
+    for host, figures in nodes.items():
+        for part, key in FIGURES.items():
+            value, middle = figures.get(key), median.get(key)
+            if value is None or not middle:
+                continue
+            gap = middle - value
+            noise = (figures.get(spread_key(part)) or 0.0) + (median.get(spread_key(part)) or 0.0)
+            if gap > share * middle and gap > noise:
+                named.append({"node": host, "figure": part, "value": value, "median": middle, "share": value / middle})
+    return named
+
+
+def verdict(hosts: list[str], nodes: dict, pairs: list) -> dict:
+    """check.json's `nodes`: each host's figures, the median node, the nodes named and why, the
+    `--exclude=` list, and with two nodes the pair the test cannot split."""
+    middle = medians(nodes)
+    named = slow_nodes(nodes, middle) if len(hosts) > 1 else []
+    if len(hosts) < 3:  # both nodes share the one pair: a slow link cannot be put on either
+        named = [n for n in named if n["figure"] != "link"]
+    undecidable = hosts if len(hosts) == 2 else []
+    slow = list(dict.fromkeys(n["node"] for n in named))
+    return {
+        "hosts": {h: nodes.get(h, {}) for h in hosts},
+        "median": middle,
+        "pairs": pairs,
+        "slow": named,
+        "exclude": ",".join(slow),
+        "undecidable": undecidable,
+        "rule": f"below the median node by more than {SLOW_SHARE:.0%} and by more than the windows' spread",
+    }
+
+
+def cost_seconds(nodes: int, probe_s: float, exchange_s: float, compute_s: float, latency_s: float) -> float:
+    """The part's time on `nodes` nodes: the compute windows, the probe, each round's warm-up and
+    REPEATS windows at the slowest pair's exchange time, a barrier a window (log2 of the ranks' latency)
+    and the gather of every rank's figures to rank 0 (one small message a rank there)."""
+    import math
+
+    rounds = len(pairings(nodes))
+    windows = rounds * (1 + REPEATS)
+    return compute_s + probe_s + windows * (exchange_s + latency_s * max(1, math.ceil(math.log2(max(2, nodes)))))
+
+
+# ---------------------------------------------------------------- measuring (torch from here on)
+
+
+def measure(world, spec: dict) -> dict:
+    """Every node's compute and link, at once on all of them; rank 0 returns the verdict's input (the
+    others None)."""
+    import torch.distributed as dist
+
+    names = [None] * world.world_size
+    dist.all_gather_object(names, world.node_name)
+    hosts = list(dict.fromkeys(names))
+    ranks_of = {h: [r for r, n in enumerate(names) if n == h] for h in hosts}
+    started = time.perf_counter()
+    mine = compute_probe(world, spec)
+    mine.update(node=world.node_name, rank=world.rank)
+    compute_s = time.perf_counter() - started
+    rounds = pairings(len(hosts))
+    times, nbytes, probe_s = {}, 0, 0.0
+    if rounds:
+        per_node = {len(v) for v in ranks_of.values()}
+        if len(per_node) > 1:
+            from vit_scale.errors import UserError
+
+            placed = ", ".join(f"{h} {len(v)}" for h, v in ranks_of.items())
+            raise UserError(f"ranks per node: uneven placement ({placed}); allowed: the same number on every node")
+        probe_s, nbytes, times = link_rounds(world, hosts, ranks_of, rounds)
+    # every rank's figures to every rank, as the environment part gathers the ranks' facts: a collective over
+    # the ring (a gather to rank 0 would open a connection from every rank to it at scale)
+    rows = [None] * world.world_size
+    dist.all_gather_object(rows, {"probe": mine, "times": times})
+    if world.rank != 0:
+        return {}
+    per_rank = [row["probe"] for row in rows]
+    pair_times: dict = {}
+    for row in rows:  # a pair's window takes its slowest rank's time
+        for key, windows in row["times"].items():
+            held = pair_times.setdefault(key, [0.0] * len(windows))
+            pair_times[key] = [max(x, y) for x, y in zip(held, windows)]
+    nodes = {h: {} for h in hosts}
+    for host, figures in compute_figures(per_rank).items():
+        nodes[host].update(figures)
+    link, pairs = link_figures(hosts, rounds, pair_times, nbytes, len(ranks_of[hosts[0]]))
+    for host, figures in link.items():
+        nodes[host].update(figures)
+    found = verdict(hosts, nodes, pairs)
+    found.update(
+        exchange_bytes=nbytes,
+        probe_s=probe_s,
+        compute_s=compute_s,
+        seconds=time.perf_counter() - started,
+        ranks=per_rank,
+        errors=[p["error"] for p in per_rank if p.get("error")],
+    )
+    return found
+
+
+def compute_probe(world, spec: dict) -> dict:
+    """This rank's GEMM rate in windows of about COMPUTE_WINDOW_S (the run's health probe); an error is
+    kept, not raised: the link part still runs."""
+    try:
+        from vit_scale.run.health import rank_figures
+
+        return rank_figures(
+            world.device,
+            spec["model"],
+            spec["batch_size"],
+            spec["precisions"][0],
+            windows=REPEATS,
+            window_s=COMPUTE_WINDOW_S,
+        )
+    except Exception as exc:  # the probe's failure is a finding, not the check's end
+        return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300], "gemm_tflops_windows": []}
+
+
+def link_rounds(world, hosts: list, ranks_of: dict, rounds: list) -> tuple[float, int, dict]:
+    """(the slowest probe's seconds, the bytes a rank exchanged, {(round, a, b): this rank's seconds per
+    window}) for the rounds this rank's node is in."""
+    from vit_scale.check.collectives import agreed_max, free_bytes_per_rank
+
+    me = hosts.index(world.node_name)
+    index = ranks_of[world.node_name].index(world.rank)
+
+    def partner_in(pairing):
+        for a, b in pairing:
+            if me in (a, b):
+                other = b if me == a else a
+                return (a, b), ranks_of[hosts[other]][index]
+        return None, None
+
+    first, peer = partner_in(rounds[0])
+    probe = exchange(world, peer, PROBE_BYTES, 1)[0] if peer is not None else 0.0
+    probe_s = agreed_max(probe, None, world.device)
+    free = agreed_max(-free_bytes_per_rank(world), None, world.device)  # the least free memory of any rank
+    nbytes = exchange_bytes(probe_s, -free)
+    times = {}
+    for r, pairing in enumerate(rounds):
+        pair, peer = partner_in(pairing)
+        windows = exchange(world, peer, nbytes, 1 + REPEATS)[1:]  # the first: warm-up
+        if pair is not None:
+            times[(r, *pair)] = windows
+    return probe_s, nbytes, times
+
+
+def exchange(world, peer: int | None, nbytes: int, times: int) -> list[float]:
+    """`times` windows of one exchange of nbytes each way with `peer` (None: this rank sits the round out
+    but keeps the barriers): seconds each. Every rank of the world starts each window after one barrier,
+    so all pairs run at once; device events on a GPU, the host clock on a CPU."""
+    import torch
+    import torch.distributed as dist
+
+    gpu = world.device_type != "cpu"
+    if peer is not None:
+        send = torch.ones(nbytes // 4, dtype=torch.float32, device=world.device)
+        recv = torch.empty_like(send)
+    out = []
+    for _ in range(times):
+        dist.barrier()
+        if peer is None:
+            continue
+        if gpu:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        began = time.perf_counter()
+        ops = [dist.P2POp(dist.isend, send, peer), dist.P2POp(dist.irecv, recv, peer)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        if gpu:
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3)
+        else:
+            out.append(time.perf_counter() - began)
+    return out
