@@ -58,7 +58,7 @@ def test_network_stays_inside_the_runs_namespaces():
     assert addresses == ["10.213.0.1/24", "10.213.0.2/24", "10.213.0.3/24"]
     # each node shaped both ways: its own egress and the switch's towards it
     rates = [c for c in cmds if "class" in c]
-    assert len(rates) == 6 and all(c[c.index("rate") + 1] == "200mbit" for c in rates)
+    assert len(rates) == 6 and all(c[c.index("rate") + 1] == "200000kbit" for c in rates)
     assert {c[3] for c in rates} == {f"{tag}-n0", f"{tag}-n1", f"{tag}-n2", f"{tag}-sw"}
     assert not [c for c in emu.network_commands(tag, 3, None) if "tc" in c]  # unshaped: no qdisc at all
 
@@ -266,8 +266,8 @@ def test_a_slow_node_gets_its_own_link_quota_and_threads(tmp_path, monkeypatch):
     cmds = emu.network_commands(tag, 4, spec.rates(4))
     rate = {(c[3], c[c.index("dev") + 1]): c[c.index("rate") + 1] for c in cmds if "class" in c}
     # node 2's link is shaped at its own rate at both ends: its uplink (its eth0) and its downlink (switch port p2)
-    assert rate[(f"{tag}-n2", "eth0")] == rate[(f"{tag}-sw", "p2")] == "6mbit"
-    assert {v for k, v in rate.items() if "2" not in k[1] and not k[0].endswith("n2")} == {"25mbit"}
+    assert rate[(f"{tag}-n2", "eth0")] == rate[(f"{tag}-sw", "p2")] == "6250kbit"
+    assert {v for k, v in rate.items() if "2" not in k[1] and not k[0].endswith("n2")} == {"25000kbit"}
     # its own quota: an eighth of the period for node 3, half for the others (v1 and v2)
     v1 = dict(emu.cgroup_writes(tag, 4, spec.shares(4), "v1", root="/cg"))
     assert v1["/cg/cpu/vsemu-t-p1/n3/cpu.cfs_quota_us"] == "12500"

@@ -318,7 +318,8 @@ def shaping(ns: str, dev: str, gbps: float) -> list[list[str]]:
     lets a step's small collectives through unshaped: FSDP's per-unit all-reduces then crossed a 25 Mbit/s
     link in half the time its rate allows, large buffers did not. gso_max_segs 1 keeps packets to one
     frame so that the small burst can pass them."""
-    mbit = max(1, round(gbps * 1000))
+    # kbit, not mbit: a slow node's rate (a quarter of 25 Mbit/s is 6.25) is shaped as given, not rounded
+    kbit = max(8, round(gbps * 1e6))
     burst = max(2 * MTU_FRAME, int(gbps * 1e9 / 8 * 0.002))
     return [
         ["ip", "-n", ns, "link", "set", "dev", dev, "gso_max_segs", "1"],
@@ -339,9 +340,9 @@ def shaping(ns: str, dev: str, gbps: float) -> list[list[str]]:
             "1:10",
             "htb",
             "rate",
-            f"{mbit}mbit",
+            f"{kbit}kbit",
             "ceil",
-            f"{mbit}mbit",
+            f"{kbit}kbit",
             "burst",
             str(burst),
             "cburst",
