@@ -128,6 +128,10 @@ def test_why_not_and_the_one_line_fall_back(tmp_path, monkeypatch):
         "emulated nodes share this machine's network and cores: isolated ones not made, "
         "it needs root (network namespaces, cgroups)"
     ]
+    # a slow node asked for where the nodes must share this machine: the line says it is not applied
+    said.clear()
+    assert emu.start("s", 2, 2, emu.Spec(0.2, 0.5, {"local1": {"cpus_per_node": 0.125}}), said.append) is None
+    assert said[0].endswith("; the per-node overrides (local1: 0.125 cores) are not applied"), said
     monkeypatch.setenv("VIT_SCALE_EMULATION", "isolated")
     with pytest.raises(UserError, match="VIT_SCALE_EMULATION=isolated: isolated nodes cannot be made here: it needs"):
         emu.start("s", 2, 2, spec, said.append)
