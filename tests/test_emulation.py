@@ -1,7 +1,9 @@
 """The isolated emulation for real (root, ip, a cgroup cpu controller): a study whose orchestrator is
 SIGKILLed leaves namespaces and CPU groups that the next study removes before it starts; that next study
-runs DDP on 2 isolated nodes, its records say `emulation: isolated`, and once it ends nothing of either
-is left. Speeds are measured in benchmarks/prediction_accuracy.py, not here."""
+runs DDP on 2 isolated nodes, one of them slow on purpose (--set emulation.nodes.local1...: its own HTB
+class on both ends of its link and its own CPU quota, read from the kernel while the run is up), its records
+say `emulation: isolated` and name the slow node, and once it ends nothing of either is left. Speeds are
+measured in benchmarks/prediction_accuracy.py, not here."""
 
 import glob
 import json
@@ -39,37 +41,70 @@ def leftovers(tag_start: str) -> list:
     return [x for x in emulation.leftovers() if os.path.basename(x).startswith(tag_start)]
 
 
+def quota(tag: str, node: int) -> int:
+    """A node's CPU quota in microseconds a 100 ms period, as the kernel holds it (cgroup v1 or v2)."""
+    kind = emulation.cgroup_kind()
+    name = "cpu.cfs_quota_us" if kind == "v1" else "cpu.max"
+    with open(os.path.join(emulation.cgroup_dir(tag, kind), f"n{node}", name)) as f:
+        return int(f.read().split()[0])
+
+
 def test_killed_study_swept_next_study_isolated_nothing_left(tmp_path):
     # 1. a study killed outright (SIGKILL: no clean-up of its own) once its nodes are up and a rank runs
     killed = study(tmp_path, "killed", "--nodes", "2", "--steps", "1000")
-    tag = emulation.study_tag("killed", killed.pid)
+    killed_tag = emulation.study_tag("killed", killed.pid)
     deadline = time.monotonic() + 120
-    procs = os.path.join(emulation.CGROUP_ROOT, "cpu", tag, "n1", "cgroup.procs")
+    procs = os.path.join(emulation.CGROUP_ROOT, "cpu", killed_tag, "n1", "cgroup.procs")
     while time.monotonic() < deadline and killed.poll() is None:
-        ranks = emulation._netns_pids(f"{tag}-n1")
+        ranks = emulation._netns_pids(f"{killed_tag}-n1")
         if ranks:
             break
         time.sleep(0.2)
     assert killed.poll() is None, killed.stdout.read()
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    left = leftovers(tag)
-    assert f"{tag}-n0" in left and f"{tag}-sw" in left, left  # what a killed study leaves
+    left = leftovers(killed_tag)
+    assert f"{killed_tag}-n0" in left and f"{killed_tag}-sw" in left, left  # what a killed study leaves
 
-    # 2. the next study removes it first, then runs on isolated nodes of its own
-    nxt = study(tmp_path, "next", "--nodes", "2")
+    # 2. the next study removes it first, then runs on isolated nodes of its own, local1 a slow node on
+    # purpose: half the profile's link rate and half its CPU share
+    slow = [
+        "--set",
+        "emulation.nodes.local1.inter_node_gbps=0.0125",
+        "--set",
+        "emulation.nodes.local1.cpus_per_node=0.25",
+    ]
+    nxt = study(tmp_path, "next", "--nodes", "2", *slow)
+    tag = emulation.study_tag("next", nxt.pid)
+    links, quotas = {}, {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and nxt.poll() is None and not links:
+        # its ranks have joined their CPU groups (the setup is done): read what the kernel holds for each node
+        if emulation._cgroup_pids(emulation.cgroup_dir(tag, emulation.cgroup_kind())):
+            for ns, dev in [(f"{tag}-n0", "eth0"), (f"{tag}-n1", "eth0"), (f"{tag}-sw", "p1")]:
+                shown = subprocess.run(["tc", "-n", ns, "class", "show", "dev", dev], capture_output=True, text=True)
+                links[(ns, dev)] = shown.stdout
+            quotas = {node: quota(tag, node) for node in (0, 1)}
+        time.sleep(0.2)
     out, _ = nxt.communicate(timeout=600)
     assert nxt.returncode == 0, out
     assert "nodes: isolated: 2 node namespaces" in out
+    assert "(local1: 0.0125 Gbit/s link and 0.25 cores)" in out
+    # local1's own HTB class at both ends of its link (its uplink, the switch's port towards it), its own quota
+    assert "rate 25Mbit ceil 25Mbit" in links[(f"{tag}-n0", "eth0")], links
+    assert "rate 12500Kbit ceil 12500Kbit" in links[(f"{tag}-n1", "eth0")], links
+    assert "rate 12500Kbit ceil 12500Kbit" in links[(f"{tag}-sw", "p1")], links
+    assert quotas == {0: 50000, 1: 25000}
     records = glob.glob(str(tmp_path / "next" / "vit_micro" / "DDP" / "n2" / "*" / "metrics.jsonl"))
     assert len(records) == 1, out
     with open(records[0]) as f:
         start = json.loads(f.readline())
     assert start["world"]["emulation"] == "isolated" and start["world"]["nodes"] == 2
+    assert start["world"]["emulation_nodes"] == {"local1": {"inter_node_gbps": 0.0125, "cpus_per_node": 0.25}}
     assert sorted(start["hosts"]) == ["local0", "local1"]
 
     # 3. nothing of either: no namespace, no CPU group, no process of the killed study's ranks
-    assert leftovers(tag) == [] and leftovers(emulation.study_tag("next", nxt.pid)) == []
+    assert leftovers(killed_tag) == [] and leftovers(tag) == []
     assert not os.path.exists(procs)
     mine = subprocess.run(["pgrep", "-f", f"output.dir={tmp_path}"], capture_output=True, text=True).stdout.split()
     assert mine == [], mine

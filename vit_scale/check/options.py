@@ -8,11 +8,12 @@ node, labels, precisions, model, launcher, time limit, where check.json goes. No
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
 
-from vit_scale.cluster import launchers, systems
+from vit_scale.cluster import emulation, launchers, systems
 from vit_scale.cluster.files import load_yaml
 from vit_scale.cluster.options import option_pairs
 from vit_scale.cluster.systems import study_file
@@ -69,6 +70,9 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
   --time-limit MIN        stop the check after this many minutes, every launch together (default: 30;
                           in a Slurm job at most the job's time left less a margin, so that check.json
                           is written before Slurm ends the job)
+  --set KEY=VALUE         the emulated nodes without Slurm (repeatable; docs/jobs.md): emulation.inter_node_gbps,
+                          emulation.cpus_per_node, emulation.nodes.local<i>.inter_node_gbps or .cpus_per_node
+                          (one slow node, e.g. --set emulation.nodes.local3.cpus_per_node=0.125)
   -h, --help              this text
 Exit code: 0 every needed line holds, 1 something is broken, 2 bad input, 143 stopped by a signal
 (check.json written all the same, what was not finished as timeout lines)."""
@@ -82,6 +86,7 @@ class Options:
     def __init__(self):
         self.flags: set = set()
         self.values: dict = {}
+        self.sets: list = []  # --set KEY=VALUE, in order (the emulated nodes' keys)
         self.help = False
 
 
@@ -94,8 +99,10 @@ def parse(argv: list) -> Options:
             opts.flags.add(opt)
         elif opt in OPTIONS:
             opts.values[opt] = value
+        elif opt == "--set":
+            opts.sets.append(value)
         else:
-            raise UserError(f"unknown option '{opt}'; allowed: {' '.join(OPTIONS + FLAGS[:1])} --help")
+            raise UserError(f"unknown option '{opt}'; allowed: {' '.join(OPTIONS + FLAGS[:1])} --set --help")
     return opts
 
 
@@ -115,6 +122,7 @@ class Request:
             raise UserError(f"--system: {name} runs inside a Slurm allocation (sbatch jobs/check.sh, or salloc)")
         self.alloc_nodes = systems.allocation_size() if self.in_slurm else 0
         self.nodes = self._nodes(v.get("--nodes"))
+        self.system = dataclasses.replace(self.system, emulation=self._emulation(opts.sets))
         self.ranks_per_node = self._ranks_per_node(v.get("--ranks-per-node"), "--which-env" in opts.flags)
         study = self._study_defaults()
         self.precisions = self._precisions(v.get("--precision"), study)
@@ -152,6 +160,23 @@ class Request:
                 f"--nodes: {nodes} is not allowed without Slurm on {self.system.name}; allowed: 1 (this machine)"
             )
         return nodes
+
+    def _emulation(self, sets: list):
+        """The profile's emulated nodes with --set emulation.* applied; an override naming a node the check
+        does not run on is refused here, before anything is written or started."""
+        pairs = []
+        for item in sets:
+            key, eq, value = item.partition("=")
+            if not eq or not emulation.is_set_key(key):
+                raise UserError(
+                    f"--set: '{item}' is not allowed; allowed: KEY=VALUE with KEY one of "
+                    f"{', '.join(emulation.SET_KEYS)} (the check takes no trainer keys)"
+                )
+            pairs.append((key, value))
+        spec = emulation.with_sets(self.system.emulation, pairs, "--set", self.system.name)
+        if spec is not None and not self.in_slurm:  # in an allocation the nodes are real, none is local<i>
+            spec.check_hosts(self.nodes)
+        return spec
 
     def _ranks_per_node(self, given, only_env: bool) -> int:
         if given is not None:

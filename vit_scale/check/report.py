@@ -12,7 +12,7 @@ import time
 
 from vit_scale.check.ledger import Ledger
 from vit_scale.check.options import PARTS, Request
-from vit_scale.cluster import launchers
+from vit_scale.cluster import emulation, launchers
 from vit_scale.errors import UserError
 
 SCHEMA_VERSION = 2  # 2: step_fits, the per-step fits over every group size (1 had fits alone)
@@ -22,8 +22,10 @@ def header(request: Request) -> None:
     r = request
     ranks = r.nodes * r.ranks_per_node
     labels = list(dict.fromkeys(a["label"] for a in r.labels))
+    own = r.system.emulation.describe_nodes() if r.system.emulation and not r.in_slurm else ""
     print(
-        f"{r.prog} on {r.system.name}: {r.nodes} node{'s' if r.nodes > 1 else ''} x "
+        f"{r.prog} on {r.system.name}{f' (emulated node overrides: {own})' if own else ''}: "
+        f"{r.nodes} node{'s' if r.nodes > 1 else ''} x "
         f"{r.ranks_per_node} rank{'s' if r.ranks_per_node > 1 else ''} ({ranks} in all, "
         f"{r.system.backend}), {'/'.join(r.precisions)}{', quick' if r.quick else ''}"
     )
@@ -85,11 +87,23 @@ def assemble(request: Request, facts: dict, attempts: list, stamp: str, emulatio
         # every node's compute and link, the median node and the nodes named slow (vit_scale.check.nodes)
         "per_node": facts.get("nodes"),
         "out": r.out,
+        "emulation": emulation_facts(r, emulation_kind),
         # the alpha-beta line of each collective, scope and group size, from the size sweep, and the
         # per-step fit over every group size that a prediction uses (docs/check.md)
         "fits": fits_of((facts.get("interconnect") or {}).get("measurements") or []),
         "step_fits": step_fits_of((facts.get("interconnect") or {}).get("measurements") or []),
     }
+
+
+def emulation_facts(request: Request, emulation_kind: str | None) -> dict | None:
+    """Emulated nodes: `kind` (isolated, shared; as launch.emulation), the profile's rates and shares as
+    `description`, and `nodes`, the per-node overrides the check's nodes ran with (a slow node on purpose;
+    {} when none, or when the nodes shared this machine and so none was applied). None on real nodes."""
+    spec = request.system.emulation
+    if emulation_kind is None or spec is None:
+        return None
+    applied = spec.overrides(emulation.hosts_of(request.nodes)) if emulation_kind == "isolated" else {}
+    return {"kind": emulation_kind, "description": spec.describe(), "nodes": applied}
 
 
 def conclude(request: Request, check: dict) -> int:

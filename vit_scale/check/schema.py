@@ -338,6 +338,28 @@ CHECK_SCHEMA = {
             "properties": {"observed": {"type": "array", "items": {"type": "string"}}},
         },
         "facts": FACTS,
+        # optional: emulated nodes (a check before per-node overrides has none); null on real nodes
+        "emulation": {
+            "type": ["object", "null"],
+            "required": ["kind", "nodes"],
+            "properties": {
+                "kind": {"enum": ["isolated", "shared"]},
+                "description": {"type": "string"},
+                "nodes": {
+                    "type": "object",
+                    "propertyNames": {"pattern": "^local(0|[1-9][0-9]*)$"},
+                    "additionalProperties": {
+                        "type": "object",
+                        "minProperties": 1,
+                        "additionalProperties": False,
+                        "properties": {
+                            "inter_node_gbps": {"type": "number", "exclusiveMinimum": 0},
+                            "cpus_per_node": {"type": "number", "exclusiveMinimum": 0},
+                        },
+                    },
+                },
+            },
+        },
         "fits": {"type": "array", "items": FIT},
         # optional: a check written before the GEMMs were timed has none
         "compute": COMPUTE,

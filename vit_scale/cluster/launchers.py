@@ -3,7 +3,8 @@
 
   srun        inside an allocation: one srun step, one task per rank (MPI: the same with --mpi)
   torchrun-slurm  inside an allocation: one torchrun per node, started by srun
-  torchrun    without Slurm: one torchrun per emulated node on this machine
+  torchrun    without Slurm: one torchrun per emulated node on this machine (the nodelist's names, when
+              one is given: local0,local1,local3 leaves local2 out; else local0 .. local<n-1>)
   standalone  a GPU machine without Slurm: one torchrun --standalone with a process per GPU
   mpi-local   mpirun on this machine, one app context per emulated node
   processes   the local CPU profile without Slurm: one process per rank with torch's env:// variables
@@ -145,6 +146,17 @@ class _Run:
         return {"MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
 
     @property
+    def names(self) -> list[str]:
+        """The emulated nodes' names on this machine: the nodelist's (a run that leaves some out, e.g.
+        local0,local1,local3), else local0 .. local<nodes-1>."""
+        if not self.nodelist:
+            return [f"local{i}" for i in range(self.nodes)]
+        names = [n.strip() for n in self.nodelist.split(",") if n.strip()]
+        if len(names) < self.nodes:
+            raise ValueError(f"nodelist {self.nodelist!r} names fewer than {self.nodes} nodes")
+        return names[: self.nodes]
+
+    @property
     def where(self) -> list:
         return [f"--nodelist={self.nodelist}"] if self.nodelist else []
 
@@ -221,9 +233,9 @@ def _torchrun(run: _Run, kind: str) -> Launch:
                 "system.launcher=torchrun",
                 *run.args,
             ],
-            {"VIT_SCALE_NODE_NAME": f"local{i}", **run.shared},
+            {"VIT_SCALE_NODE_NAME": name, **run.shared},
         )
-        for i in range(run.nodes)
+        for i, name in enumerate(run.names)
     ]
     return Launch(kind, commands, run.rendezvous)
 
@@ -245,12 +257,12 @@ def _standalone(run: _Run, kind: str) -> Launch:
 
 def _mpi_local(run: _Run, kind: str) -> Launch:
     argv = ["mpirun", *(["--allow-run-as-root"] if run.as_root else []), "--oversubscribe"]
-    for i in range(run.nodes):  # MPMD: one app context per emulated node, each with its node name
+    for i, name in enumerate(run.names):  # MPMD: one app context per emulated node, each with its node name
         argv += ([":"] if i else []) + [
             "-np",
             str(run.ranks_per_node),
             "env",
-            f"VIT_SCALE_NODE_NAME=local{i}",
+            f"VIT_SCALE_NODE_NAME={name}",
             *[f"{k}={v}" for k, v in run.shared.items()],
             run.python,
             *run.train,
@@ -262,7 +274,7 @@ def _mpi_local(run: _Run, kind: str) -> Launch:
 
 def _processes(run: _Run, kind: str) -> Launch:
     """What torchrun would give each rank (env://), without torchrun's agent processes."""
-    commands = []
+    commands, names = [], run.names
     for i in range(run.ranks):
         env = {
             "RANK": str(i),
@@ -273,7 +285,7 @@ def _processes(run: _Run, kind: str) -> Launch:
             # the rendezvous too, so that each command as shown (dry run, log) is complete
             "GROUP_WORLD_SIZE": str(run.nodes),
             **run.rendezvous,
-            "VIT_SCALE_NODE_NAME": f"local{i // run.ranks_per_node}",
+            "VIT_SCALE_NODE_NAME": names[i // run.ranks_per_node],
             **run.shared,
         }
         commands.append(([run.python, *run.train, "system.launcher=torchrun", *run.args], env))
@@ -281,7 +293,9 @@ def _processes(run: _Run, kind: str) -> Launch:
 
 
 def _single(run: _Run, kind: str) -> Launch:
-    return Launch(kind, [([run.python, *run.train, "system.launcher=single", *run.args], dict(run.shared))])
+    # the node named when the run is given one (a ladder's one-node rung that leaves local0 out)
+    named = {"VIT_SCALE_NODE_NAME": run.names[0]} if run.nodelist else {}
+    return Launch(kind, [([run.python, *run.train, "system.launcher=single", *run.args], {**named, **run.shared})])
 
 
 _BUILDERS = {

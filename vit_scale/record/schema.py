@@ -106,6 +106,20 @@ START = {
                 "world_size": {"type": "integer", "minimum": 1},
                 "nodes": {"type": "integer", "minimum": 1},
                 "emulation": {"enum": ["isolated", "shared", None]},
+                # host -> its own link rate and CPU share (docs/run_record.md); absent from older records
+                "emulation_nodes": {
+                    "type": ["object", "null"],
+                    "propertyNames": {"pattern": "^local(0|[1-9][0-9]*)$"},
+                    "additionalProperties": {
+                        "type": "object",
+                        "minProperties": 1,
+                        "additionalProperties": False,
+                        "properties": {
+                            "inter_node_gbps": {"type": "number", "exclusiveMinimum": 0},
+                            "cpus_per_node": {"type": "number", "exclusiveMinimum": 0},
+                        },
+                    },
+                },
                 "device_type": {"enum": ["cuda", "rocm", "cpu"]},
                 "backend": {"enum": ["nccl", "gloo"]},
                 "peak_tflops_per_device": NUM,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -29,6 +30,19 @@ def kernels_prebuilt(cfg, world) -> dict:
         return prebuilt(cfg.strategy, world.device_type)
     except Exception as exc:  # never lose a run over this fact; say why it is missing
         return {"unknown": f"{type(exc).__name__}: {exc}"}
+
+
+def emulation_nodes() -> dict | None:
+    """The overrides the isolated emulation hands each rank (VIT_SCALE_EMULATION_NODES, JSON written by
+    vit_scale.cluster.emulation.Emulation.wrap); None when the run is not on isolated emulated nodes."""
+    text = os.environ.get("VIT_SCALE_EMULATION_NODES")
+    if not text:
+        return None
+    try:
+        nodes = json.loads(text)
+    except ValueError:
+        return None
+    return nodes if isinstance(nodes, dict) else None
 
 
 def start_record(
@@ -66,6 +80,9 @@ def start_record(
             # emulated nodes on one machine: own namespace and CPU quota each (isolated) or all of this
             # machine's (shared); None on real nodes (vit_scale/cluster/emulation.py)
             "emulation": os.environ.get("VIT_SCALE_EMULATED") or None,
+            # isolated emulated nodes: the per-node overrides of this run's hosts ({} when none; a slow node
+            # on purpose, e.g. {"local3": {"cpus_per_node": 0.125}}); None elsewhere
+            "emulation_nodes": emulation_nodes(),
         },
         "batch": {"per_device": cfg.train.batch_size, "global": cfg.train.batch_size * world.world_size},
         "launcher": world.launcher,

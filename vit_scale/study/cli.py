@@ -11,6 +11,7 @@ Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -79,7 +80,10 @@ Precision and the families' modifiers (several values: each is one more run, a g
   --activation-checkpointing LIST  true false
 {family_options}
   --skip-if-not-fits BOOL  record a run that cannot fit the GPU as skipped instead of running it
-  --set KEY=VALUE          any trainer key for every run (repeatable), e.g. --set train.lr=3e-4
+  --set KEY=VALUE          any trainer key for every run (repeatable), e.g. --set train.lr=3e-4; emulation.* keys
+                           go to the emulated nodes instead (docs/jobs.md): emulation.inter_node_gbps,
+                           emulation.cpus_per_node, emulation.nodes.local<i>.inter_node_gbps or .cpus_per_node
+                           (one slow node, e.g. --set emulation.nodes.local3.cpus_per_node=0.125)
 Where and how:
   --system NAME            {systems} (default: detected)
   --launcher NAME          srun torchrun mpi (default: the system's; mpi = mpi4py bootstrap
@@ -203,6 +207,9 @@ class StudyRun:
             one_machine=self.one_machine,
             analysis_only=self.analysis_only,
         )
+        # the emulated nodes as --set emulation.* leaves them (a slow node on purpose): what the runs and
+        # the check get
+        self.system = dataclasses.replace(self.system, emulation=self.plan.emulation)
         # launch through Slurm inside an allocation, and in a dry run of a system that has no other way
         self.use_slurm = self.in_slurm or (self.dry_run and self.system.needs_slurm)
         launcher = self.plan.launcher
@@ -245,8 +252,10 @@ class StudyRun:
             f"GPUs {','.join(map(str, p.rank_counts))}" if self.one_machine else f"nodes {','.join(map(str, p.nodes))}"
         )
         strategies = "strategy" if len(p.strategies) == 1 else "strategies"
+        own = self.system.emulation.describe_nodes() if self.system.emulation and not self.use_slurm else ""
         print(
-            f"vit-scale study '{p.name}' on {self.system.name}: {total} run{'' if total == 1 else 's'} "
+            f"vit-scale study '{p.name}' on {self.system.name}{f' (emulated node overrides: {own})' if own else ''}"
+            f": {total} run{'' if total == 1 else 's'} "
             f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
             f" x {size}{f' x {p.repeat} repetitions, in rounds' if p.repeat > 1 else ''})"
         )

@@ -10,6 +10,7 @@ import re
 import typing
 from dataclasses import dataclass, field
 
+from vit_scale.cluster import emulation
 from vit_scale.cluster.files import load_yaml
 from vit_scale.cluster.values import FALSE, TRUE, as_list, normalise_bool, whole
 from vit_scale.errors import UserError
@@ -113,6 +114,10 @@ class Study:
     runs: list = field(default_factory=list)
     repeat: int = 1  # runs of each point (--repeat), in rounds: see interleave()
     predict: bool = False  # `predict: true`: the predicted curves before the first run (study/forecast.py)
+    # the system profile's emulated nodes with --set emulation.* applied (None: the profile has none), and
+    # those --set items, which the study's --check passes on
+    emulation: object = None
+    emulation_sets: list = field(default_factory=list)
 
 
 def ladder(largest: int) -> list[int]:
@@ -140,7 +145,8 @@ def merge(study_file: str, cli: dict, sets: list) -> tuple[dict, dict]:
         name, eq, val = item.partition("=")
         if not eq or not name:
             raise UserError(
-                f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true), got '{item}'"
+                f"--set: expected KEY=VALUE (a trainer key such as fsdp.use_orig_params=true, or an emulated "
+                f"node's such as emulation.nodes.local3.cpus_per_node=0.125), got '{item}'"
             )
         extra[name] = val
     values["set"] = extra
@@ -329,6 +335,21 @@ def _trainer_value(o: _Options, key: str, value) -> None:
         raise UserError(f"{o.where(key)}: {str(exc).split(': ', 1)[-1]}") from None
 
 
+def _emulation(o: _Options, system, nodes: list, alloc_nodes: int) -> tuple:
+    """(the profile's emulation spec with --set emulation.* applied, those items as KEY=VALUE): routed to
+    the emulated nodes, never to the trainer; an override naming a node the study does not run on is
+    refused here, before anything is written or started."""
+    settings = o.values.get("set") or {}
+    pairs = [(k, v) for k, v in settings.items() if emulation.is_set_key(k)]
+    for key, _ in pairs:
+        del settings[key]
+    spec = emulation.with_sets(system.emulation, pairs, "--set", system.name)
+    # inside an allocation the nodes are real ones (and not emulated): local<i> names none of them
+    if spec is not None and nodes and not alloc_nodes:
+        spec.check_hosts(max(nodes))
+    return spec, [f"{k}={normalise_bool(v) if isinstance(v, bool) else v}" for k, v in pairs]
+
+
 def _common_settings(o: _Options, steps: int, warmup: int, system) -> list:
     """The trainer settings every run gets: steps, the fit verdict, and --set's keys."""
     common = [f"train.steps={steps}", f"train.warmup_steps={warmup}"]
@@ -413,6 +434,7 @@ def make_plan(
     precision_of = _precision_table(o)
     per_strategy = _per_strategy(o)
     grid = _grid(o)
+    spec, emulation_sets = _emulation(o, system, [] if one_machine else nodes, alloc_nodes)
     common = _common_settings(o, steps, warmup, system)
 
     varied = " ".join(f"{k}={','.join(v)}" for k, v in grid if len(v) > 1)
@@ -423,6 +445,7 @@ def make_plan(
         refuse_qgz_under_one_gpu_per_task(study.runs, system, o.where("strategies"))
     study.repeat = repeat
     study.predict = predict
+    study.emulation, study.emulation_sets = spec, emulation_sets
     study.runs = interleave(study.runs, repeat)
     return study
 

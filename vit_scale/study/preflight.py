@@ -115,4 +115,6 @@ def check_argv(study, prog: str) -> list[str]:
         check_path(study.study_dir, nodes, model if len(plan.models) == 1 else None),
         "--prog",
         prog,
+        # the study's emulated nodes, a slow one included, are the check's too
+        *[word for item in plan.emulation_sets for word in ("--set", item)],
     ]
