@@ -110,5 +110,50 @@ def test_killed_study_swept_next_study_isolated_nothing_left(tmp_path):
     assert mine == [], mine
 
 
+def test_check_names_each_slow_node_and_the_exclude_line(tmp_path):
+    """4 isolated nodes, local1's link and local3's CPU share at an eighth: `vit-scale check --only nodes`
+    names exactly those two, each on a FAIL line with its figure against the median node's, and prints the
+    --exclude= list (the rule's error rates at a quarter are measured by benchmarks/slow_node.py)."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "VIT_SCALE_EMULATION": "isolated", "OMP_NUM_THREADS": "1"}
+    argv = [PYTHON, "-m", "vit_scale", "check", "--system", "local", "--nodes", "4", "--only", "nodes"]
+    argv += ["--set", "emulation.nodes.local1.inter_node_gbps=0.003125"]
+    argv += ["--set", "emulation.nodes.local3.cpus_per_node=0.0625", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    fails = [line for line in proc.stderr.splitlines() if line.startswith("vit-scale check: FAIL")]
+    assert len(fails) == 2, proc.stderr
+    assert fails[0].startswith("vit-scale check: FAIL node local1: link ") and "of the median node's" in fails[0]
+    assert fails[1].startswith("vit-scale check: FAIL node local3: compute ")
+    assert "--exclude=local1,local3" in proc.stdout
+    with open(tmp_path / "check.json") as f:
+        check = json.load(f)
+    found = check["per_node"]
+    assert sorted(found["hosts"]) == ["local0", "local1", "local2", "local3"]
+    assert {(n["node"], n["figure"]) for n in found["slow"]} == {("local1", "link"), ("local3", "compute")}
+    assert check["emulation"]["nodes"]["local3"] == {"cpus_per_node": 0.0625}
+    assert found["seconds"] < 30  # the part alone, as docs/check.md says
+
+
+def test_study_leaves_the_slow_node_out_and_skips_the_rung_that_no_longer_fits(tmp_path):
+    """local0's CPU share at a sixteenth: the study's check names it, --exclude-slow-nodes runs n1 on
+    local1 and n2 on local1 and local2 (the rendezvous on local1's address), skips n4 in one line, and
+    writes which node was left out and why."""
+    slow = ["--set", "emulation.nodes.local0.cpus_per_node=0.03125"]
+    proc = study(tmp_path, "slow", "--nodes", "1,2,4", "--check", "--exclude-slow-nodes", *slow)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    assert "leaving out the node(s) the check named slow: local0 (compute" in out
+    skipped = [line for line in out.splitlines() if "skipped: needs 4 nodes" in line]
+    assert len(skipped) == 1 and "3 left after leaving out local0" in skipped[0], out
+    hosts = {}
+    for nodes in (1, 2):
+        (record,) = glob.glob(str(tmp_path / "slow" / "vit_micro" / "DDP" / f"n{nodes}" / "*" / "metrics.jsonl"))
+        with open(record) as f:
+            hosts[nodes] = sorted(json.loads(f.readline())["hosts"])
+    assert hosts == {1: ["local1"], 2: ["local1", "local2"]}
+    with open(tmp_path / "slow" / "nodes_left_out.json") as f:
+        assert list(json.load(f)["left_out"]) == ["local0"]
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -353,9 +353,7 @@ def measure_all(world, sizes: list[Size], settings: Settings, quick: bool = Fals
                     continue
                 size, cut = within_cap(size, done, settings)
                 if cut:
-                    skipped.append(
-                        {"scope": scope, "collective": collective, "size": size.name, "ranks": ranks, **cut}
-                    )
+                    skipped.append({"scope": scope, "collective": collective, "size": size.name, "ranks": ranks, **cut})
                 one = measure(world, collective, size, group, ranks, settings)
                 if len(groups) > 1:
                     one = slowest_node(world, one)  # every group measured at once; the slowest is reported

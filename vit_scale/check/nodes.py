@@ -223,7 +223,7 @@ def measure(world, spec: dict) -> dict:
     for row in rows:  # a pair's window takes its slowest rank's time
         for key, windows in row["times"].items():
             held = pair_times.setdefault(key, [0.0] * len(windows))
-            pair_times[key] = [max(x, y) for x, y in zip(held, windows)]
+            pair_times[key] = [max(x, y) for x, y in zip(held, windows, strict=True)]
     nodes = {h: {} for h in hosts}
     for host, figures in compute_figures(per_rank).items():
         nodes[host].update(figures)
@@ -246,16 +246,10 @@ def compute_probe(world, spec: dict) -> dict:
     """This rank's GEMM rate in windows of about COMPUTE_WINDOW_S (the run's health probe); an error is
     kept, not raised: the link part still runs."""
     try:
-        from vit_scale.run.health import rank_figures
+        from vit_scale.run.health import GEMM_SHARE, rank_figures
 
-        return rank_figures(
-            world.device,
-            spec["model"],
-            spec["batch_size"],
-            spec["precisions"][0],
-            windows=REPEATS,
-            window_s=COMPUTE_WINDOW_S,
-        )
+        budget_s = COMPUTE_WINDOW_S * REPEATS / GEMM_SHARE  # the probe gives its GEMM windows this share
+        return rank_figures(world.device, spec["model"], spec["batch_size"], spec["precisions"][0], REPEATS, budget_s)
     except Exception as exc:  # the probe's failure is a finding, not the check's end
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300], "gemm_tflops_windows": []}
 

@@ -396,8 +396,8 @@ class StudyRun:
         nodes left out (--exclude-slow-nodes); the allocation's as before when none is left out."""
         if not self.left_out:
             return nodes_here
-        if not self.in_slurm and self.emulation:
-            nodes_here = self.emulation.names
+        if not self.in_slurm:  # emulated nodes: local0 .. local<N-1>, isolated or sharing this machine
+            nodes_here = emulation.hosts_of(self.emulation.nodes if self.emulation else max(self.plan.nodes))
         return [n for n in nodes_here if n not in self.left_out]
 
     def _skip_too_few_nodes(self, label: str, run, kind: str, usable: int, ledger) -> None:
