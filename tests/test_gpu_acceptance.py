@@ -1,8 +1,8 @@
-"""benchmarks/gpu_acceptance.py, the GPU acceptance script (issue 39), without a GPU: its dry run (every
-command a user would run, each under `timeout -s KILL`, within the 8-minute budget), its argument
-checks, the pure parts that turn records into figures beside their bars (on made records), and its
-running of commands (timeouts, the budget running out, processes a timed-out command left behind)
-with plain shell commands. What it measures needs a GPU and is not run here."""
+"""benchmarks/gpu_acceptance.py, the GPU acceptance script (issue 39), without a GPU: its dry run
+(every command a user would run, each under `timeout -s KILL`, within the 8-minute budget), its
+argument checks, acceptance_figures.py's reading of records into figures beside their bars (on made
+records), and its running of commands (timeouts, the budget running out, processes a timed-out
+command left behind) with plain shell commands. What it measures needs a GPU and is not run here."""
 
 import gzip
 import importlib.util
@@ -29,6 +29,7 @@ def load(name: str):
     return module
 
 
+fig = load("acceptance_figures")
 ga = load("gpu_acceptance")
 
 
@@ -137,32 +138,32 @@ def record(ips=None, allocated=None, active=None, planned=None) -> dict:
 
 
 def test_ratio_row_is_the_median_of_each_rounds_ratio_against_the_bar():
-    r = ga.ratio_row("FULL_SHARD", [100.0, 110.0, 105.0], [record(98.0), record(99.0), record(104.0)])
+    r = fig.ratio_row("FULL_SHARD", [100.0, 110.0, 105.0], [record(98.0), record(99.0), record(104.0)])
     assert r["name"] == "trainer/bare FULL_SHARD" and r["bar"] == ">= 0.97"
     assert r["value"] == pytest.approx(0.98, abs=1e-4) and r["pass"] is True
     assert r["rounds"] == [0.98, 0.9, 0.9905]
-    slow = ga.ratio_row("DDP", [100.0], [record(96.0)])
+    slow = fig.ratio_row("DDP", [100.0], [record(96.0)])
     assert slow["value"] == pytest.approx(0.96) and slow["pass"] is False
     # a round whose trainer run left no figure is not counted; none at all is not measured, not a pass
-    partial = ga.ratio_row("DDP", [100.0, 100.0], [None, record(99.0)])
+    partial = fig.ratio_row("DDP", [100.0, 100.0], [None, record(99.0)])
     assert partial["rounds"] == [0.99] and partial["pass"] is True
-    missing = ga.ratio_row("FSDP2", [100.0], [None])
+    missing = fig.ratio_row("FSDP2", [100.0], [None])
     assert missing["value"] is None and missing["pass"] is None and missing["note"]
 
 
 def test_memory_rows_compare_the_plan_with_the_measured_peak():
-    rows = ga.memory_rows("DDP", {"peak_allocated_gib": 3.0}, [record(allocated=3.1, planned=3.0)])
+    rows = fig.memory_rows("DDP", {"peak_allocated_gib": 3.0}, [record(allocated=3.1, planned=3.0)])
     allocated, active = rows
     assert allocated["name"] == "peak allocated DDP" and allocated["pass"] is True
     assert allocated["value"] == pytest.approx(3.0 / 3.1 - 1, abs=1e-4)
     assert allocated["predicted_gib"] == 3.0 and allocated["measured_gib"] == 3.1
     # peak active: compared only where both sides have it, and the row says which side lacks it
     assert active["pass"] is None and "vit-scale plan --json has no peak_active_gib" in active["note"]
-    off, both = ga.memory_rows(
+    off, both = fig.memory_rows(
         "NO_SHARD", {"peak_allocated_gib": 3.0, "peak_active_gib": 3.3}, [record(allocated=3.4, active=3.4)]
     )
     assert off["pass"] is False and both["pass"] is True
-    planned_only = ga.memory_rows("NO_SHARD", {"peak_active_gib": 3.3}, [record(allocated=3.4)])[1]
+    planned_only = fig.memory_rows("NO_SHARD", {"peak_active_gib": 3.3}, [record(allocated=3.4)])[1]
     assert "the trainer's end record has no peak_active_gib" in planned_only["note"]
 
 
@@ -172,19 +173,19 @@ def test_compile_rows_report_compiled_against_eager():
     eager["end"]["mfu"] = 0.40
     compiled = record(120.0)
     compiled["end"].update(mfu=0.48, compile={"first_step_s": 41.0, "graphs": 2, "graphs_in_window": 0})
-    rows = {r["name"]: r for r in ga.compile_rows(eager, compiled)}
+    rows = {r["name"]: r for r in fig.compile_rows(eager, compiled)}
     assert rows["first step"]["value"] == 41.0 and rows["first step"]["eager_first_step_s"] == 2.5
     assert rows["images/s compiled/eager"]["value"] == pytest.approx(1.2)
     assert rows["MFU"]["value"] == 0.48 and rows["MFU"]["eager_mfu"] == 0.40
     assert rows["graphs in the timed window"]["pass"] is True
     compiled["end"]["compile"]["graphs_in_window"] = 1
-    assert {r["name"]: r for r in ga.compile_rows(eager, compiled)}["graphs in the timed window"]["pass"] is False
-    assert all(r["pass"] is None and "compiled" in r["note"] for r in ga.compile_rows(eager, None))
+    assert {r["name"]: r for r in fig.compile_rows(eager, compiled)}["graphs in the timed window"]["pass"] is False
+    assert all(r["pass"] is None and "compiled" in r["note"] for r in fig.compile_rows(eager, None))
 
 
 def made_check() -> dict:
     strategies = [
-        {"label": "DDP", "precision": p, "status": "ok", "error": None, "replicas_agree": True} for p in ga.PRECISIONS
+        {"label": "DDP", "precision": p, "status": "ok", "error": None, "replicas_agree": True} for p in fig.PRECISIONS
     ]
     strategies += [
         {"label": "NO_SHARD", "precision": "bf16", "status": "diverged", "error": "replicas differ"},
@@ -212,22 +213,22 @@ def made_check() -> dict:
 
 
 def test_check_rows_judge_compute_meter_and_every_label():
-    rows = {r["name"]: r for r in ga.check_rows(made_check(), {"deepspeed": True, "colossalai": False})}
+    rows = {r["name"]: r for r in fig.check_rows(made_check(), {"deepspeed": True, "colossalai": False})}
     # a GEMM timed faster than the device's peak is a broken timing (the event order), not a figure
     assert rows["compute bf16"]["pass"] is True and rows["compute fp32"]["pass"] is False
     assert rows["meter overhead"]["pass"] is True and rows["meter timing"]["pass"] is False
     assert rows["meter memory"]["pass"] is True
-    assert all(rows[f"DDP {p}"]["pass"] is True for p in ga.PRECISIONS)
+    assert all(rows[f"DDP {p}"]["pass"] is True for p in fig.PRECISIONS)
     assert rows["NO_SHARD bf16"]["pass"] is False  # ran, but its replicas differ
     assert rows["NO_SHARD fp16"]["pass"] is True  # refused in one line
     assert rows["ZERO1 bf16"]["pass"] is False  # refused, but not in one line
     assert rows["NO_SHARD fp32"]["pass"] is None and "not run" in rows["NO_SHARD fp32"]["note"]
     assert rows["CAI_GEMINI bf16"]["pass"] is None and rows["CAI_GEMINI bf16"]["note"] == "colossalai not installed"
-    labels = [name for name in rows if name.split()[-1] in ga.PRECISIONS and not name.startswith("compute")]
+    labels = [name for name in rows if name.split()[-1] in fig.PRECISIONS and not name.startswith("compute")]
     # every label of the capability table in every precision, HYBRID_<g>GPU as one GPU's HYBRID_1GPU
     table = {label.replace("<g>", "1") for label in all_labels()}
-    assert {name.split()[0] for name in labels} == table and len(labels) == len(table) * len(ga.PRECISIONS)
-    assert ga.check_rows(None, {})[0]["pass"] is None
+    assert {name.split()[0] for name in labels} == table and len(labels) == len(table) * len(fig.PRECISIONS)
+    assert fig.check_rows(None, {})[0]["pass"] is None
 
 
 def test_the_json_holds_device_versions_and_every_figure_with_its_bar(tmp_path):
@@ -241,14 +242,14 @@ def test_the_json_holds_device_versions_and_every_figure_with_its_bar(tmp_path):
             "status": "ok",
             "budget_s": 20,
             "commands": [],
-            "rows": [ga.row("facts", "device", "H100", "", "a GPU", True, **facts)],
+            "rows": [fig.row("facts", "device", "H100", "", "a GPU", True, **facts)],
         },
         {
             "name": "overhead",
             "status": "timeout",
             "budget_s": 110,
             "commands": [],
-            "rows": [ga.ratio_row("DDP", [100.0], [record(99.0)]), ga.ratio_row("NO_SHARD", [100.0], [None])],
+            "rows": [fig.ratio_row("DDP", [100.0], [record(99.0)]), fig.ratio_row("NO_SHARD", [100.0], [None])],
         },
     ]
     args = ga.parse(["--out", str(tmp_path / "g.json")])
@@ -315,6 +316,6 @@ def test_trace_comparison_agrees_with_hta_on_a_made_gpu_trace(tmp_path):
     found = load("trace_vs_hta").report(str(tmp_path))
     assert set(found["comparison"]) == {"compute", "idle", "overlap"}
     assert all(c["pass"] for c in found["comparison"].values()), found["comparison"]
-    rows = ga.profile_rows(found)
+    rows = fig.profile_rows(found)
     assert rows[0]["name"] == "breakdown: step" and rows[0]["value"] == found["breakdown"]["step_ms"] > 0
     assert [r["pass"] for r in rows[1:]] == [True, True, True]
