@@ -172,11 +172,11 @@ COMPILE_STEPS = ("train.steps=15", "train.warmup_steps=5")
 
 def compile_commands(ctx) -> list:
     return [
-        Command("vit_huge FSDP2 eager", ctx.train("compile", "eager", *COMPILE, *COMPILE_STEPS), 40),
+        Command("vit_huge FSDP2 eager", ctx.train("compile", "eager", *COMPILE, *COMPILE_STEPS), 45),
         Command(
             "vit_huge FSDP2 compiled",
             ctx.train("compile", "compiled", *COMPILE, *COMPILE_STEPS, "train.compile=true"),
-            95,
+            90,
         ),
     ]
 

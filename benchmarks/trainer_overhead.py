@@ -20,7 +20,8 @@ of the per-round ratio trainer/bare. Bar (issue 12): 0.97 or better. Each loop a
 what the one before left collected and the allocator's cache handed back (the check meter's
 `release`), so that neither side's speed or the trainer's measured peak memory carries the other's.
 `--keep DIR` keeps the trainer's run records there (else a temporary directory); `--json PATH` writes
-every round's figures and the trainer's run directories (benchmarks/gpu_acceptance.py reads it).
+every round's figures and the trainer's run directories, rewritten after each pair
+(benchmarks/gpu_acceptance.py reads it).
 
 It starts itself under torchrun with --ranks processes (default: 2 on a CPU, every GPU on a GPU).
 """
@@ -52,6 +53,11 @@ def worker(args) -> int:
     bare = {p: [] for p in pairs}
     ours = {p: [] for p in pairs}
     run_dirs = {p: [] for p in pairs}
+    device = (
+        torch.cuda.get_device_name(world.device_index)
+        if world.device_type != "cpu"
+        else f"CPU ({torch.get_num_threads()} threads per rank)"
+    )
     with tempfile.TemporaryDirectory() as temporary:
         out_dir = args.keep or temporary
         for r in range(args.rounds):
@@ -69,12 +75,9 @@ def worker(args) -> int:
                         f"trainer {ours[label][-1]:9.2f} img/s",
                         flush=True,
                     )
+                    if args.json:  # after every pair, so that a run killed at its time limit leaves what it had
+                        write_json(args, world, device, {"bare": bare, "trainer": ours, "run_dirs": run_dirs})
     if world.is_main:
-        device = (
-            torch.cuda.get_device_name(world.device_index)
-            if world.device_type != "cpu"
-            else f"CPU ({torch.get_num_threads()} threads per rank)"
-        )
         print(
             f"\n{args.model}, batch {args.batch_size} per rank, {world.world_size} rank(s), {args.precision}, "
             f"{device}, torch {torch.__version__}, {args.steps - args.warmup} timed steps x {args.rounds} rounds"
@@ -90,8 +93,6 @@ def worker(args) -> int:
             ratio = statistics.median(o / b for o, b in zip(ours[label], bare[label], strict=True))
             print(f"ratio {label}: {ratio:.3f}")
         print("bar: every ratio 0.97 or better", flush=True)
-        if args.json:
-            write_json(args, world, device, {"bare": bare, "trainer": ours, "run_dirs": run_dirs})
     torch.distributed.destroy_process_group()
     leave(0)
 
@@ -112,8 +113,10 @@ def write_json(args, world, device: str, figures: dict) -> None:
             label: {key: figures[key][label] for key in ("bare", "trainer", "run_dirs")} for label in figures["bare"]
         },
     }
-    with open(args.json, "w") as f:
+    tmp = f"{args.json}.tmp"
+    with open(tmp, "w") as f:
         json.dump(doc, f, indent=1)
+    os.replace(tmp, args.json)  # whole or not at all: the script may be killed while writing
 
 
 def main() -> int:
