@@ -92,6 +92,30 @@ def test_dry_run_prints_every_measurement_bounded_and_runs_nothing(dry_run):
     print(f"dry run: {len(commands)} commands, {total} s of budgets, {seconds:.2f} s")
 
 
+def test_the_commands_are_ones_the_tools_accept(tmp_path):
+    """What would only fail on the GPU machine, caught here: each trainer command's overrides load as a
+    config, the check takes its options (--which-env checks them all and runs nothing), and the planner's
+    commands give a row with a peak for every strategy the memory step compares."""
+    from vit_scale.config import load_config
+
+    ctx = ga.Context(PYTHON, str(tmp_path), {"deepspeed": True, "colossalai": True})
+    commands = [c for step in ga.STEPS for c in step.commands(ctx)]
+    trains = [c.argv[4:] for c in commands if c.argv[1:4] == ["-m", "vit_scale", "train"]]
+    assert len(trains) == 3
+    for overrides in trains:
+        load_config(None, overrides)
+    (check,) = [c.argv for c in commands if c.argv[1:4] == ["-m", "vit_scale", "check"]]
+    proc = subprocess.run([*check, "--which-env"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "env/cuda.sh", proc.stderr
+    planned = {}
+    for argv in (c.argv for c in commands if c.argv[1:4] == ["-m", "vit_scale", "plan"]):
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        for r in json.loads(proc.stdout)["rows"]:
+            planned["FSDP2" if r["implementation"] == "fsdp2" else r["strategy"]] = r["peak_allocated_gib"]
+    assert set(planned) == set(fig.PAIRS) and all(gib > 0 for gib in planned.values()), planned
+
+
 @pytest.mark.parametrize(
     "argv, names",
     [
