@@ -317,6 +317,7 @@ def test_steps_the_budget_cannot_cover_are_skipped_with_a_line(tmp_path, capsys)
     step = shell_step("late", ga.Command("the long one", ["true"], 100))
     result = ga.run_step(step, ga.Context(PYTHON, str(tmp_path)), time.monotonic() + 30, str(tmp_path))
     assert result["status"] == "skipped" and result["commands"] == []
+    assert result["rows"][0]["pass"] is None and "budget ran out" in result["rows"][0]["note"]
     assert re.search(r"skipped late: the long one needs up to 100 s, (29|30) s left", capsys.readouterr().out)
 
 
