@@ -39,6 +39,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_end_record",
         "test_env_setup_venv",
         "test_finetune_units",
+        "test_gpu_acceptance",
         "test_gpu_decisions",
         "test_house",
         "test_memory_window",

@@ -41,3 +41,33 @@ def test_each_rounds_peak_is_its_own(tmp_path):
     tolerance = 32 / 1024
     assert abs(second - first) < tolerance, (first, second)
     assert abs(synchronised - first) < tolerance, (first, synchronised)
+
+
+def test_overhead_benchmark_pairs_fsdp2_and_keeps_what_the_acceptance_script_reads(tmp_path):
+    """benchmarks/trainer_overhead.py's SHARD_GRAD_OP and FSDP2 pairs (what benchmarks/gpu_acceptance.py
+    runs on a GPU) on this CPU, one rank, one round each: --json names each trainer run, and the kept
+    record is the run that was asked for (FSDP2 as strategy=FULL_SHARD fsdp.version=2)."""
+    out = tmp_path / "overhead.json"
+    proc = subprocess.run(
+        [PYTHON, "benchmarks/trainer_overhead.py", "--ranks", "1", "--pairs", "SHARD_GRAD_OP,FSDP2"]
+        + ["--model", "vit_micro", "--steps", "4", "--warmup", "1", "--rounds", "1"]
+        + ["--keep", str(tmp_path / "runs"), "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT},
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert set(doc["pairs"]) == {"SHARD_GRAD_OP", "FSDP2"} and doc["ranks"] == 1
+    implementations = {}
+    for label, pair in doc["pairs"].items():
+        assert len(pair["bare"]) == len(pair["trainer"]) == len(pair["run_dirs"]) == 1
+        assert pair["bare"][0] > 0 and pair["trainer"][0] > 0
+        with open(os.path.join(pair["run_dirs"][0], "metrics.jsonl")) as f:
+            lines = [json.loads(line) for line in f]
+        assert lines[-1]["event"] == "end" and lines[-1]["images_per_s"]["mean"] == pair["trainer"][0]
+        implementations[label] = lines[0]["strategy"]["implementation"]
+    assert implementations == {"SHARD_GRAD_OP": "fsdp1", "FSDP2": "fsdp2"}
+    assert "ratio FSDP2:" in proc.stdout

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 TIMING_TOLERANCE = 0.05  # event-timed and host-timed mean step times may differ by this share
 GPU_OVERHEAD_FLOOR = 0.90  # on a GPU, trainer/bare below this is a meter that costs throughput
+# the labels bare_loop builds by hand; FSDP2 is the trainer's FULL_SHARD with fsdp.version=2
+BARE_LABELS = ("DDP", "NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "FSDP2")
 
 
 @dataclass
@@ -57,7 +59,7 @@ def bare_loop(label, settings, world):
     nothing else (no per-step host synchronisation, no records, no progress). On a GPU the fast
     loop an expert writes: bf16 autocast (FSDP: MixedPrecision in bf16), fused AdamW. Timed like
     the trainer: device synchronised and ranks at a barrier before the first step after the
-    warm-up, synchronised at the end, the slowest rank's time."""
+    warm-up, synchronised at the end, the slowest rank's time. `label`: one of BARE_LABELS."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -74,6 +76,14 @@ def bare_loop(label, settings, world):
         from torch.nn.parallel import DistributedDataParallel
 
         model = DistributedDataParallel(model, device_ids=[world.device_index] if gpu else None)
+    elif label == "FSDP2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # as the trainer's FSDP2: one unit per Block and the root, resharded after forward
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else None
+        for block in model.blocks:
+            fully_shard(block, **({"mp_policy": mp} if mp else {}))
+        fully_shard(model, **({"mp_policy": mp} if mp else {}))
     else:
         from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -107,6 +117,11 @@ def bare_loop(label, settings, world):
     return (settings.steps - settings.warmup) * settings.batch_size * world.world_size / elapsed.item()
 
 
+def strategy_overrides(label: str) -> list[str]:
+    """The trainer's overrides for one of BARE_LABELS."""
+    return ["strategy=FULL_SHARD", "fsdp.version=2"] if label == "FSDP2" else [f"strategy={label}"]
+
+
 def trainer_config(label, settings, out_dir, study):
     from vit_scale.config import load_config
 
@@ -114,7 +129,7 @@ def trainer_config(label, settings, out_dir, study):
         None,
         [
             f"model={settings.model}",
-            f"strategy={label}",
+            *strategy_overrides(label),
             f"train.batch_size={settings.batch_size}",
             f"train.steps={settings.steps}",
             f"train.warmup_steps={settings.warmup}",
