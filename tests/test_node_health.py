@@ -189,3 +189,13 @@ def test_the_probe_runs_after_the_window_closed_and_changes_none_of_its_figures(
         "local0": {"gemm_tflops": 0.5, "copy_gbps": None, "ranks": 1, "slowest_rank": 0, "error": None}
     }
     assert end.get("nodes_health")["probe"]["seconds"] == 0.2
+
+
+def test_the_runs_summary_says_one_line_of_a_slow_node_and_nothing_otherwise():
+    from vit_scale.record.end import EndRecord
+    from vit_scale.run.ending import figure_lines
+
+    slow = EndRecord("ok", extra={"nodes_health": health(local0=1.0, local1=1.0, local2=1.0, local3=0.48)})
+    even = EndRecord("ok", extra={"nodes_health": health(local0=1.0, local1=0.9)})
+    assert figure_lines(slow) == ["  a slow node: local3, compute 48% of the median"]
+    assert figure_lines(even) == [] and figure_lines(EndRecord("ok")) == []
