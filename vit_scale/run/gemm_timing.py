@@ -98,3 +98,23 @@ def time_windows(fn, gpu: bool, warmup: int, windows: int, target_s: float, max_
             fn()
         times.append(time.perf_counter() - t0)
     return calls, times
+
+
+def clock_windows(fn, warmup: int, windows: int, window_s: float) -> list[tuple[int, float]]:
+    """CPU only: (calls, seconds) of each of `windows` windows that run `fn` until `window_s` has passed
+    on the host clock. The windows' length, not their calls, is fixed: ranks sharing cores (emulated
+    nodes, a CPU quota) would stretch windows sized by one quick call many times over, and a window
+    shorter than the scheduler's quota period would miss a throttled node."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(windows):
+        calls, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            calls += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= window_s:
+                break
+        out.append((calls, elapsed))
+    return out

@@ -1,10 +1,11 @@
 """Every run's node-health probe: after the timed window has closed, each rank times its Block's
-forward GEMMs (as the check builds them, vit_scale.run.gemm_timing) and, on a GPU, its device's
-memory copy rate, in about `budget_s` seconds; rank 0 gathers every rank's figures into the end
-record's `nodes_health` (per host its slowest rank's, and the median node: vit_scale.record.health,
-which also holds the rule that calls a node slow). The timed window's figures are taken before it
-runs and nothing here changes them (docs/timing.md). A failing probe fails nothing: its rank's
-figures are None and its error is recorded.
+forward GEMMs (as the check builds them, vit_scale.run.gemm_timing: on a GPU by the check's rules,
+windows of calls bracketed by device events; on a CPU windows of a fixed length on the host clock)
+and, on a GPU, its device's memory copy rate, in about `budget_s` seconds; rank 0 gathers every
+rank's figures into the end record's `nodes_health` (per host its slowest rank's, and the median
+node: vit_scale.record.health, which also holds the rule that calls a node slow). The timed
+window's figures are taken before it runs and nothing here changes them (docs/timing.md). A
+failing probe fails nothing: its rank's figures are None and its error is recorded.
 
 `rank_figures` is this rank's measurement alone (no collective): the check's per-node part may call
 it too.
@@ -18,8 +19,9 @@ import time
 
 from vit_scale.record.health import by_node
 
-# shares of the budget: the GEMM windows, then (GPU) the copy windows; the rest is warm-up and sizing
-GEMM_SHARE, COPY_SHARE = 0.5, 0.2
+# shares of the budget: on a GPU the GEMM windows, then the copy windows (the rest is warm-up and
+# sizing); on a CPU, which has no copy part, the GEMM windows (the rest is one warm-up call)
+GEMM_SHARE, COPY_SHARE, CPU_GEMM_SHARE = 0.5, 0.2, 0.8
 MAX_CALLS = 1000  # a window's calls, at most
 COPY_MIB = 256  # the copied buffer, at most (a quarter of the free device memory where that is less)
 GEMM_PASS = "forward"  # the probe's fixed subset of the Block's GEMMs: its forward ones
@@ -31,11 +33,12 @@ def rank_figures(device, model_name: str, batch_size: int, precision: str, windo
     the other as one call), `gemm_tflops_windows` (every window's), `copy_gbps` (GB/s copied
     device-to-device on a GPU, the median window's; each byte is read and written, so the memory
     traffic is twice it; None on a CPU), `copy_gbps_windows`, `seconds` (what this took), `timer`.
-    Windows aim at budget_s x GEMM_SHARE (and COPY_SHARE) over `windows`; a single call longer than
-    that (a large model on a CPU) makes it longer than the budget. Raises what torch raises."""
+    Windows aim at budget_s x GEMM_SHARE (and COPY_SHARE) over `windows`; on a CPU they last
+    budget_s x CPU_GEMM_SHARE over `windows`, however many calls fit. A single call longer than that
+    (a large model on a CPU) makes the probe longer than the budget. Raises what torch raises."""
     import torch
 
-    from vit_scale.run.gemm_timing import block_ops, gemm_calls, time_windows
+    from vit_scale.run.gemm_timing import block_ops, clock_windows, gemm_calls, time_windows
 
     started = time.perf_counter()
     device = torch.device(device)
@@ -45,9 +48,13 @@ def rank_figures(device, model_name: str, batch_size: int, precision: str, windo
         ops = [op for op in block_ops(model_name, batch_size) if op["pass"] == GEMM_PASS]
         flops = sum(op["flops"] for op in ops)
         block = _one_call(call for _, call in gemm_calls(ops, precision, device))
-        calls, times = time_windows(block, gpu, 1, windows, budget_s * GEMM_SHARE / windows, MAX_CALLS)
+        if gpu:
+            calls, times = time_windows(block, gpu, 1, windows, budget_s * GEMM_SHARE / windows, MAX_CALLS)
+            timed = [(calls, t) for t in times]
+        else:
+            timed = clock_windows(block, 1, windows, budget_s * CPU_GEMM_SHARE / windows)
         del block  # its tensors, before the copy's buffers
-        gemm = [flops * calls / t / 1e12 for t in times if t > 0]
+        gemm = [flops * calls / t / 1e12 for calls, t in timed if t > 0]
         copy = _copy_rates(device, windows, budget_s * COPY_SHARE / windows) if gpu else []
     return {
         "gemm_tflops": statistics.median(gemm) if gemm else None,
@@ -55,7 +62,9 @@ def rank_figures(device, model_name: str, batch_size: int, precision: str, windo
         "copy_gbps": statistics.median(copy) if copy else None,
         "copy_gbps_windows": copy,
         "seconds": time.perf_counter() - started,
-        "timer": "device events, one wait after the last window" if gpu else "time.perf_counter",
+        "timer": "device events, one wait after the last window"
+        if gpu
+        else "time.perf_counter, windows of fixed length",
     }
 
 
