@@ -199,3 +199,40 @@ def test_the_runs_summary_says_one_line_of_a_slow_node_and_nothing_otherwise():
     even = EndRecord("ok", extra={"nodes_health": health(local0=1.0, local1=0.9)})
     assert figure_lines(slow) == ["  a slow node: local3, compute 48% of the median"]
     assert figure_lines(even) == [] and figure_lines(EndRecord("ok")) == []
+
+
+def test_a_failing_probe_is_recorded_and_a_stop_signal_still_stops_the_run(monkeypatch):
+    """Over a real 1-rank gloo group: a probe that raises leaves its rank's error in nodes_health and the
+    run goes on; a signal's RunInterrupted raised inside it is the run's to handle (its end record, a
+    requeue), never swallowed as a failed probe."""
+    import signal
+
+    from vit_scale.launch.signals import RunInterrupted
+    from vit_scale.launch.world import World
+    from vit_scale.run import health as probe
+
+    world = World("single", 0, 1, 0, 1, 1, "local0", "127.0.0.1", 0)
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 256.00 MiB")
+
+    def stopped(*args, **kwargs):
+        raise RunInterrupted(signal.SIGUSR1)
+
+    init_one_rank_group()
+    try:
+        monkeypatch.setattr(probe, "rank_figures", out_of_memory)
+        got = probe.nodes_health(world, "vit_micro", 4, "fp32", 0.1)
+        monkeypatch.setattr(probe, "rank_figures", stopped)
+        with pytest.raises(RunInterrupted):
+            probe.nodes_health(world, "vit_micro", 4, "fp32", 0.1)
+    finally:
+        end_one_rank_group()
+    assert got["hosts"]["local0"] == {
+        "gemm_tflops": None,
+        "copy_gbps": None,
+        "ranks": 1,
+        "slowest_rank": None,
+        "error": "rank 0: OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB",
+    }
+    assert got["error"] is None and got["probe"]["seconds"] is None

@@ -17,6 +17,7 @@ import contextlib
 import statistics
 import time
 
+from vit_scale.launch.signals import RunInterrupted
 from vit_scale.record.health import by_node
 
 # shares of the budget: on a GPU the GEMM windows, then the copy windows (the rest is warm-up and
@@ -101,18 +102,23 @@ def one_line(exc: BaseException) -> str:
 
 def nodes_health(world, model_name: str, batch_size: int, precision: str, budget_s: float) -> dict:
     """Every rank: probe, then gather the figures over the run's world group (a collective); the end
-    record's `nodes_health`, the same on every rank. Never raises: a failure is its `error`."""
+    record's `nodes_health`, the same on every rank. Raises only a stop signal's RunInterrupted: any
+    other failure is its rank's `error` (or, where the gather failed, the record's)."""
     import torch.distributed as dist
 
     row = {"node": world.node_name, "rank": world.rank}
     try:
         figures = rank_figures(world.device, model_name, batch_size, precision, budget_s=budget_s)
         row.update({k: figures[k] for k in ("gemm_tflops", "copy_gbps", "seconds")})
+    except RunInterrupted:  # a signal is the run's to handle (its end record, a requeue), not a failed probe
+        raise
     except Exception as exc:  # the run's figures are taken already: a probe that fails costs it nothing
         row["error"] = one_line(exc)
     try:
         rows = [None] * world.world_size
         dist.all_gather_object(rows, row)
+    except RunInterrupted:
+        raise
     except Exception as exc:
         return {"hosts": {}, "median": {}, "probe": None, "error": f"not gathered: {one_line(exc)}"}
     seconds = [r["seconds"] for r in rows if isinstance(r.get("seconds"), float)]
