@@ -20,7 +20,8 @@ planner predicts not to fit in the device's memory (the start record's device_me
 either. A point more than 20% below its prediction is explained: where the run was traced, by its exposed
 communication measured (analysis/traces.py) against predicted; else by how much each component
 (compute, exposed intra-node, exposed inter-node communication) would have to grow to account for
-the difference alone. Torch-free.
+the difference alone. A point whose run had a slow node (results.csv's slow_node, vit_scale.record.health)
+keeps its measured and predicted figures but gets no error: its `slow_node` column says why. Torch-free.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ COLUMNS = [
     "calibration_source",
     "compute_source",
     "explanation",
+    "slow_node",
     "path",
 ]
 
@@ -239,6 +241,10 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
         if os.path.normpath(rung) == os.path.normpath(run.run_dir):
             # the point whose step gave the compute reproduces itself by construction: not a prediction
             out.update(role=COMPUTE, error=math.nan, explanation="")
+        slow = row.get("slow_node")
+        if isinstance(slow, str) and slow and out["role"] == PREDICTED:
+            # its figure is that node's, not the strategy's: measured and predicted stay, no error is drawn
+            out.update(error=math.nan, explanation="", slow_node=slow)
         why = _not_predicted(row["status"], p, sc)
         if why:
             # no speed drawn over a failure mark (analysis/figures/predicted.py draws predicted_ips)
@@ -308,6 +314,7 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
         "calibration_source": cal.source,
         "compute_source": p.compute_source,
         "explanation": "",
+        "slow_node": "",
         "path": row["path"],
     }
     busy = b.communication_s if b else {}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from vit_scale.record.health import SLOW_SHARE
 from vit_scale.record.reader import Collection
 
 from . import stats
@@ -132,11 +133,34 @@ def _statistics_text(results: pd.DataFrame) -> str:
     return text
 
 
+def _point_name(r) -> str:
+    return f"{r['model']} {r['series']} on {int(r['nodes'])} node(s)"
+
+
+def _slow_left_out(results: pd.DataFrame, what: str) -> list:
+    """A paragraph naming the points left out of `what` because a slow node ran them, or none."""
+    slow = tbl.slow_node_runs(results)
+    if slow.empty:
+        return []
+    named = "; ".join(f"{_point_name(r)} ({r['slow_node']})" for _, r in slow.iterrows())
+    return [
+        Block(
+            "p",
+            f"Left out of {what}, a node of their run more than {SLOW_SHARE:.0%} below the run's median node "
+            f"(its figures are that node's, not the strategy's; docs/analysis.md, A slow node): {named}.",
+        )
+    ]
+
+
 def _best_section(results: pd.DataFrame) -> list:
     best = tbl.best_runs(results)
     blocks = [Block("h2", "Best run per model and node count")]
     if best.empty:
-        return blocks + [Block("p", "No run finished ok with a measured throughput.")]
+        return (
+            blocks
+            + [Block("p", "No run finished ok with a measured throughput.")]
+            + _slow_left_out(results, "the comparison")
+        )
     blocks.append(
         Block(
             "p",
@@ -189,6 +213,7 @@ def _best_section(results: pd.DataFrame) -> list:
             ]
         )
     blocks.append(Block("table", header=header, rows=rows))
+    blocks += _slow_left_out(results, "the comparison")
     verdicts, tests = best["verdict"], best["ratio_test"]
     apart = int((verdicts == tbl.NOT_SEPARATED).sum())
     single = int(tests.isin([stats.NOT_COMPARED, stats.ONE_SIDE_NOT_COMPARED]).sum())
@@ -413,6 +438,26 @@ def _failures_section(results: pd.DataFrame) -> list:
     return blocks + [Block("table", header=header, rows=rows)]
 
 
+def _slow_node_items(results: pd.DataFrame, set_aside: pd.DataFrame) -> list:
+    """A line per run that ran on a slow node (results.csv's and set_aside.csv's slow_node), and what
+    the analysis did with it."""
+    items = []
+    for frame, kept in ((results, True), (set_aside, False)):
+        if "slow_node" not in frame:
+            continue
+        for _, r in frame[frame["slow_node"].map(_s) != ""].iterrows():
+            if r["status"] != "ok":
+                done = f"status {r['status']}"
+            elif kept:
+                done = "left out of the best-run comparison and the prediction's errors"
+            else:
+                done = f"set aside for run {_s(r.get('set_aside_for'))}" + (
+                    "" if r.get("pooled") is True else ", not pooled into its point's figure"
+                )
+            items.append(f"{r['slow_node']}: {_point_name(r)} ({os.path.dirname(r['path'])}); {done}")
+    return items
+
+
 def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.DataFrame, missing_plots: list) -> list:
     items = []
     disagree = results[results["replicas_agree"] == False]  # noqa: E712
@@ -421,6 +466,7 @@ def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.Dat
             f"replicas disagree: {r['model']} {r['series']} on {int(r['nodes'])} node(s) "
             f"({os.path.dirname(r['path'])}); its throughput is left out of the best-run picks"
         )
+    items += _slow_node_items(results, set_aside)
     for _, r in results[results["notes"].map(_s) != ""].iterrows():
         items.append(f"{os.path.dirname(r['path'])}: {_one_line(r['notes'], 300)}")
     for s in coll.unknown_schema:
@@ -801,6 +847,13 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
         median = f" Median |error| over {len(compared)} predicted point(s): {compared['error'].abs().median():.1%}."
     else:
         median = " No point was predicted beyond the ones that gave the compute: no error to report."
+    slow = rows[rows["slow_node"].map(_s) != ""] if "slow_node" in rows else rows.iloc[0:0]
+    if not slow.empty:
+        median += (
+            f" Left out of the errors, a node of their run more than {SLOW_SHARE:.0%} below its median node: "
+            + "; ".join(f"{_point_name(r)} ({r['slow_node']})" for _, r in slow.iterrows())
+            + "."
+        )
     if not given.empty:
         median += (
             f" Left out of the errors, as the prediction's input: {len(given)} point(s) whose step gave the "

@@ -113,6 +113,7 @@ class RunSpec:
     spread: float = 0.02
     step_ips: list | None = None
     repetition: int = 0
+    nodes_health: dict | None = None  # the end record's, as vit_scale.run.health writes it (absent: none)
 
     def __post_init__(self):
         if self.step_ips is not None:
@@ -289,6 +290,7 @@ def _end_record(spec: RunSpec, timed_ips: list, end_time: float) -> dict:
     have_ips = ips is not None and timed > 0
     tflops = spec.flops_per_image * ips / world_size / 1e12 if have_ips else None
     ended = status in ("ok", "diverged")
+    health = {"nodes_health": spec.nodes_health} if spec.nodes_health is not None else {}
     return {
         "event": "end",
         "time": end_time,
@@ -307,6 +309,7 @@ def _end_record(spec: RunSpec, timed_ips: list, end_time: float) -> dict:
         "replicas_agree": spec.replicas_agree if ended else None,
         "replica_checksums": [[1.0, 2.0, 3.0]] * min(world_size, 4) if ended else None,
         "final_loss": 6.9 - 0.01 * n_steps if ended else None,
+        **health,
     }
 
 

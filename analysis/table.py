@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from vit_scale.distributed import all_labels, label_pattern
+from vit_scale.record.health import slow_node_text
 from vit_scale.record.reader import Collection, RunRecord, timed_step_ips
 
 from . import stats
@@ -112,6 +113,7 @@ LEADING_COLUMNS = [
     "warmup_steps",
     "wall_time_s",
     "replicas_agree",
+    "slow_node",
     "final_loss",
     "error",
     "failed_rank",
@@ -181,6 +183,8 @@ def run_row(run: RunRecord) -> dict:
         **_result_columns(run, e, _d(_d(s.get("config")).get("train"))),
         "repetition": _repetition(s),
         "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
+        # vit_scale.record.health's rule on the end record's nodes_health: "" when no node was slow
+        "slow_node": slow_node_text(e.get("nodes_health")),
         "final_loss": _num(e.get("final_loss")),
         "error": e.get("error"),
         "failed_rank": _num(e.get("failed_rank")),
@@ -345,8 +349,11 @@ def _repetitions_planned(group: list) -> int:
 
 
 def _point_statistics(keep: dict, group: list) -> None:
-    """The point's throughput, its interval, step figures and how many of its runs were ok, into the kept row."""
-    pooled = [r for r in group if _usable_row(r)] if _usable_row(keep) else []
+    """The point's throughput, its interval, step figures and how many of its runs were ok, into the kept row.
+    A run a slow node spoiled is not pooled with runs it did not (the kept run is one of the latter where
+    the point has any)."""
+    pooled = [r for r in group if _usable_row(r) and bool(r["slow_node"]) == bool(keep["slow_node"])]
+    pooled = pooled if _usable_row(keep) else []
     for r in group:
         r["_pooled"] = any(r is p for p in pooled)
     # a run and its steps travel together: dropping one drops both
@@ -372,14 +379,15 @@ def _point_statistics(keep: dict, group: list) -> None:
 
 
 def _dedupe(rows: list) -> tuple[list, list]:
-    """Keep the newest ok run of each point (else its newest run); the others are set aside, the
-    ok ones among them pooled into the point's statistics (their `pooled` column says so)."""
+    """Keep the newest ok run of each point without a slow node (else its newest ok run, else its newest
+    run); the others are set aside, the ok ones among them pooled into the point's statistics (their
+    `pooled` column says so)."""
     by_point: dict = {}
     for row in rows:
         by_point.setdefault(_point_key(row), []).append(row)
     kept, aside = [], []
     for group in by_point.values():
-        group.sort(key=lambda r: (r["status"] == "ok", r["start_time"]), reverse=True)
+        group.sort(key=lambda r: (r["status"] == "ok", not r["slow_node"], r["start_time"]), reverse=True)
         keep = group[0]
         keep["reruns_set_aside"] = len(group) - 1
         _point_statistics(keep, group)
@@ -551,6 +559,15 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
     return df[ok & (df["replicas_agree"] != False)]  # noqa: E712 - None means not checked
 
 
+def slow_node_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Usable runs that ran on a slow node (slow_node not empty): their figures are that node's, so the
+    comparison of strategies (best_runs) and the prediction's errors leave them out."""
+    ok = usable(df)
+    if "slow_node" not in ok:
+        return ok.iloc[0:0]
+    return ok[ok["slow_node"].fillna("").astype(str) != ""]
+
+
 SEPARATED, NOT_SEPARATED = "separated", "not separated"
 BEST_COLUMNS = ["runner_up", "ratio", "ratio_low", "ratio_high", "ratio_test", "verdict", "candidates"]
 
@@ -563,8 +580,10 @@ def best_runs(df: pd.DataFrame) -> pd.DataFrame:
     not, empty when not compared.
 
     Grouped by rank count too: on one node, 1 rank and 2 ranks are different points (on a
-    cluster with fixed ranks per node the two are the same grouping)."""
-    good = usable(df).copy()
+    cluster with fixed ranks per node the two are the same grouping). A point whose run had a slow node
+    (slow_node_runs) is not a candidate."""
+    good = usable(df)
+    good = good.drop(slow_node_runs(df).index).copy()
     good["_rank_ips"] = point_ips(good)
     out = []
     for _, grp in good.groupby(["model", "nodes", "world_size"], sort=False):

@@ -18,7 +18,15 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # computes at its quota (half a core), which would make every multi-rank test several times slower. The
 # tests of the isolated emulation (test_emulation*.py) ask for it themselves.
 os.environ.setdefault("VIT_SCALE_EMULATION", "shared")
-FAST = ["model=vit_micro", "train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "train.print_every=100"]
+FAST = [
+    "model=vit_micro",
+    "train.steps=4",
+    "train.warmup_steps=1",
+    "train.batch_size=4",
+    "train.print_every=100",
+    # the node-health probe after the window, shortened: one run of the suite is many runs
+    "train.health_probe_s=0.1",
+]
 
 
 # ---------------------------------------------------------------- tests by kind
@@ -43,6 +51,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_gpu_decisions",
         "test_house",
         "test_memory_window",
+        "test_node_health",
         "test_models_and_config",
         "test_peaks",
         "test_plan",

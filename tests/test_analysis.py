@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1177,3 +1178,86 @@ def test_an_unbounded_efficiency_interval_is_worded_in_the_caption(tmp_path):
         caption
     )
     assert "inf" not in caption
+
+
+# --------------------------------------------------------------------------------- a slow node (issue 36)
+
+
+def _health(**gemm) -> dict:
+    """An end record's nodes_health: one rank a node, these compute figures (vit_scale.record.health.by_node)."""
+    from vit_scale.record.health import by_node
+
+    return by_node([{"node": h, "rank": i, "gemm_tflops": v} for i, (h, v) in enumerate(gemm.items())])
+
+
+def test_a_run_on_a_slow_node_is_flagged_and_left_out_of_comparisons_and_errors(tmp_path):
+    """DDP on 4 nodes is the fastest point but ran with local3 at 48% of the median node's compute: the
+    csv says so, the report names it, and it is neither the best run nor in the prediction's errors.
+    DDP on 2 nodes has an older clean run and a newer one on a slow node: the clean one is the point."""
+    root, t = str(tmp_path / "runs"), 1.7e9
+    w = lambda **kw: write_run(root, study="s", steps=8, warmup=2, **kw)  # noqa: E731
+    slow4 = _health(local0=1.0, local1=1.02, local2=0.98, local3=0.48)
+    even = _health(local0=1.0, local1=1.01, local2=0.99, local3=1.0)
+    w(strategy="DDP", nodes=1, ips=100.0, time=t, nodes_health=_health(local0=1.0))
+    w(strategy="DDP", nodes=4, ips=400.0, time=t, nodes_health=slow4)
+    w(strategy="DDP", nodes=2, ips=180.0, time=t, run_id="clean")
+    w(strategy="DDP", nodes=2, ips=150.0, time=t + 10, run_id="spoiled", nodes_health=_health(local0=1.0, local1=0.5))
+    w(strategy="FULL_SHARD", nodes=1, ips=95.0, time=t)
+    w(strategy="FULL_SHARD", nodes=2, ips=170.0, time=t)
+    w(strategy="FULL_SHARD", nodes=4, ips=360.0, time=t, nodes_health=even)
+    out = str(tmp_path / "out")
+    assert main([root, "--out", out, "--no-plots", "--quiet"]) == 0
+    results = pd.read_csv(os.path.join(out, "results.csv"), keep_default_na=False)
+    flags = {(r["strategy"], r["nodes"]): r["slow_node"] for _, r in results.iterrows()}
+    assert flags == {
+        ("DDP", 1): "",  # one node: nothing to be slow against
+        ("DDP", 2): "",
+        ("DDP", 4): "a slow node: local3, compute 48% of the median",
+        ("FULL_SHARD", 1): "",
+        ("FULL_SHARD", 2): "",
+        ("FULL_SHARD", 4): "",
+    }
+    two = _row(results, "vit_base", "DDP", 2)
+    assert two["run_id"] == "clean" and two["ips_point"] == 180.0 and two["ips_runs"] == 1
+    aside = pd.read_csv(os.path.join(out, "set_aside.csv"), keep_default_na=False)
+    (spoiled,) = aside.itertuples()
+    assert spoiled.run_id == "spoiled" and spoiled.slow_node == "a slow node: local1, compute 67% of the median"
+    assert spoiled.pooled in (False, "False")
+
+    best = table.best_runs(table.build(records.collect([root])).results).set_index(["model", "nodes"])
+    assert best.loc[("vit_base", 4), "strategy"] == "FULL_SHARD" and best.loc[("vit_base", 4), "candidates"] == 1
+    assert best.loc[("vit_base", 2), "strategy"] == "DDP"
+
+    predicted = pd.read_csv(os.path.join(out, "prediction.csv"), keep_default_na=False)
+    ddp4 = predicted[(predicted["strategy"] == "DDP") & (predicted["nodes"] == 4)].iloc[0]
+    assert ddp4["error"] == "" and ddp4["slow_node"] == "a slow node: local3, compute 48% of the median"
+    assert ddp4["measured_ips"] != "" and ddp4["predicted_ips"] != ""
+    errors = predicted[predicted["error"] != ""]
+    predicted_points = sorted(zip(errors["strategy"], errors["nodes"], strict=True))
+    assert predicted_points == [("DDP", 2), ("FULL_SHARD", 2), ("FULL_SHARD", 4)]
+
+    with open(os.path.join(out, "report.md")) as f:
+        text = f.read()
+    ddp4_dir = os.path.dirname(ddp4["path"])
+    assert (
+        f"- a slow node: local3, compute 48% of the median: vit_base DDP on 4 node(s) ({ddp4_dir}); "
+        "left out of the best-run comparison and the prediction's errors" in text
+    )
+    assert "- a slow node: local1, compute 67% of the median: vit_base DDP on 2 node(s) (" in text
+    assert "set aside for run clean, not pooled into its point's figure" in text
+    best_section = text.split("## Best run per model and node count")[1].split("\n## ")[0]
+    assert (
+        "Left out of the comparison, a node of their run more than 20% below the run's median node (its figures "
+        "are that node's, not the strategy's; docs/analysis.md, A slow node): vit_base DDP on 4 node(s) "
+        "(a slow node: local3, compute 48% of the median)." in best_section
+    )
+    measured = text.split("## Measured against predicted")[1].split("\n## ")[0]
+    assert "Median |error| over 3 predicted point(s)" in measured
+    assert (
+        "Left out of the errors, a node of their run more than 20% below its median node: vit_base DDP on 4 "
+        "node(s) (a slow node: local3, compute 48% of the median)." in measured
+    )
+
+
+def test_records_without_node_health_are_not_flagged(results):
+    assert (results["slow_node"] == "").all() and table.slow_node_runs(results).empty

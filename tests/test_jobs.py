@@ -237,6 +237,11 @@ def test_local_study_without_slurm(tmp_path):
     ((start, end),) = runs[("DDP", 2)]
     assert start["hosts"] == ["local0", "local1"] and start["world"]["world_size"] == 4
     assert start["slurm"] is None and end["status"] == "ok"
+    # each emulated node's health, probed after the timed window: every host, its 2 ranks, a compute rate
+    health = end["nodes_health"]
+    assert set(health["hosts"]) == {"local0", "local1"} and health["error"] is None
+    assert all(h["ranks"] == 2 and h["gemm_tflops"] > 0 and h["copy_gbps"] is None for h in health["hosts"].values())
+    assert health["median"]["gemm_tflops"] > 0 and health["probe"]["model"] == "vit_micro"
     ((start, end),) = runs[("FULL_SHARD", 2)]
     assert end["status"] == "oom" and end["failed_rank"] == 1
 

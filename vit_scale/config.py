@@ -72,6 +72,11 @@ class TrainConfig:
     synthetic_batches: int = option(4, "distinct synthetic batches cycled through", AT_LEAST_1)
     tf32: bool = option(False, "fp32 runs on GPUs: matmuls and convolutions in TF32; MFU against the TF32 peak")
     compile: bool = option(False, "torch.compile: each transformer Block under FSDP, the whole model under DDP")
+    health_probe_s: float = option(
+        1.0,
+        "after the timed window, each rank's GEMM and memory-copy probe (nodes_health), about this long; 0: none",
+        NON_NEGATIVE,
+    )
 
     def check(self) -> None:
         if self.warmup_steps >= self.steps:

@@ -401,6 +401,8 @@ class FinetuneRun(RunSession):
 
         stopped = self.stop_signal is not None
         self.meter.window_s()  # closes the memory window before the replica check allocates
+        if not stopped:  # a stopped run has its signal's grace to spend on the checkpoint
+            self.probe_nodes()
         checksums = None if stopped else replica_checksums(self.strategy, self.world.device)
         peaks = [None] * self.world.world_size
         dist.all_gather_object(peaks, self.meter.result().memory)

@@ -66,8 +66,9 @@ class Run(RunSession):
             images, labels = data[step - 1]
             meter.start()
             meter.stop(step, self.strategy.train_step(images, labels))
-        meter.window_s()
+        meter.window_s()  # the timed window closes: its figures are taken here
         self.compile = meter.compile_facts()
+        self.probe_nodes()  # outside the window: each node's health for the end record
         if cfg.profile.enabled:
             from vit_scale.run.profiling import record_traces
 

@@ -185,6 +185,30 @@ END = {
             "type": ["object", "null"],
             "required": ["first_step_s", "graphs", "graphs_in_window", "recompiled_in_window"],
         },
+        # after the timed window, each node's probe figures (vit_scale.run.health, vit_scale.record.health)
+        "nodes_health": {
+            "type": ["object", "null"],
+            "required": ["hosts", "median", "probe", "error"],
+            "properties": {
+                "hosts": {
+                    "type": "object",
+                    "additionalProperties": {
+                        "type": "object",
+                        "required": ["gemm_tflops", "copy_gbps", "ranks", "slowest_rank", "error"],
+                        "properties": {
+                            "gemm_tflops": NUM,
+                            "copy_gbps": NUM,
+                            "ranks": {"type": "integer", "minimum": 1},
+                            "slowest_rank": {"type": ["integer", "null"]},
+                            "error": STR,
+                        },
+                    },
+                },
+                "median": {"type": "object", "properties": {"gemm_tflops": NUM, "copy_gbps": NUM}},
+                "probe": {"type": ["object", "null"]},
+                "error": STR,
+            },
+        },
         # fine-tuning with finetune.lora.rank > 0
         "lora": {
             "type": ["object", "null"],

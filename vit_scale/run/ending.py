@@ -12,6 +12,7 @@ import statistics
 import time
 
 from vit_scale.record.end import EndRecord
+from vit_scale.record.health import slow_node_text
 
 
 def memory_summary(device_type: str, peaks: list[dict], window: str) -> dict:
@@ -105,4 +106,7 @@ def figure_lines(end: EndRecord) -> list[str]:
         lines.append(f"  replicas agree: {'yes' if end.replicas_agree else 'NO'}")
     if end.get("checkpoint"):
         lines.append(f"  checkpoint: {end.get('checkpoint')}")
+    slow = slow_node_text(end.get("nodes_health"))
+    if slow:  # the run's figures are that node's: docs/run_record.md, nodes_health
+        lines.append(f"  {slow}")
     return lines

@@ -83,6 +83,7 @@ class StepMeter:
         self.graphs_before = compiled_graphs()  # the count is the process's: several runs may share one
         self.opened_at = None
         self.closed_s = None  # the window's length on the slowest rank, once closed
+        self.closed = False  # window_s() has run: what follows (the node-health probe) is outside the window
 
     # ------------------------------------------------------------ the window
 
@@ -111,6 +112,7 @@ class StepMeter:
         window = torch.tensor([self._own_window_s() or 0.0], dtype=torch.float64, device=self.world.device)
         dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         self.closed_s = window.item() or None
+        self.closed = True
         return self.closed_s
 
     def _own_window_s(self) -> float | None:

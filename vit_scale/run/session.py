@@ -86,6 +86,7 @@ class RunSession:
         self.model_info: dict = {}
         self.peak_tflops = None
         self.plan = None
+        self.nodes_health: dict | None = None  # the end record's, once `probe_nodes` has run
 
     # ------------------------------------------------------------ what a recipe says
 
@@ -116,8 +117,22 @@ class RunSession:
         self.meter = kind(self.world, self.recorder, self.cfg.train, images_per_step, total_steps, untimed_steps)
         return self.meter
 
+    def probe_nodes(self) -> None:
+        """Every rank, a collective, once the meter's timed window is closed (never inside it): each
+        node's health for the end record (vit_scale.run.health). The window's figures are taken
+        already and nothing here changes them; a probe that fails is recorded, never fatal."""
+        budget = self.cfg.train.health_probe_s
+        if self.meter is None or not self.meter.closed or budget <= 0:
+            return
+        from vit_scale.run.health import nodes_health
+
+        train = self.cfg.train
+        self.nodes_health = nodes_health(self.world, self.cfg.model, train.batch_size, train.precision, budget)
+
     def end_record(self, status: str, error=None, failed_rank=None, **kwargs) -> EndRecord:
         """The end record from the meter's figures (vit_scale.run.ending.end_record takes the rest)."""
+        if self.nodes_health is not None:
+            kwargs["extra"] = {**(kwargs.get("extra") or {}), "nodes_health": self.nodes_health}
         return end_record(
             status,
             error,
