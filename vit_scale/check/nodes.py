@@ -246,10 +246,10 @@ def compute_probe(world, spec: dict) -> dict:
     """This rank's GEMM rate in windows of about COMPUTE_WINDOW_S (the run's health probe); an error is
     kept, not raised: the link part still runs."""
     try:
-        from vit_scale.run.health import GEMM_SHARE, rank_figures
+        from vit_scale.run.health import rank_figures
 
-        budget_s = COMPUTE_WINDOW_S * REPEATS / GEMM_SHARE  # the probe gives its GEMM windows this share
-        return rank_figures(world.device, spec["model"], spec["batch_size"], spec["precisions"][0], REPEATS, budget_s)
+        model, batch, precision = spec["model"], spec["batch_size"], spec["precisions"][0]
+        return rank_figures(world.device, model, batch, precision, REPEATS, window_s=COMPUTE_WINDOW_S)
     except Exception as exc:  # the probe's failure is a finding, not the check's end
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300], "gemm_tflops_windows": []}
 

@@ -28,14 +28,23 @@ COPY_MIB = 256  # the copied buffer, at most (a quarter of the free device memor
 GEMM_PASS = "forward"  # the probe's fixed subset of the Block's GEMMs: its forward ones
 
 
-def rank_figures(device, model_name: str, batch_size: int, precision: str, windows: int = 3, budget_s: float = 1.0):
+def rank_figures(
+    device,
+    model_name: str,
+    batch_size: int,
+    precision: str,
+    windows: int = 3,
+    budget_s: float = 1.0,
+    window_s: float | None = None,
+):
     """This rank's figures on `device` (a torch.device or its name): `gemm_tflops` (the median window's
     rate over the Block's forward GEMMs of `model_name` at `batch_size` in `precision`, run one after
     the other as one call), `gemm_tflops_windows` (every window's), `copy_gbps` (GB/s copied
     device-to-device on a GPU, the median window's; each byte is read and written, so the memory
     traffic is twice it; None on a CPU), `copy_gbps_windows`, `seconds` (what this took), `timer`.
     Windows aim at budget_s x GEMM_SHARE (and COPY_SHARE) over `windows`; on a CPU they last
-    budget_s x CPU_GEMM_SHARE over `windows`, however many calls fit. A single call longer than that
+    budget_s x CPU_GEMM_SHARE over `windows`, however many calls fit. `window_s`: the GEMM windows' length
+    instead (the check's nodes part: several CPU quota periods a window). A single call longer than that
     (a large model on a CPU) makes the probe longer than the budget. Raises what torch raises."""
     import torch
 
@@ -50,10 +59,11 @@ def rank_figures(device, model_name: str, batch_size: int, precision: str, windo
         flops = sum(op["flops"] for op in ops)
         block = _one_call(call for _, call in gemm_calls(ops, precision, device))
         if gpu:
-            calls, times = time_windows(block, gpu, 1, windows, budget_s * GEMM_SHARE / windows, MAX_CALLS)
+            target = window_s or budget_s * GEMM_SHARE / windows
+            calls, times = time_windows(block, gpu, 1, windows, target, MAX_CALLS)
             timed = [(calls, t) for t in times]
         else:
-            timed = clock_windows(block, 1, windows, budget_s * CPU_GEMM_SHARE / windows)
+            timed = clock_windows(block, 1, windows, window_s or budget_s * CPU_GEMM_SHARE / windows)
         del block  # its tensors, before the copy's buffers
         gemm = [flops * calls / t / 1e12 for calls, t in timed if t > 0]
         copy = _copy_rates(device, windows, budget_s * COPY_SHARE / windows) if gpu else []
