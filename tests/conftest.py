@@ -42,6 +42,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_house",
         "test_memory_window",
         "test_models_and_config",
+        "test_node_local",
         "test_peaks",
         "test_plan",
         "test_plan_predict",
