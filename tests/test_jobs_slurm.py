@@ -126,29 +126,51 @@ def revision():
     return git_revision()
 
 
-def test_a_failed_node_local_copy_stops_the_job_before_any_run(slurm_cluster, tmp_path):  # noqa: F811
-    """The node-local directory cannot be made (a file is in the way): one line naming the nodes, no run,
-    nothing written to the study."""
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real full disk: a 1 MiB tmpfs (root may mount one; where it may not, the test is skipped)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("case", ["a file in the way", "a full disk"])
+def test_a_failed_node_local_copy_stops_the_job_before_any_run(slurm_cluster, tmp_path, request, case):  # noqa: F811
+    """The node-local directory cannot be made, or has no room for the copy: one line naming the step and
+    the nodes, no run, nothing of the study touched."""
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "earlier.txt").write_text("an earlier study's file")
-    (tmp_path / "a-file").write_text("")
+    if case == "a file in the way":
+        (tmp_path / "a-file").write_text("")
+        parent = tmp_path / "a-file" / "node-local"
+    else:
+        parent = request.getfixturevalue("full_disk")
     job = slurm_cluster.sbatch(
         ["-N", "2", WEAK_SCALING, *STUDY, "--nodes", "2", "--strategies", "DDP"],
         cwd=tmp_path,
+        VIT_SCALE_VENV=small_venv(tmp_path),
         VIT_SCALE_NODE_LOCAL_ENV="1",
-        VIT_SCALE_NODE_LOCAL_DIR=str(tmp_path / "a-file" / "node-local"),
+        VIT_SCALE_NODE_LOCAL_DIR=str(parent),
     )
     slurm_cluster.wait([job])
     output = (tmp_path / f"vit-weak-scaling-{job}.out").read_text()
     ours = [line for line in output.splitlines() if " failed on " in line]
-    assert ours == [
-        f"weak_scaling.sh: node-local environment: prepare failed on n1, n2: cannot create "
-        f"{tmp_path}/a-file/node-local/vit-scale-{job}: Not a directory; nothing was run "
-        f"(VIT_SCALE_NODE_LOCAL_ENV=0 runs from the shared file system)"
-    ], output
+    why = (
+        f"cannot create {parent}/vit-scale-{job}: Not a directory"
+        if case == "a file in the way"
+        else f"{parent}/vit-scale-{job} has 1.0 MiB free, the copy needs 2."
+    )
+    assert len(ours) == 1, output
+    assert ours[0].startswith(f"weak_scaling.sh: node-local environment: prepare failed on n1, n2: {why}"), output
+    assert ours[0].endswith("; nothing was run (VIT_SCALE_NODE_LOCAL_ENV=0 runs from the shared file system)")
     assert "[1/1]" not in output
     assert slurm_cluster.job(job)["ExitCode"] == "1:0"
     assert os.listdir(tmp_path / "runs") == ["earlier.txt"]
+    assert not os.path.exists(f"{parent}/vit-scale-{job}")  # the partial copies removed
 
 
 def test_sweep_resumes_the_study_and_analysis_runs_after_the_jobs(slurm_cluster, ladder_job):  # noqa: F811

@@ -61,8 +61,9 @@ VS_NL_PREPARE='
 msg=$(mkdir -p "$VS_NL_DEST" 2>&1) || fail "cannot create $VS_NL_DEST: ${msg##*: }"
 [ -w "$VS_NL_DEST" ] || fail "cannot write to $VS_NL_DEST"
 free=$(df -Pk "$VS_NL_DEST" | awk "NR == 2 {print \$4}")
+mib() { awk -v k="$1" "BEGIN {printf \"%.1f MiB\", k / 1024}"; }
 [ "${free:-0}" -ge "$VS_NL_NEED_KB" ] ||
-  fail "$VS_NL_DEST has $((${free:-0} / 1024)) MiB free, the copy needs $((VS_NL_NEED_KB / 1024)) MiB"
+  fail "$VS_NL_DEST has $(mib "${free:-0}") free, the copy needs $(mib "$VS_NL_NEED_KB")"
 '
 # Into a folder of this node'"'"'s own, then renamed into place: nodes that share a disk (emulated ones)
 # cannot see a half-written copy; the second one finds the copy there and keeps it
