@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from vit_scale.check import cli as check_cli
 from vit_scale.cluster import node_local, systems
 from vit_scale.errors import UserError
 from vit_scale.run.session import python_environments
@@ -88,6 +89,17 @@ def test_which_env_tells_the_job_script_where_to_copy(monkeypatch, capsys):
     assert cli.main(["--which-env", "--system", "local", "--prog", "weak_scaling.sh"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("weak_scaling.sh: VIT_SCALE_NODE_LOCAL_ENV=on is not allowed")
+
+
+def test_the_check_job_copies_too(monkeypatch, capsys):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "32")
+    monkeypatch.setenv("TMPDIR", "/")  # a directory that exists, as a job's own $TMPDIR would
+    assert check_cli.main(["--which-env", "--system", "cuda", "--ranks-per-node", "4"]) == 0
+    assert capsys.readouterr().out == "env/cuda.sh\n/\n"
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "16")
+    assert check_cli.main(["--which-env", "--system", "cuda", "--ranks-per-node", "4"]) == 0
+    assert capsys.readouterr().out == "env/cuda.sh\n"
 
 
 def test_the_record_counts_the_ranks_of_each_environment():
