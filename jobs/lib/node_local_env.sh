@@ -23,7 +23,7 @@ vs_since() {
   printf '%d.%d s' $((ms / 1000)) $((ms % 1000 / 100))
 }
 
-# KIB as MiB, one decimal
+# KiB as MiB, one decimal
 vs_mib() { awk -v k="$1" 'BEGIN {printf "%.1f MiB", k / 1024}'; }
 
 # this node's name as Slurm knows it
@@ -65,8 +65,8 @@ mib() { awk -v k="$1" "BEGIN {printf \"%.1f MiB\", k / 1024}"; }
 [ "${free:-0}" -ge "$VS_NL_NEED_KB" ] ||
   fail "$VS_NL_DEST has $(mib "${free:-0}") free, the copy needs $(mib "$VS_NL_NEED_KB")"
 '
-# Into a folder of this node'"'"'s own, then renamed into place: nodes that share a disk (emulated ones)
-# cannot see a half-written copy; the second one finds the copy there and keeps it
+# Into a folder of the node's own, then renamed into place: nodes that share a disk (emulated ones) never
+# see a half-written copy; the second to finish finds the first one's copy there and keeps it
 # shellcheck disable=SC2016
 VS_NL_UNPACK='
 part=$VS_NL_DEST/.part-$node
