@@ -53,6 +53,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_memory_window",
         "test_node_health",
         "test_models_and_config",
+        "test_node_local",
         "test_peaks",
         "test_plan",
         "test_plan_predict",

@@ -54,19 +54,37 @@ exec {python} "$@"
 """
 
 
-def python_injecting(tmp_dir, name: str, when: str, action: str, condition: str = "true") -> str:
+def python_injecting(
+    tmp_dir, name: str, when: str, action: str, condition: str = "true", python: str = sys.executable
+) -> str:
     inject = os.path.join(str(tmp_dir), f"inject_{name}.py")
     with open(inject, "w") as f:
         f.write(INJECT.format(when=when, action=action, entry=TRAINER))
     wrapper = os.path.join(str(tmp_dir), f"python-{name}")
     with open(wrapper, "w") as f:
-        f.write(WRAPPER.format(condition=condition, python=sys.executable, inject=inject))
+        f.write(WRAPPER.format(condition=condition, python=python, inject=inject))
     os.chmod(wrapper, 0o755)
     return wrapper
 
 
 # env/*.sh activate this venv (the one running the tests), or none outside a venv
 TEST_VENV = sys.prefix if sys.prefix != sys.base_prefix else ""
+
+
+def small_venv(tmp_dir) -> str:
+    """A venv of a few files that sees the tests' packages (torch and the rest) through a .pth file: what a
+    job copies to node-local storage in seconds (jobs/lib/node_local_env.sh), its python's sys.prefix the
+    copy's own while torch still comes from the tests' venv."""
+    import site
+    import subprocess
+
+    venv = os.path.join(str(tmp_dir), "small-venv")
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", venv], check=True, timeout=120)
+    (site_packages,) = [p for p in os.listdir(os.path.join(venv, "lib")) if p.startswith("python")]
+    with open(os.path.join(venv, "lib", site_packages, "site-packages", "tests_venv.pth"), "w") as f:
+        f.write("".join(f"import site; site.addsitedir({d!r})\n" for d in site.getsitepackages()))
+    return venv
 
 
 def job_env(**extra) -> dict:
@@ -78,15 +96,17 @@ def job_env(**extra) -> dict:
     return env
 
 
-def python_failing(tmp_dir, strategy: str) -> str:
+def python_failing(tmp_dir, strategy: str, python: str = sys.executable) -> str:
     """A VIT_SCALE_PYTHON under which STRATEGY on 2 nodes (srun: SLURM_STEP_NUM_NODES;
-    processes/torchrun: GROUP_WORLD_SIZE) runs out of memory on rank 1."""
+    processes/torchrun: GROUP_WORLD_SIZE) runs out of memory on rank 1; every other run is PYTHON's
+    (`python`: the one first on the PATH the job sets up)."""
     return python_injecting(
         tmp_dir,
         "failing",
         "self.world.rank == 1",
         'raise MemoryError("injected by the test: rank 1 is out of memory")',
         f'[[ " $* " == *" strategy={strategy} "* ]] && [ "${{SLURM_STEP_NUM_NODES:-${{GROUP_WORLD_SIZE:-1}}}}" = 2 ]',
+        python,
     )
 
 

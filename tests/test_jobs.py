@@ -96,6 +96,16 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, script, args, me
     assert sorted(os.listdir(tmp_path)) == [], "bad input must leave nothing behind"
 
 
+def test_a_bad_node_local_switch_is_one_line_before_anything_starts(tmp_path):
+    proc = run(WEAK_SCALING, ["--strategies", "DDP"], tmp_path, VIT_SCALE_NODE_LOCAL_ENV="yes")
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [
+        "weak_scaling.sh: VIT_SCALE_NODE_LOCAL_ENV=yes is not allowed; allowed: 1 (copy the environment to "
+        "node-local storage at any node count), 0 (never), or unset (above the profile's node_local_env_above)"
+    ]
+    assert os.listdir(tmp_path) == []
+
+
 def test_zeropp_without_qgz_or_one_rank_a_node_is_planned_on_frontier(tmp_path):
     """What the qgZ refusal allows: qgZ switched off, or one rank a node (each rank then sees its node's one GPU)."""
     off = run(

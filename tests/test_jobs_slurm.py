@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import IN_CI, ROOT
-from jobs_support import python_failing, runs_by_strategy_and_nodes
+from jobs_support import python_failing, runs_by_strategy_and_nodes, small_venv
 from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
@@ -32,10 +32,19 @@ STUDY = [
 @pytest.fixture(scope="module")
 def ladder_job(slurm_cluster, tmp_path_factory):  # noqa: F811
     """One 2-node job over the ladder 1, 2 with three strategies; FULL_SHARD on 2 nodes is made
-    to run out of memory on rank 1."""
+    to run out of memory on rank 1. Its environment (a small venv) is copied to node-local storage
+    (forced: the local profile never does it by default), and every run runs the `python` first on
+    the PATH the job sets up."""
     work = tmp_path_factory.mktemp("ladder")
-    python = python_failing(work, "FULL_SHARD")
-    job = slurm_cluster.sbatch(["-N", "2", WEAK_SCALING, *STUDY], cwd=work, VIT_SCALE_PYTHON=python)
+    python = python_failing(work, "FULL_SHARD", python="python")
+    job = slurm_cluster.sbatch(
+        ["-N", "2", WEAK_SCALING, *STUDY],
+        cwd=work,
+        VIT_SCALE_PYTHON=python,
+        VIT_SCALE_VENV=small_venv(work),
+        VIT_SCALE_NODE_LOCAL_ENV="1",
+        VIT_SCALE_NODE_LOCAL_DIR=str(work / "node-local"),
+    )
     slurm_cluster.wait([job])
     output = (work / f"vit-weak-scaling-{job}.out").read_text()
     return work, job, output
@@ -58,8 +67,9 @@ def test_ladder_records_every_run_and_goes_on_after_a_failure(slurm_cluster, lad
             assert end["status"] == "oom" and end["failed_rank"] == 1, end
         else:
             assert end["status"] == "ok", (strategy, nodes, end)
-    # every run a step of its own, one after the other
-    assert sorted(int(found[0][0]["slurm"]["step_id"]) for found in runs.values()) == list(range(6))
+    # every run a step of its own, one after the other (after the steps that copied the environment)
+    steps = sorted(int(found[0][0]["slurm"]["step_id"]) for found in runs.values())
+    assert steps == list(range(steps[0], steps[0] + 6)), steps
 
     # what the user sees: one line a run, the failure named, the runs after it done anyway
     assert "[1/6] vit_micro DDP n1 (2 ranks) ... ok " in output
@@ -77,6 +87,90 @@ def test_ladder_records_every_run_and_goes_on_after_a_failure(slurm_cluster, lad
     assert (report / "report.md").is_file() and (report / "results.csv").is_file(), output
     assert list(report.glob("*.png")), output
     assert f"report:      {report}/report.md" in output
+
+
+def test_the_environment_is_copied_to_node_local_storage_once_and_every_rank_runs_from_it(ladder_job):
+    """Start-up at scale (docs/jobs.md): once per allocation, the venv and vit_scale go to each node's
+    own storage; every rank of every run imports from there; the copies are removed at the end."""
+    work, job, output = ladder_job
+    copy = f"{work}/node-local/vit-scale-{job}/env"
+    lines = [line for line in output.splitlines() if line.startswith("weak_scaling.sh: node-local environment: ")]
+    steps = [line.split(": ")[2].split()[0] for line in lines[1:]]
+    # each step once in the job (so once for its six runs), in order, with its time; the wrapper the test
+    # gives as VIT_SCALE_PYTHON is said to run as given (its `python` is the copy's)
+    assert steps == ["prepare", "pack", "broadcast", "unpack", "verify", "note", "removed"], lines
+    assert all(line.endswith(" s") for line in lines[1:] if ": note: " not in line), lines
+    assert output.index("node-local environment: verify") < output.index("[1/6]")
+    assert "broadcast: sbcast to 2 node(s) in " in output
+    assert f"verify: python and vit_scale from {copy} on 2 node(s) in " in output
+    for found in runs_by_strategy_and_nodes(work / "runs" / "slurm").values():
+        ((start, _),) = found
+        ranks = start["world"]["world_size"]
+        assert start["python_environments"] == [
+            {"python_prefix": f"{copy}/venv", "vit_scale_dir": f"{copy}/src/vit_scale", "ranks": ranks}
+        ], start["python_environments"]
+        assert start["versions"]["python_executable"].startswith(f"{copy}/venv/bin/")
+        assert start["git_revision"] == revision()
+    # removed at the end: nothing of it left on the nodes' storage
+    assert (
+        output.rstrip()
+        .splitlines()[-1]
+        .startswith("weak_scaling.sh: node-local environment: removed from every node in ")
+    )
+    assert os.listdir(work / "node-local") == []
+
+
+def revision():
+    from vit_scale.record.versions import git_revision
+
+    return git_revision()
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real full disk: a 1 MiB tmpfs (root may mount one; where it may not, the test is skipped)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("case", ["a file in the way", "a full disk"])
+def test_a_failed_node_local_copy_stops_the_job_before_any_run(slurm_cluster, tmp_path, request, case):  # noqa: F811
+    """The node-local directory cannot be made, or has no room for the copy: one line naming the step and
+    the nodes, no run, nothing of the study touched."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "earlier.txt").write_text("an earlier study's file")
+    if case == "a file in the way":
+        (tmp_path / "a-file").write_text("")
+        parent = tmp_path / "a-file" / "node-local"
+    else:
+        parent = request.getfixturevalue("full_disk")
+    job = slurm_cluster.sbatch(
+        ["-N", "2", WEAK_SCALING, *STUDY, "--nodes", "2", "--strategies", "DDP"],
+        cwd=tmp_path,
+        VIT_SCALE_VENV=small_venv(tmp_path),
+        VIT_SCALE_NODE_LOCAL_ENV="1",
+        VIT_SCALE_NODE_LOCAL_DIR=str(parent),
+    )
+    slurm_cluster.wait([job])
+    output = (tmp_path / f"vit-weak-scaling-{job}.out").read_text()
+    ours = [line for line in output.splitlines() if " failed on " in line]
+    why = (
+        f"cannot create {parent}/vit-scale-{job}: Not a directory"
+        if case == "a file in the way"
+        else f"{parent}/vit-scale-{job} has 1.0 MiB free, the copy needs 2."
+    )
+    assert len(ours) == 1, output
+    assert ours[0].startswith(f"weak_scaling.sh: node-local environment: prepare failed on n1, n2: {why}"), output
+    assert ours[0].endswith("; nothing was run (VIT_SCALE_NODE_LOCAL_ENV=0 runs from the shared file system)")
+    assert "[1/1]" not in output
+    assert slurm_cluster.job(job)["ExitCode"] == "1:0"
+    assert os.listdir(tmp_path / "runs") == ["earlier.txt"]
+    assert not os.path.exists(f"{parent}/vit-scale-{job}")  # the partial copies removed
 
 
 def test_sweep_resumes_the_study_and_analysis_runs_after_the_jobs(slurm_cluster, ladder_job):  # noqa: F811

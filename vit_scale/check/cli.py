@@ -22,6 +22,7 @@ import time
 from vit_scale.check import report
 from vit_scale.check.launches import GRACE_S, Launches
 from vit_scale.check.options import PROG, Request, parse, usage
+from vit_scale.cluster import node_local, systems
 from vit_scale.cluster.options import take_prog
 from vit_scale.cluster.supervise import Supervisor
 from vit_scale.errors import UserError
@@ -56,7 +57,9 @@ def main(argv=None, supervisor=None) -> int:
             return 0
         request = Request(opts, prog)
         if "--which-env" in opts.flags:
-            print(request.system.env_script)
+            # the env script, and where the job script first copies the environment on every node when it does
+            nodes = systems.allocation_size() if systems.in_slurm() else 1
+            print(node_local.which_env_answer(request.system.env_script, request.system, nodes, prog))
             return 0
         report.header(request)
         return run(request, supervisor)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from vit_scale.cluster.emulation import read_spec
 from vit_scale.cluster.files import home, load_yaml
+from vit_scale.cluster.node_local import read_above
 from vit_scale.cluster.values import as_list
 from vit_scale.errors import UserError
 from vit_scale.launch.world import slurm_hostnames, slurm_node_address
@@ -42,6 +43,8 @@ SYSTEM_KEYS = (
     "inter_node_transport",
     "network",
     "emulation",
+    "node_local_env_above",
+    "node_local_dirs",
 )
 
 
@@ -66,6 +69,9 @@ class SystemProfile:
     inter_node_transport: list = field(default_factory=list)  # what `vit-scale check` expects between nodes
     network: object = None  # collective cost defaults: vit_scale.planning.alpha_beta.read_network
     emulation: object = None  # emulated nodes without Slurm: vit_scale.cluster.emulation.Spec, or None
+    # jobs of more nodes run from a copy of the venv on node-local storage (vit_scale/cluster/node_local.py)
+    node_local_env_above: int | None = None
+    node_local_dirs: list = field(default_factory=lambda: ["/tmp"])  # where; the first that exists
 
     @property
     def one_rank_per_gpu(self) -> bool:
@@ -99,6 +105,8 @@ def read_system(name: str) -> SystemProfile:
     for key in ("srun_flags", "torchrun_srun_flags", "mpi_flags", "sbatch_flags"):
         values[key] = str(values.get(key) or "")
     values["emulation"] = read_spec(values.get("emulation"), path)
+    values["node_local_env_above"] = read_above(data.get("node_local_env_above"), path)
+    values["node_local_dirs"] = as_list(values.get("node_local_dirs")) or ["/tmp"]
     return SystemProfile(**values)
 
 

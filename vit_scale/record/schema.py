@@ -135,6 +135,14 @@ START = {
             "required": ["python", "torch", "timm", "deepspeed", "colossalai", "cuda", "hip", "nccl"],
         },
         "git_revision": STR,
+        "python_environments": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["python_prefix", "vit_scale_dir", "ranks"],
+                "properties": {"ranks": {"type": "integer", "minimum": 1}},
+            },
+        },
         "plan": {"type": ["object", "null"]},
     },
 }

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
 
 
 def _version(dist: str) -> str | None:
@@ -41,7 +42,17 @@ def software_versions() -> dict:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "launched_by": launched_by(),
+        # where this rank's Python and toolkit come from: a job's node-local copy (docs/jobs.md, "Start-up at
+        # scale") or the shared file system
+        "python_executable": sys.executable,
+        "python_prefix": sys.prefix,
+        "vit_scale_dir": vit_scale_dir(),
     }
+
+
+def vit_scale_dir() -> str:
+    """The directory the vit_scale package was imported from."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cpu_model() -> str | None:
@@ -63,7 +74,9 @@ def git_revision() -> str | None:
 
     Only a git checkout whose top level is the directory holding vit_scale/ is the toolkit's: a
     copy unpacked inside another repository, or installed into a virtual environment that lives
-    in one, would otherwise report that repository's commit as the toolkit's.
+    in one, would otherwise report that repository's commit as the toolkit's. A job's node-local copy of
+    the package (jobs/lib/node_local_env.sh) is no checkout: the job script read the commit of the checkout
+    it copied and passes it on in VIT_SCALE_COPIED_REVISION.
     """
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # <root>/vit_scale/record/
     try:
@@ -71,7 +84,7 @@ def git_revision() -> str | None:
             ["git", "-C", root, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=10
         )
         if top.returncode != 0 or os.path.realpath(top.stdout.strip()) != os.path.realpath(root):
-            return None
+            return os.environ.get("VIT_SCALE_COPIED_REVISION") or None
         out = subprocess.run(
             ["git", "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
         )

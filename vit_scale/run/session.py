@@ -27,6 +27,7 @@ from vit_scale.launch.signals import RunInterrupted
 from vit_scale.launch.world import MPI_RANK_VARS, World, choose_device, detect_world, init_distributed, leave
 from vit_scale.record.end import EndRecord
 from vit_scale.record.reader import rank_errors
+from vit_scale.record.versions import vit_scale_dir
 from vit_scale.record.writer import EXIT_CODES, EXIT_REQUEUE, RunRecorder, make_run_id, run_directory, write_rank_error
 from vit_scale.run import tracking
 from vit_scale.run.ending import end_record, figure_lines
@@ -58,6 +59,15 @@ def exit_code(end: EndRecord) -> int:
     if end.status == "timeout" and end.get("requeue"):
         return EXIT_REQUEUE
     return EXIT_CODES.get(end.status, 1)
+
+
+def python_environments(facts: list) -> list[dict]:
+    """Every (python prefix, vit_scale directory) the ranks ran from and how many ranks did, in rank order;
+    `facts`: each rank's (node, sys.prefix, vit_scale directory)."""
+    counts: dict = {}
+    for _, prefix, package in facts:
+        counts[(prefix, package)] = counts.get((prefix, package), 0) + 1
+    return [{"python_prefix": p, "vit_scale_dir": d, "ranks": n} for (p, d), n in counts.items()]
 
 
 def launch_rank_guess() -> int:
@@ -181,11 +191,14 @@ class RunSession:
                 n += 1
                 run_id = f"{base}-{n}"
             shared = [run_id]
-        names = [None] * world.world_size
-        dist.all_gather_object(names, world.node_name)
+        # each rank's node, and where its Python and vit_scale come from (a node-local copy or the shared
+        # file system: docs/jobs.md, "Start-up at scale")
+        facts = [None] * world.world_size
+        dist.all_gather_object(facts, (world.node_name, sys.prefix, vit_scale_dir()))
         dist.broadcast_object_list(shared, src=0)
         run_id = shared[0]
-        hosts = list(dict.fromkeys(names))
+        hosts = list(dict.fromkeys(node for node, _, _ in facts))
+        self.environments = python_environments(facts)
         self.run_dir = directory(run_id)
         if not world.is_main:
             return
@@ -205,7 +218,17 @@ class RunSession:
         memory = device_memory_gib(world.device_type, world.device_index)
         self.recorder.start(
             start_record(
-                cfg, world, self.strategy, run_id, hosts, self.model_info, device, memory, peak, self._plan(memory)
+                cfg,
+                world,
+                self.strategy,
+                run_id,
+                hosts,
+                self.model_info,
+                device,
+                memory,
+                peak,
+                self._plan(memory),
+                self.environments,
             )
         )
         say(

@@ -56,8 +56,10 @@ def start_record(
     device_memory_gib,
     peak: tuple,
     plan,
+    environments: list | None = None,
 ) -> dict:
-    """The start record's payload; `peak`: (TFLOP/s per device, where the figure comes from)."""
+    """The start record's payload; `peak`: (TFLOP/s per device, where the figure comes from); `environments`:
+    where the ranks' Python and vit_scale came from (run.session.python_environments)."""
     from vit_scale.record.versions import git_revision, software_versions
 
     return {
@@ -89,6 +91,7 @@ def start_record(
         "slurm": slurm_facts(),
         "hosts": hosts,
         "versions": software_versions(),
+        "python_environments": environments or [],
         "git_revision": git_revision(),
         "plan": plan,
         "kernels_prebuilt": kernels_prebuilt(cfg, world),

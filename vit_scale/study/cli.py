@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from vit_scale.cluster import emulation, launchers, systems
+from vit_scale.cluster import emulation, launchers, node_local, systems
 from vit_scale.cluster.files import home
 from vit_scale.cluster.options import option_pairs, take_prog
 from vit_scale.cluster.supervise import Supervisor
@@ -648,8 +648,12 @@ def main(argv=None) -> int:
             return 0
         study = StudyRun(opts, prog)
         if "--which-env" in opts.flags:
-            # what the job script sources before it starts the study; nothing for a dry run
-            print("none" if study.dry_run else study.system.env_script)
+            # what the job script sources before it starts the study (nothing for a dry run), and where it
+            # first copies the environment on every node when it does (docs/jobs.md, "Start-up at scale")
+            if study.dry_run or study.analysis_only:
+                print("none" if study.dry_run else study.system.env_script)
+            else:
+                print(node_local.which_env_answer(study.system.env_script, study.system, study.alloc_nodes, prog))
             return 0
         # a study already running the same runs in this directory: refused here, before any output
         with StudyLock.for_study(study, prog, argv):
