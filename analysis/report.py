@@ -689,7 +689,7 @@ def _check_files(directory: str) -> list:
     return [("System check", os.path.join(directory, "check.json"), check)] if check else []
 
 
-def _check_section(inputs: list) -> list:
+def _check_section(inputs: list, results: pd.DataFrame | None = None) -> list:
     """What `vit-scale check` found on the system (check-n<N>[-MODEL].json in a study directory, written by
     `vit-scale study --check`): versions, the transport between nodes and each collective's bus
     bandwidth, the facts that explain the scaling figures; one per node count, beside its points."""
@@ -697,7 +697,34 @@ def _check_section(inputs: list) -> list:
     for directory in inputs:
         for title, path, check in _check_files(directory) if os.path.isdir(directory) else []:
             blocks += _one_check(title, path, check)
+            blocks += _slow_nodes_named(check, directory, results)
     return blocks
+
+
+def _slow_nodes_named(check: dict, directory: str, results: pd.DataFrame | None) -> list:
+    """The nodes a check named slow (vit_scale.check.nodes): left out of the study's runs
+    (--exclude-slow-nodes, OUT/STUDY/nodes_left_out.json), or else the points that ran on them."""
+    from vit_scale.record.check_file import named_slow, read_left_out
+
+    named = named_slow(check)
+    if not named:
+        return []
+    listed = "; ".join(f"{host} ({why})" for host, why in named.items())
+    left_out = read_left_out(directory)
+    if left_out and set(named) <= set(left_out):
+        return [Block("p", f"The check named slow node(s) {listed}; the study left them out of every run.")]
+    spoiled = []
+    if results is not None and not results.empty and "hosts" in results:
+        for _, r in results.iterrows():
+            on = [h for h in _s(r["hosts"]).split(",") if h in named]
+            if on:
+                spoiled.append(f"{r['model']} {r['strategy']} n{_f(r['nodes'], '{:.0f}')}: {', '.join(on)}")
+    text = f"The check named slow node(s) {listed}; the study ran on them all the same"
+    if not spoiled:
+        return [Block("p", text + ", and no run recorded here used them.")]
+    return [
+        Block("p", text + ": these points ran on a node it named (--exclude-slow-nodes leaves such nodes out):")
+    ] + [Block("ul", items=list(dict.fromkeys(spoiled)))]
 
 
 def _one_check(title: str, path: str, check: dict) -> list:
@@ -748,7 +775,7 @@ def _check_facts(check: dict) -> list:
     ]
     rows += [
         [name, _one_line(lines[name]["text"], 200)]
-        for name in ("devices", "meter overhead", "meter timing", "meter memory")
+        for name in ("devices", "nodes", "meter overhead", "meter timing", "meter memory")
         if name in lines
     ]
     return [row for row in rows if row[1]]
@@ -943,7 +970,7 @@ def build(
     blocks += _breakdown_section(breakdown, by_name, images)
     blocks += _failures_section(results)
     blocks += _warnings_section(results, coll, set_aside, missing_plots)
-    blocks += _check_section(coll.inputs)
+    blocks += _check_section(coll.inputs, results)
     blocks += _environment_section(results)
     blocks += [
         Block("h2", "Files"),

@@ -151,3 +151,42 @@ def test_only_takes_parts_of_the_check(tmp_path, capsys):
 def test_cost_does_not_grow_with_the_node_count():
     costs = {n: part.cost_seconds(n, 0.01, 0.03, 1.0, 20e-6) for n in (2, 128, 9408)}
     assert costs[9408] < 1.2 * costs[128]
+
+
+def slow_check() -> dict:
+    nodes = figures({h: 1.0 for h in HOSTS} | {"local3": 0.25}, {h: 3.0 for h in HOSTS})
+    found = {**part.verdict(HOSTS, nodes, []), "exchange_bytes": 2**20, "seconds": 9.0}
+    lines = [line.to_dict() for line in node_lines({"parts": ["nodes"], "per_node": found})]
+    return {"per_node": found, "lines": lines}
+
+
+def test_a_check_broken_only_by_slow_nodes_lets_the_study_go_on():
+    from vit_scale.study.preflight import only_slow_nodes_broken
+
+    check = slow_check()
+    assert only_slow_nodes_broken(check)
+    check["lines"].append({"check": "transport", "status": "fail", "needed": True, "text": "socket"})
+    assert not only_slow_nodes_broken(check)
+    assert not only_slow_nodes_broken({"lines": []})
+
+
+def test_report_names_the_points_a_named_node_ran_or_that_the_study_left_it_out(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from analysis.report import _slow_nodes_named
+
+    results = pd.DataFrame(
+        [
+            {"model": "vit_micro", "strategy": "DDP", "nodes": 4, "hosts": "local0,local1,local2,local3"},
+            {"model": "vit_micro", "strategy": "DDP", "nodes": 2, "hosts": "local0,local1"},
+        ]
+    )
+    blocks = _slow_nodes_named(slow_check(), str(tmp_path), results)
+    assert "local3 (compute 25% of the median node's)" in blocks[0].text
+    assert "ran on them all the same" in blocks[0].text
+    assert blocks[1].items == ["vit_micro DDP n4: local3"]
+    (tmp_path / "nodes_left_out.json").write_text(json.dumps({"left_out": {"local3": "compute 25%"}}))
+    blocks = _slow_nodes_named(slow_check(), str(tmp_path), results)
+    assert len(blocks) == 1 and "the study left them out of every run" in blocks[0].text

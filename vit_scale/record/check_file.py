@@ -19,6 +19,7 @@ CHECK_SCHEMAS = (1, 2)  # the check.json schemas this reads (vit_scale.check.rep
 # check-n<N>-<MODEL>.json where the study has one model, as each job of a --per-model sweep has: those
 # jobs run side by side on one node count, each checking its own model into the same study directory.
 CHECK_OF_NODES = re.compile(r"check-n(\d+)(?:-(.+))?\.json")
+LEFT_OUT_FILE = "nodes_left_out.json"  # the nodes a study left out (vit_scale.study.slow_nodes writes it)
 
 
 def check_path(directory: str, nodes: int, model: str | None = None) -> str:
@@ -116,3 +117,22 @@ def check_files(directory: str) -> list[tuple[int, str | None, str, dict]]:
 def checks_of(directory: str) -> list[tuple[int, dict]]:
     """(node count, check) of each check in a study directory (check_files without the names)."""
     return [(nodes, check) for nodes, _, _, check in check_files(directory)]
+
+
+def named_slow(check: dict | None) -> dict[str, str]:
+    """{host: why} of the nodes a check named (empty for a check without the nodes part)."""
+    found = (check or {}).get("per_node") or {}
+    out: dict[str, str] = {}
+    for named in found.get("slow") or []:
+        why = f"{named['figure']} {named['share']:.0%} of the median node's"
+        out[named["node"]] = f"{out[named['node']]}, {why}" if named["node"] in out else why
+    return out
+
+
+def read_left_out(study_dir: str) -> dict:
+    """{host: why} a study left out (empty when it left none out, or the file cannot be read)."""
+    try:
+        with open(os.path.join(study_dir, LEFT_OUT_FILE)) as f:
+            return dict(json.load(f).get("left_out") or {})
+    except (OSError, ValueError, AttributeError):
+        return {}

@@ -2,6 +2,10 @@
 this process through the check's entry point (main(argv, supervisor)) after the kernels are built
 and before the first run, under the study's supervisor so that a signal to the study stops it.
 
+A check whose only broken lines are slow nodes (its nodes part) does not stop the study: with
+--exclude-slow-nodes the study leaves them out (StudyRun.left_out, OUT/STUDY/nodes_left_out.json), else
+it runs on them and says so, and the report flags the points they ran.
+
 Its check.json is kept per node count, OUT/STUDY/check-n<N>.json: the jobs of jobs/submit_sweep.sh
 share the study directory, one node count each, and each one's check belongs beside its points. A
 study of one model keeps it as check-n<N>-<MODEL>.json: a --per-model sweep runs one job per node
@@ -18,8 +22,7 @@ import sys
 
 from vit_scale.check.cli import main as run_check
 from vit_scale.cluster import launchers
-from vit_scale.record.check_file import check_path
-from vit_scale.study.slow_nodes import named_slow, only_slow_nodes_broken, write_left_out
+from vit_scale.record.check_file import LEFT_OUT_FILE, check_path, named_slow
 
 
 def check_first(study, supervisor) -> int:
@@ -54,6 +57,24 @@ def read_json(path: str) -> dict | None:
             return json.load(f)
     except (OSError, ValueError):
         return None
+
+
+def only_slow_nodes_broken(check: dict | None) -> bool:
+    """True when every broken line of the check is a slow node's (vit_scale.check.nodes): the system
+    works, some node is slow."""
+    lines = (check or {}).get("lines") or []
+    broken = [line for line in lines if line.get("needed") and line["status"] in ("fail", "refused")]
+    return bool(broken) and all(line["check"].startswith("node ") for line in broken)
+
+
+def write_left_out(study_dir: str, left_out: dict, check: str) -> None:
+    """OUT/STUDY/nodes_left_out.json: which nodes the study left out, why, and which check named them
+    (the report shows it: vit_scale.record.check_file.read_left_out)."""
+    path = os.path.join(study_dir, LEFT_OUT_FILE)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"left_out": left_out, "check": check}, f, indent=1)
+    os.replace(tmp, path)
 
 
 def slow_nodes_found(study, path: str) -> int:
