@@ -255,7 +255,7 @@ FACTS = {
         "fatal": {"type": "string"},
         "parts_done": {
             "type": "array",
-            "items": {"enum": ["meter", "compute", "environment", "interconnect", "strategies"]},
+            "items": {"enum": ["meter", "compute", "environment", "nodes", "interconnect", "strategies"]},
         },
         "world": {
             "type": "object",
@@ -359,6 +359,33 @@ CHECK_SCHEMA = {
                     },
                 },
             },
+        },
+        # optional: the nodes part (vit_scale.check.nodes); null when it did not run, absent before it existed
+        "per_node": {
+            "type": ["object", "null"],
+            "properties": {
+                "error": {"type": "string"},
+                "hosts": {"type": "object", "additionalProperties": {"type": "object"}},
+                "median": {"type": "object", "additionalProperties": NUM},
+                "pairs": {
+                    "type": "array",
+                    "items": {"type": "object", "required": ["round", "nodes", "link_gbps", "spread_gbps"]},
+                },
+                "slow": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["node", "figure", "value", "median", "share"],
+                        "properties": {"figure": {"enum": ["compute", "link"]}},
+                    },
+                },
+                "exclude": {"type": "string"},
+                "undecidable": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "parts": {
+            "type": "array",
+            "items": {"enum": ["meter", "compute", "environment", "nodes", "interconnect", "strategies"]},
         },
         "fits": {"type": "array", "items": FIT},
         # optional: a check written before the GEMMs were timed has none
