@@ -175,15 +175,22 @@ def verdict(hosts: list[str], nodes: dict, pairs: list) -> dict:
     }
 
 
-def cost_seconds(nodes: int, probe_s: float, exchange_s: float, compute_s: float, latency_s: float) -> float:
-    """The part's time on `nodes` nodes: the compute windows, the probe, each round's warm-up and
-    REPEATS windows at the slowest pair's exchange time, a barrier a window (log2 of the ranks' latency)
-    and the gather of every rank's figures to rank 0 (one small message a rank there)."""
+FIGURE_BYTES = 400  # one rank's figures as all_gather_object pickles them, about
+
+
+def cost_seconds(nodes: int, ranks_per_node: int, exchange_s: float, latency_s: float, gbps: float) -> float:
+    """The part's time on `nodes` nodes (docs/check.md, "Finding a slow node"): the compute windows, the
+    probe, each round's warm-up and REPEATS windows at the slowest pair's exchange time, a barrier before
+    each exchange (log2 of the ranks steps of `latency_s`), and the figures gathered to every rank (two
+    all-gathers as rings: ranks - 1 steps each, and every rank's FIGURE_BYTES at `gbps`)."""
     import math
 
-    rounds = len(pairings(nodes))
-    windows = rounds * (1 + REPEATS)
-    return compute_s + probe_s + windows * (exchange_s + latency_s * max(1, math.ceil(math.log2(max(2, nodes)))))
+    ranks = nodes * ranks_per_node
+    barrier = math.ceil(math.log2(max(2, ranks))) * latency_s
+    exchanges = 1 + len(pairings(nodes)) * (1 + REPEATS)  # the probe, then each round's
+    probe = PROBE_BYTES / (gbps * 1e9) + barrier
+    gather = 2 * (ranks - 1) * latency_s + ranks * FIGURE_BYTES / (gbps * 1e9)
+    return COMPUTE_WINDOW_S * REPEATS + probe + (exchanges - 1) * exchange_s + exchanges * barrier + gather
 
 
 # ---------------------------------------------------------------- measuring (torch from here on)

@@ -65,8 +65,8 @@ a few steps, and the meter. Writes check.json and a table; each failure is one l
   --quick                 fewer sizes, iterations and steps (what `vit-scale study --check` runs)
   --out DIR               check.json, logs/, records/ (default: runs/check)
   --json PATH             where check.json goes (default: OUT/check.json)
-  --only PARTS            run only these parts: {parts} (e.g. --only nodes: every node's compute
-                          and link, about 30 s on 4 emulated nodes)
+  --only PARTS            run only these parts of {parts}
+                          (e.g. --only nodes: every node's compute and link, the slow ones named)
   --time-limit MIN        stop the check after this many minutes, every launch together (default: 30;
                           in a Slurm job at most the job's time left less a margin, so that check.json
                           is written before Slurm ends the job)
