@@ -113,6 +113,7 @@ class RunSpec:
     spread: float = 0.02
     step_ips: list | None = None
     repetition: int = 0
+    time_split: dict | None = None  # the end record's time_split (vit_scale/run/ending.py), written when given
 
     def __post_init__(self):
         if self.step_ips is not None:
@@ -307,6 +308,7 @@ def _end_record(spec: RunSpec, timed_ips: list, end_time: float) -> dict:
         "replicas_agree": spec.replicas_agree if ended else None,
         "replica_checksums": [[1.0, 2.0, 3.0]] * min(world_size, 4) if ended else None,
         "final_loss": 6.9 - 0.01 * n_steps if ended else None,
+        **({"time_split": spec.time_split} if spec.time_split is not None else {}),
     }
 
 
