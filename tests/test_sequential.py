@@ -148,3 +148,19 @@ def test_bad_auto_on_the_command_line_writes_nothing(tmp_path, monkeypatch, caps
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith(f"vit-scale study: --repeat: '{value}' is not allowed; allowed: auto (at most 7")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_dry_run_of_auto_prints_two_rounds_and_says_looks_follow(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["--system", "local", "--models", "vit_micro", "--strategies", "DDP,FULL_SHARD", "--nodes", "1,2"]
+    assert study_cli.main([*argv, "--ranks-per-node", "1", "--repeat", "auto", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "8 to 28 runs (1 model(s) x 2 strategies x nodes 1,2 x 2 to 7 rounds, more where the comparison is open" in out
+    )
+    labels = [line for line in out.splitlines() if line.startswith("[")]
+    assert len(labels) == 8 and labels[0] == "[1/8] vit_micro DDP n1 (1 rank) round 1 (at most 7)"
+    assert labels[-1] == "[8/8] vit_micro FULL_SHARD n2 (2 ranks) round 2 (at most 7)"
+    assert out.rstrip().endswith("whose best-against-next comparison is still open run another round, up to round 7 "
+                                 "(docs/jobs.md)")  # fmt: skip
+    assert os.listdir(tmp_path) == []
