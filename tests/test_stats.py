@@ -231,6 +231,9 @@ def test_known_answers_through_the_analysis_command(tmp_path):
     )  # round(5% of 30) steps
     # the drifting run is marked, and the point says 1 of its 3 runs
     assert "| 3 of 3 ok; 1 not steady |" in md
+    # what a verdict's error rate is, as measured (docs/analysis.md): at most about 5%, by the form of the test
+    assert "paired t on the repetition rounds both points have, else Welch t" in md
+    assert "equal points at most about 5% of the time (paired t about 5%, Welch t 3-5%, 1-2% when" in md
     assert "vit_3b DDP on 1 node(s) (1 of 3 runs)" in md
     # one run each: a ratio, no verdict
     assert not isinstance(best.loc["vit_5b", "verdict"], str) and "1.100: one run each: not compared" in md
