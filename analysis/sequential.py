@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: analysis/ itself is not on the
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from analysis import stats, table
+from vit_scale.record import reader as records
 
 ALPHA = 0.05  # the whole design's two-sided level: equal points separated at most this often
 # what the last-look levels are calibrated to: a quarter point under ALPHA, so that a finite simulation of
@@ -112,8 +113,6 @@ def looks(results, after_round: int, maximum: int) -> list[Look]:
 def decide(study_dir: str, after_round: int, maximum: int) -> list[Look]:
     """The looks after `after_round` from the study's records: only runs of rounds 1..after_round count, so
     a resumed study, which finds later rounds' runs on disk, takes the same decisions again."""
-    from vit_scale.record import reader as records
-
     coll = records.collect([study_dir])
     coll.runs = [r for r in coll.runs if 1 <= table.repetition_of_record(r) <= after_round]
     if not coll.runs:

@@ -121,14 +121,14 @@ def test_auto_plans_two_rounds_and_the_study_adds_one_where_open(tmp_path, capsy
     run.plan, run.dry_run, run.one_machine = p, False, False
     run.study_dir = _study(tmp_path, 3)
     p.runs = [dataclasses.replace(pt, repetition=r) for r in (1, 2, 3) for pt in p.points]  # 3 rounds ran
-    assert run.next_round(None) is True
+    assert run.next_round() is True
     added = p.runs[12:]
     assert [(x.strategy, x.nodes, x.repetition) for x in added] == [("DDP", 2, 4), ("FULL_SHARD", 2, 4)]
     out = capsys.readouterr().out
     assert "look after round 3 of at most 5 (level 2.00%):" in out
     assert "vit_micro n1: FULL_SHARD / DDP 1.30" in out and ": decided" in out and ": open" in out
     p.runs = p.runs[:8] + [dataclasses.replace(pt, repetition=5) for pt in p.points]  # the last round ran
-    assert run.next_round(None) is False
+    assert run.next_round() is False
 
 
 @pytest.mark.parametrize("value", ["auto:1", "auto:0", "auto:x", "auto:9", "auto:", "sometimes"])
@@ -164,3 +164,12 @@ def test_a_dry_run_of_auto_prints_two_rounds_and_says_looks_follow(tmp_path, mon
     assert out.rstrip().endswith("whose best-against-next comparison is still open run another round, up to round 7 "
                                  "(docs/jobs.md)")  # fmt: skip
     assert os.listdir(tmp_path) == []
+
+
+def test_a_look_that_cannot_be_made_leaves_every_node_count_open(tmp_path, capsys):
+    p = _plan("auto:4")
+    run = object.__new__(study_cli.StudyRun)
+    run.plan, run.dry_run, run.one_machine, run.study_dir = p, False, False, str(tmp_path / "gone")
+    assert run.next_round() is True and [x.repetition for x in p.runs[8:]] == [3, 3, 3, 3]
+    out = capsys.readouterr().out
+    assert "look after round 2 failed (analysis/sequential.py: " in out and "every node count runs another round" in out

@@ -310,7 +310,7 @@ class StudyRun:
         while True:
             if supervisor and supervisor.interrupted:
                 break
-            if index == len(p.runs) and not self.next_round(supervisor):  # --repeat auto: another round?
+            if index == len(p.runs) and not self.next_round():  # --repeat auto: another round?
                 break
             run = p.runs[index]
             index += 1
@@ -340,7 +340,7 @@ class StudyRun:
             return 0
         return self.finish(ledger, failed, done, time.monotonic() - started, supervisor)
 
-    def next_round(self, supervisor) -> bool:
+    def next_round(self) -> bool:
         """--repeat auto, at the end of a round from the second: the look (analysis/sequential.py, the
         report's test at the look's level) and the next round's runs for the node counts still open.
         False when there is none: not adaptive, a dry run, the last round done, or every comparison decided."""
@@ -372,7 +372,7 @@ class StudyRun:
 
     def look(self, after: int) -> list | None:
         """The look after round `after`, one line per model and node count; None when it could not be made
-        (every node count then counts as open: the fixed design's runs, never fewer)."""
+        (every node count then counts as open: a failed look never stops a comparison early)."""
         script = os.path.join(home(), "analysis", "sequential.py")
         argv = [sys.executable, script, self.study_dir, "--round", str(after), "--max", str(self.plan.repeat)]
         done = subprocess.run(argv, capture_output=True, text=True)
