@@ -115,10 +115,11 @@ def _statistics_text(results: pd.DataFrame) -> str:
         "of the runs, which covers the point's typical throughput; for a point that ran once (within-run) "
         "batch means of that run's step times, which says how precisely its steps fix that run's throughput "
         "and nothing of how a second run would differ. The ratio to the next best is of the two points' "
-        "throughputs, its 95% interval from a t test on the log run throughputs (paired t by repetition "
-        "round when both points have one ok run of every round, else Welch t); separated when the interval "
-        "excludes 1, which happens to equal points about 5% of the time (docs/analysis.md gives the "
-        "simulated rates and power). A point that ran once is not compared."
+        "throughputs, its 95% interval from a t test on the log run throughputs (paired t on the repetition "
+        "rounds both points have, else Welch t); separated when the interval excludes 1, which happens to "
+        "equal points at most about 5% of the time (paired t about 5%, Welch t 3-5%, 1-2% when the runs share "
+        "rounds but cannot be paired; docs/analysis.md gives the simulated rates and power). A point that ran "
+        "once is not compared."
     )
     if runs == [1]:
         return text + (
@@ -481,24 +482,92 @@ def _warnings_section(results: pd.DataFrame, coll: Collection, set_aside: pd.Dat
             Block("p", f"{len(coll.skipped)} file(s) or directories gave no run."),
             Block("table", header=["path", "reason"], rows=[[s.path, s.reason] for s in coll.skipped]),
         ]
-    if not set_aside.empty:
+    aside = set_aside[set_aside["pooled"] != True] if "pooled" in set_aside else set_aside  # noqa: E712
+    if not aside.empty:
         header = ["model", "strategy", "nodes", "status", "run", "kept instead"]
         rows = [
             [r["model"], r["series"], int(r["nodes"]), r["status"], _s(r["run_id"]), _s(r["set_aside_for"])]
-            for _, r in set_aside.iterrows()
+            for _, r in aside.iterrows()
         ]
-        pooled = int((set_aside["pooled"] == True).sum()) if "pooled" in set_aside else 0  # noqa: E712
         text = (
-            f"{len(set_aside)} older or failed rerun(s) of a point were set aside for the newest ok run of that "
-            "point; they are in set_aside.csv."
+            f"{len(aside)} failed or unusable rerun(s) of a point were set aside for the point's kept run; they "
+            "are in set_aside.csv (with the point's ok repetitions, whose throughputs count in its figure and "
+            "interval: `pooled` true)."
         )
-        if pooled:
-            text += (
-                f" {pooled} of them finished ok and are repetitions: their throughputs count in the point's "
-                "figure and interval."
-            )
         blocks += [Block("h2", "Reruns set aside"), Block("p", text), Block("table", header=header, rows=rows)]
     return blocks
+
+
+def _allocation_section(results: pd.DataFrame, set_aside: pd.DataFrame) -> list:
+    """Where the allocation went: node-hours (nodes x each run's wall time from its launch to its end record,
+    the record's time_split) in all, by node count and per point, and the share in timed windows."""
+    if "run_node_s" not in results:
+        return []
+    frames = [results] + ([set_aside] if not set_aside.empty and "run_node_s" in set_aside else [])
+    runs = pd.concat(frames, ignore_index=True)
+    split = runs[runs["run_node_s"].notna()]
+    blocks = [Block("h2", "Where the allocation went")]
+    if split.empty:
+        return blocks + [
+            Block(
+                "p",
+                f"None of the {len(runs)} run record(s) splits its wall time (time_split, written from the "
+                "records of this version on): no node-hours to account.",
+            )
+        ]
+
+    def part(frame, column):
+        return float((frame["nodes"] * frame[column].fillna(0.0)).sum())
+
+    spent = float(split["run_node_s"].sum())
+    shares = {c: part(split, c) / spent for c in ("startup_s", "warmup_s", "timed_window_s", "rest_s")}
+    unknown_launch = int(split["startup_s"].isna().sum())
+    missing = len(runs) - len(split)
+    text = (
+        f"Nodes × each run's wall time, from its launch to its end record, as the record splits it: start-up "
+        f"(launch to the first step: processes, imports, process group, model), warm-up, the timed window whose "
+        f"images/s the report states, and the rest (end-of-run checks, the record). Over {len(split)} run(s), "
+        f"repetitions and failures included: {spent / 3600:.3g} node-hours ({spent:,.0f} node-seconds), "
+        f"{shares['timed_window_s']:.1%} in timed windows, {shares['startup_s']:.1%} start-up, "
+        f"{shares['warmup_s']:.1%} warm-up, {shares['rest_s']:.1%} the rest."
+    )
+    if unknown_launch:
+        text += (
+            f" {unknown_launch} run(s) were not launched by vit-scale study (no launch time): their start-up is "
+            "not known and not counted."
+        )
+    if missing:
+        text += f" {missing} run(s) have no split in their record (older records, or killed outright): not counted."
+    text += " The study's own last line counts from launch to the processes' exit."
+    blocks.append(Block("p", text))
+    header = ["nodes", "points", "runs", "node-hours", "timed", "start-up", "warm-up", "rest"]
+    rows = []
+    for nodes, grp in split.groupby("nodes"):
+        total = float(grp["run_node_s"].sum())
+        rows.append(
+            [int(nodes), int(results[results["nodes"] == nodes].shape[0]), len(grp), f"{total / 3600:.3g}"]
+            + [_pct_of(part(grp, c), total) for c in ("timed_window_s", "startup_s", "warmup_s", "rest_s")]
+        )
+    blocks.append(Block("table", header=header, rows=rows))
+    header = ["model", "strategy", "nodes", "runs", "node-hours", "timed"]
+    rows = [
+        [
+            r["model"],
+            r["series"],
+            int(r["nodes"]),
+            int(r["point_runs_split"]),
+            f"{r['point_node_s'] / 3600:.3g}",
+            _pct_of(r["point_timed_node_s"], r["point_node_s"]),
+        ]
+        for _, r in results.iterrows()
+        if not pd.isna(r.get("point_node_s"))
+    ]
+    return blocks + [Block("p", "Per point, every run of it counted (results.csv: point_node_s, point_timed_share):"),
+                     Block("table", header=header, rows=rows)]  # fmt: skip
+
+
+def _pct_of(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole and not pd.isna(whole) and not pd.isna(part) else ""
 
 
 EMULATED_HOST = re.compile(r"^local\d+$")  # the node names jobs/weak_scaling.sh gives its process groups
@@ -953,9 +1022,13 @@ def build(
     images = {os.path.basename(p) for p in written if p.endswith(".png")}
     now = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     studies = ", ".join(sorted(map(str, results["study"].unique()))) or "none"
+    pooled = int((set_aside["pooled"] == True).sum()) if "pooled" in set_aside else 0  # noqa: E712
+    runs = len(results) + len(set_aside)
     summary = (
-        f"{len(results)} runs from {', '.join(coll.inputs)} (studies: {studies}): {status_counts(results)}. "
-        f"{len(set_aside)} rerun(s) set aside; {len(coll.skipped)} file(s) skipped. Generated {now}."
+        f"{len(results)} point(s) from {runs} run(s) in {', '.join(coll.inputs)} (studies: {studies}): "
+        f"{status_counts(results)} (each point's kept run); {pooled} further repetition(s) pooled into their "
+        f"points, {len(set_aside) - pooled} rerun(s) set aside; {len(coll.skipped)} file(s) skipped. "
+        f"Generated {now}."
     )
     blocks = [Block("h1", "Weak-scaling report"), Block("p", summary)]
     caveat = emulation_note(results)
@@ -968,6 +1041,7 @@ def build(
     blocks += _grid_section(results, by_name, images)
     blocks += _plugin_section(results, by_name, images)
     blocks += _breakdown_section(breakdown, by_name, images)
+    blocks += _allocation_section(results, set_aside)
     blocks += _failures_section(results)
     blocks += _warnings_section(results, coll, set_aside, missing_plots)
     blocks += _check_section(coll.inputs, results)

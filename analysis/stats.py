@@ -18,8 +18,8 @@ benchmarks/statistics_power.py reproduces those tables.
   of its step times, the batches lengthened until consecutive ones are uncorrelated. It says how
   precisely the run's steps fix that run's throughput, nothing of how a second run would differ.
 - The comparison (`compare`): the ratio of two points' throughputs with a 95% interval from a t test
-  on the log run throughputs: paired by repetition round when both points have one run of every
-  round (the round's shared slowness cancels), else Welch's. Separated when the interval excludes 1.
+  on the log run throughputs: paired by repetition round on the rounds both points have (the round's
+  shared slowness cancels), else Welch's. Separated when the interval excludes 1.
   A point with one run is not compared.
 """
 
@@ -260,19 +260,30 @@ class Comparison:
 
 
 def _rounds(runs: Sequence[Run]) -> dict[int, Run] | None:
-    """round -> run when every run names its own round (1 .. R, each once), else None."""
+    """round -> run when every run names its own round (1, 2 ..., each once), else None."""
     by_round = {r.repetition: r for r in runs}
-    if len(by_round) != len(runs) or set(by_round) != set(range(1, len(runs) + 1)):
+    if len(by_round) != len(runs) or min(by_round) < 1:
         return None
     return by_round
+
+
+def shared_rounds(a: Sequence[Run], b: Sequence[Run]) -> list[int]:
+    """The repetition rounds both points have one ok run of, whichever they are (a round either lost
+    leaves the pairing, not the other rounds); [] when either point's runs do not each name a round."""
+    ra, rb = _rounds(a), _rounds(b)
+    if ra is None or rb is None:
+        return []
+    return sorted(set(ra) & set(rb))
 
 
 def compare(a: Sequence[Run], b: Sequence[Run], level: float = LEVEL) -> Comparison:
     """The ratio of a's throughput to b's and its interval from a t test on the log run throughputs.
 
-    Paired by repetition round when both points have one ok run of each of the same rounds 1..R (R >= 2);
-    else Welch's t (unequal variances). Separated when the interval excludes 1. With one run on either
-    side there is no run-to-run variance to test against: the ratio of the two figures, not compared.
+    Paired by repetition round on the rounds both points have (two or more; a round one of them lost, or
+    ran only one of, is left out of the pairs); else Welch's t (unequal variances). The ratio is of the two
+    points' figures (all their ok runs); the paired interval rests on the shared rounds. Separated when the
+    interval excludes 1. With one run on either side there is no run-to-run variance to test against: the
+    ratio of the two figures, not compared.
     """
     a, b = usable_runs(a), usable_runs(b)
     if not a or not b:
@@ -282,16 +293,17 @@ def compare(a: Sequence[Run], b: Sequence[Run], level: float = LEVEL) -> Compari
     ratio = math.exp(float(la.mean() - lb.mean()))
     if len(a) < 2 or len(b) < 2:
         return Comparison(ratio, method=NOT_COMPARED if len(a) == len(b) == 1 else ONE_SIDE_NOT_COMPARED)
-    ra, rb = _rounds(a), _rounds(b)
-    paired = ra is not None and rb is not None and set(ra) == set(rb)
+    rounds = shared_rounds(a, b)
+    paired = len(rounds) >= 2
     if paired:
-        rounds = sorted(ra)
-        diff = np.log([ra[r].throughput for r in rounds]) - np.log([rb[r].throughput for r in rounds])
+        ra, rb = {r.repetition: r for r in a}, {r.repetition: r for r in b}
+        pa = np.log([ra[r].throughput for r in rounds])
+        pb = np.log([rb[r].throughput for r in rounds])
+        diff = pa - pb
         if float(np.ptp(diff)) == 0.0:  # no spread at all (synthetic records): the ratio is exact
             lo = hi = float(diff[0])
         else:
-            ci = sps.ttest_rel(np.log([ra[r].throughput for r in rounds]), np.log([rb[r].throughput for r in rounds]))
-            lo, hi = ci.confidence_interval(level)
+            lo, hi = sps.ttest_rel(pa, pb).confidence_interval(level)
     else:
         if float(np.ptp(la)) == 0.0 and float(np.ptp(lb)) == 0.0:
             lo = hi = float(la[0] - lb[0])

@@ -114,6 +114,7 @@ class RunSpec:
     step_ips: list | None = None
     repetition: int = 0
     nodes_health: dict | None = None  # the end record's, as vit_scale.run.health writes it (absent: none)
+    time_split: dict | None = None  # the end record's time_split (vit_scale/run/ending.py), written when given
 
     def __post_init__(self):
         if self.step_ips is not None:
@@ -310,6 +311,7 @@ def _end_record(spec: RunSpec, timed_ips: list, end_time: float) -> dict:
         "replica_checksums": [[1.0, 2.0, 3.0]] * min(world_size, 4) if ended else None,
         "final_loss": 6.9 - 0.01 * n_steps if ended else None,
         **health,
+        **({"time_split": spec.time_split} if spec.time_split is not None else {}),
     }
 
 

@@ -67,6 +67,12 @@ POINT_COLUMNS = [
     "ips_run_rounds",
 ]
 
+# A run's wall time split as its end record's time_split gives it (launch to the loop: start-up; the loop to
+# the timed window: warm-up; the window; the rest), the whole, and nodes x the whole (docs/analysis.md)
+TIME_COLUMNS = ["startup_s", "warmup_s", "timed_window_s", "rest_s", "run_wall_s", "run_node_s"]
+# The point's allocation, in its kept row: every run of the point (ok or not, kept or set aside) with a split
+ALLOCATION_COLUMNS = ["point_runs_split", "point_node_s", "point_timed_node_s", "point_timed_share"]
+
 # Columns in the order a reader scans them; option columns (opt_*) and version columns follow.
 LEADING_COLUMNS = [
     "study",
@@ -112,6 +118,8 @@ LEADING_COLUMNS = [
     "timed_steps",
     "warmup_steps",
     "wall_time_s",
+    *TIME_COLUMNS,
+    *ALLOCATION_COLUMNS,
     "replicas_agree",
     "slow_node",
     "final_loss",
@@ -182,6 +190,7 @@ def run_row(run: RunRecord) -> dict:
         "status": run.status,
         **_result_columns(run, e, _d(_d(s.get("config")).get("train"))),
         "repetition": _repetition(s),
+        **_time_columns(e, _num(_d(s.get("world")).get("nodes"))),
         "replicas_agree": e.get("replicas_agree") if isinstance(e.get("replicas_agree"), bool) else None,
         # vit_scale.record.health's rule on the end record's nodes_health: "" when no node was slow
         "slow_node": slow_node_text(e.get("nodes_health")),
@@ -259,9 +268,41 @@ def _result_columns(run: RunRecord, e: dict, cfg_train: dict) -> dict:
     }
 
 
+def _time_columns(e: dict, nodes: float) -> dict:
+    """TIME_COLUMNS from the end record's time_split (NaN where a record has none: older runs, killed ones)."""
+    split = _d(e.get("time_split"))
+    wall = _num(split.get("wall_s"))
+    return {
+        "startup_s": _num(split.get("startup_s")),
+        "warmup_s": _num(split.get("warmup_s")),
+        "timed_window_s": _num(split.get("timed_s")),
+        "rest_s": _num(split.get("rest_s")),
+        "run_wall_s": wall,
+        "run_node_s": nodes * wall,
+    }
+
+
+def _point_allocation(keep: dict, group: list) -> None:
+    """ALLOCATION_COLUMNS into the kept row: node-seconds of all the point's runs with a time split."""
+    split = [r for r in group if not math.isnan(r["run_node_s"])]
+    spent = sum(r["run_node_s"] for r in split)
+    timed = sum(r["nodes"] * r["timed_window_s"] for r in split if not math.isnan(r["timed_window_s"]))
+    keep.update(
+        point_runs_split=len(split),
+        point_node_s=spent if split else math.nan,
+        point_timed_node_s=timed if split else math.nan,
+        point_timed_share=timed / spent if spent > 0 else math.nan,
+    )
+
+
 def _repetition(s: dict) -> int:
     repetition = _d(_d(s.get("config")).get("output")).get("repetition")
     return int(repetition) if isinstance(repetition, int) and not isinstance(repetition, bool) else 0
+
+
+def repetition_of_record(run: RunRecord) -> int:
+    """The study's repetition round a run record names (0: none)."""
+    return _repetition(run.start)
 
 
 def _provenance_columns(s: dict) -> dict:
@@ -391,6 +432,7 @@ def _dedupe(rows: list) -> tuple[list, list]:
         keep = group[0]
         keep["reruns_set_aside"] = len(group) - 1
         _point_statistics(keep, group)
+        _point_allocation(keep, group)
         kept.append(keep)
         for other in group[1:]:
             other["_kept"] = keep  # run ids need not be unique across run directories
@@ -536,6 +578,7 @@ def build(coll: Collection) -> Tables:
                 "efficiency_ci_high",
             ]
             + POINT_COLUMNS
+            + ALLOCATION_COLUMNS
         )
     return Tables(results=results, set_aside=set_aside)
 

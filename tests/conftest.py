@@ -59,6 +59,7 @@ KINDS = {  # one module a line, sorted: branches that add modules then merge wit
         "test_plan_predict",
         "test_prediction",
         "test_published_frontier",
+        "test_sequential",
         "test_stats",
         "test_step_fit",
         "test_step_meter",

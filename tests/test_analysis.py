@@ -176,6 +176,43 @@ def test_reruns_keep_newest_ok_and_count_the_rest(tmp_path):
     assert _row(tables.results, "vit_base", "DDP", 4)["reruns_set_aside"] == 0
 
 
+def test_where_the_allocation_went_counts_every_run_and_repetitions_as_repetitions(tmp_path):
+    """Two points of two rounds each on 1 and 2 nodes, and a failed rerun on 2: every run 10 s from launch to
+    record (start-up 6, warm-up 1, timed 2, the rest 1). 80 node-seconds in all (1 x 2 x 10 + 2 x 3 x 10), 20%
+    in timed windows; the report's first line counts the repetitions as repetitions, and only the failed run
+    is listed as set aside."""
+    import pandas as pd
+
+    from analysis.weak_scaling import main as analyse
+
+    split = {"launched_at": 1.7e9, "startup_s": 6.0, "warmup_s": 1.0, "timed_s": 2.0, "rest_s": 1.0, "wall_s": 10.0}
+    common = dict(study="a", model="vit_base", strategy="DDP", steps=6, warmup=1, time_split=split)
+    for nodes in (1, 2):
+        for r in (1, 2):
+            write_run(str(tmp_path / "runs"), nodes=nodes, run_id=f"n{nodes}r{r}", repetition=r, time=1e4 * r, **common)
+    write_run(str(tmp_path / "runs"), nodes=2, run_id="lost", repetition=2, status="failed", ips=None, time=1.5e4,
+              error="NCCL timeout", **common)  # fmt: skip
+    out = tmp_path / "report"
+    assert analyse([str(tmp_path / "runs"), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    csv = pd.read_csv(out / "results.csv").set_index("nodes")
+    assert csv.loc[1, "point_node_s"] == pytest.approx(20) and csv.loc[2, "point_node_s"] == pytest.approx(60)
+    assert csv.loc[2, "point_timed_share"] == pytest.approx(0.2) and csv.loc[2, "point_runs_split"] == 3
+    assert csv.loc[1, "startup_s"] == 6 and csv.loc[1, "run_node_s"] == 10 and csv.loc[2, "run_node_s"] == 20
+    md = (out / "report.md").read_text()
+    first = md.split("\n\n")[1]
+    assert first.startswith("2 point(s) from 5 run(s) in ") and "2 ok (each point's kept run)" in first, first
+    assert "2 further repetition(s) pooled into their points, 1 rerun(s) set aside" in first, first
+    section = md.split("## Where the allocation went")[1].split("\n## ")[0]
+    assert (
+        "Over 5 run(s), repetitions and failures included: 0.0222 node-hours (80 node-seconds), 20.0% in timed "
+        "windows, 60.0% start-up, 10.0% warm-up, 10.0% the rest." in section
+    ), section
+    assert "| 2 | 1 | 3 | 0.0167 | 20.0% | 60.0% | 10.0% | 10.0% |" in section, section
+    assert "| vit_base | DDP | 1 | 2 | 0.00556 | 20.0% |" in section, section
+    aside = md.split("## Reruns set aside")[1].split("\n## ")[0]
+    assert "1 failed or unusable rerun(s)" in aside and "| lost |" in aside and "n2r1" not in aside, aside
+
+
 def test_overlapping_inputs_are_read_once(study):
     coll = records.collect([study, os.path.join(study, "s", "vit_base"), study])
     assert len(coll.runs) == 12 and table.build(coll).set_aside.empty

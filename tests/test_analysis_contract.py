@@ -97,10 +97,18 @@ def test_analysis_reads_what_the_trainer_writes(trained, tmp_path, capsys):
         assert row["efficiency"] == pytest.approx(1.0)  # each strategy is its own baseline
         assert bool(row["replicas_agree"]) is True
         assert row["run_id"] == start["run_id"] and row["v_torch"] == start["versions"]["torch"]
+        # the wall time's split as the trainer wrote it; started by hand, so no launch time and no start-up
+        split = end["time_split"]
+        assert split["launched_at"] is None and pd.isna(row["startup_s"]) and split["timed_s"] > 0
+        assert row["timed_window_s"] == pytest.approx(split["timed_s"]) and row["run_node_s"] == pytest.approx(
+            split["wall_s"]
+        )
+        assert split["wall_s"] == pytest.approx(split["warmup_s"] + split["timed_s"] + split["rest_s"])
     assert df.loc["FULL_SHARD", "opt_backward_prefetch"] == "pre"
     assert df.loc["FULL_SHARD", "family"] == "fsdp" and df.loc["DDP", "family"] == "ddp"
     md = (report_dir / "report.md").read_text()
     assert "## Best run per model and node count" in md and "| vit_micro | 1 |" in md
+    assert "## Where the allocation went" in md and "2 run(s) were not launched by vit-scale study" in md
 
 
 def test_a_trainer_run_cut_short_reads_as_incomplete(trained, tmp_path):

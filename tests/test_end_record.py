@@ -87,8 +87,40 @@ def test_a_run_stopped_short_keeps_what_it_measured():
         peak_tflops=None,
         extra={"step": 0},
     )
-    assert before_loop == EndRecord("failed", "boom", 1, extra={"step": 0})
+    # a run stopped before its loop: the recipe's keys after the time split, which without a launch time is empty
+    assert before_loop.extra["step"] == 0 and list(before_loop.extra) == ["time_split", "step"]
+    assert set(before_loop.extra["time_split"].values()) == {None}
     jsonschema.validate(as_written(before_loop), END)
+
+
+def test_the_wall_time_is_split_from_the_launch_to_the_record():
+    """Launched 15 s ago (the study's VIT_SCALE_LAUNCHED_AT), the loop started 10 s ago, the timed window open
+    from 6 s to 1 s ago: start-up 5 s, warm-up 4 s, timed 5 s, the rest 1 s, 15 s in all."""
+    import time
+
+    now, epoch = time.perf_counter(), time.time()
+    meter = figures(started_at=now - 10, opened_at=now - 6, closed_at=now - 1)
+    end = end_record("ok", None, None, meter, device_type="cpu", world_size=1, flops_per_image=1, peak_tflops=None,
+                     replicas_agree=True, launched=epoch - 15)  # fmt: skip
+    split = end.extra["time_split"]
+    assert split["launched_at"] == epoch - 15
+    for key, seconds in (("startup_s", 5), ("warmup_s", 4), ("timed_s", 5), ("rest_s", 1), ("wall_s", 15)):
+        assert split[key] == pytest.approx(seconds, abs=0.5), key
+    jsonschema.validate(as_written(end), END)
+    # launched by hand (no launch time): start-up unknown, the wall time from the loop's start
+    alone = end_record("ok", None, None, meter, device_type="cpu", world_size=1, flops_per_image=1, peak_tflops=None)
+    assert alone.extra["time_split"]["startup_s"] is None
+    assert alone.extra["time_split"]["wall_s"] == pytest.approx(10, abs=0.5)
+
+
+def test_the_launch_time_is_read_from_the_environment(monkeypatch):
+    from vit_scale.run.ending import LAUNCHED_AT, launched_at
+
+    monkeypatch.setenv(LAUNCHED_AT, "1764290000.25")
+    assert launched_at() == 1764290000.25
+    for bad in ("", "soon", "nan", "-1"):
+        monkeypatch.setenv(LAUNCHED_AT, bad)
+        assert launched_at() is None
 
 
 def test_exit_codes_follow_the_status_and_a_requeue():

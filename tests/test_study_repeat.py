@@ -18,7 +18,7 @@ from jobs_support import job_env, python_injecting, runs_by_strategy_and_nodes
 from vit_scale.cluster import systems
 from vit_scale.errors import UserError
 from vit_scale.study import cli as study_cli
-from vit_scale.study.ledger import COLUMNS, Ledger, repetitions_done, summary
+from vit_scale.study.ledger import COLUMNS, Ledger, allocation, allocation_line, repetitions_done, summary
 from vit_scale.study.plan import make_plan
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
@@ -112,7 +112,8 @@ def test_bad_repeat_on_the_command_line_is_one_line(tmp_path, value):
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [
-        f"weak_scaling.sh: --repeat: '{value}' is not allowed; allowed: a whole number of at least 1"
+        f"weak_scaling.sh: --repeat: '{value}' is not allowed; allowed: a whole number of at least 1, auto or "
+        "auto:N (N from 3 to 8)"
     ], proc.stderr
     assert proc.stdout == "" and os.listdir(tmp_path) == []
 
@@ -129,7 +130,7 @@ def test_bad_repeat_in_the_study_file_is_one_line(tmp_path, monkeypatch, capsys,
     assert captured.out == ""
     (line,) = captured.err.splitlines()
     assert line.startswith(f"vit-scale study: 'repeat' in {study_file}: ") and line.endswith(
-        "is not allowed; allowed: a whole number of at least 1"
+        "is not allowed; allowed: a whole number of at least 1, auto or auto:N (N from 3 to 8)"
     ), line
     assert os.listdir(work) == []
     with pytest.raises(UserError):  # the plan refuses it too, for every caller (the sweep plans first)
@@ -182,6 +183,31 @@ def test_the_summary_shows_the_median_of_a_points_ok_repetitions():
         ["vit_micro", "DDP", "100.0", "oom"],
         ["1", "ok,", "1", "oom"],
     ]
+
+
+def test_the_last_line_says_where_the_allocation_went(tmp_path):
+    """Node-seconds of the runs this study launched (the ledger's seconds x nodes; a run found ok earlier
+    cost nothing), and of them the shares in start-up, warm-up and timed windows from each record's time
+    split; a run whose record has none counts as untimed and is named."""
+    from analysis.synthetic import write_run
+
+    split = {"launched_at": 1.7e9, "startup_s": 6.0, "warmup_s": 1.0, "timed_s": 2.0, "rest_s": 0.5, "wall_s": 9.5}
+    dirs = [
+        os.path.dirname(write_run(str(tmp_path), nodes=n, run_id=f"r{n}", time_split=split if n < 4 else None))
+        for n in (1, 2, 4)
+    ]
+    rows = [
+        dict(_row(1, 1, "ok", "100.0"), seconds="10.0", run_dir=dirs[0]),
+        dict(_row(2, 1, "ok", "180.0"), seconds="10.0", run_dir=dirs[1]),
+        dict(_row(4, 1, "ok", "300.0"), seconds="10.0", run_dir=dirs[2]),
+        dict(_row(1, 2, "ok", "100.0"), seconds="0", run_dir=dirs[0]),  # ok earlier: skipped, booked
+    ]
+    assert allocation(rows) == {"runs": 3, "node_s": 70.0, "startup_node_s": 18.0, "warmup_node_s": 3.0,
+                                "timed_node_s": 6.0, "split_runs": 2}  # fmt: skip
+    assert allocation_line(rows) == (
+        "  allocation:  70 node-seconds (0.0194 node-hours) over 3 runs: 8.6% in timed windows, 25.7% start-up, "
+        "4.3% warm-up (1 run(s) without a time split in their record count as untimed)"
+    )
 
 
 def test_a_ledger_from_before_repeats_reads_with_the_lines_added_to_it(tmp_path):
@@ -259,6 +285,16 @@ def test_a_repeated_study_keeps_every_repetition_and_its_resume_counts_them(tmp_
         assert [s["config"]["output"]["repetition"] for s, _ in found] == [1, 2]
         assert found[0][0]["config"]["train"] == found[1][0]["config"]["train"]
     assert sorted(e["status"] for _, e in records[("DDP", 1)]) == ["failed", "ok"]
+    # each record splits its wall time from the study's launch: start-up, warm-up, the timed window, the rest
+    for _, e in records[("DDP", 2)]:
+        split = e["time_split"]
+        assert split["startup_s"] > 0 and split["timed_s"] > 0 and split["launched_at"] > 1.7e9
+        parts = split["startup_s"] + split["warmup_s"] + split["timed_s"] + split["rest_s"]
+        assert split["wall_s"] == pytest.approx(parts)
+    # the study's last line: the node-seconds it spent and the share in timed windows
+    last = out.rstrip().splitlines()[-1]
+    assert re.fullmatch(r"  allocation:  [\d,]+ node-seconds \([\d.e-]+ node-hours\) over 4 runs: [\d.]+% in timed "
+                        r"windows, [\d.]+% start-up, [\d.]+% warm-up", last), last  # fmt: skip
     # the table at the end counts the ok repetitions; the analysis pools them per point
     assert "[1/2]" in out and "[2/2]" in out and "1 failed, 3 ok; 2 repetitions of each point" in out, out
     assert points(report) == {1: 1, 2: 2}
@@ -298,6 +334,17 @@ def test_a_repeated_study_keeps_every_repetition_and_its_resume_counts_them(tmp_
         rec for rec in runs_by_strategy_and_nodes(study_dir)[("DDP", 2)] if rec[0]["run_id"] == os.path.basename(again)
     ]
     assert start["config"]["output"]["repetition"] == 1 and end["status"] == "ok"
+
+    # --repeat auto:3 over the same records: rounds 1 and 2 are done; the look after round 2 (the report's test,
+    # analysis/sequential.py) finds one point at each node count, nothing to compare: no round 3 runs
+    before = run_dirs(study_dir)
+    code, out, err = study("--repeat", "auto:3", "--no-analysis")
+    assert code == 0, out + err
+    assert "4 to 6 runs (1 model(s) x 1 strategy x nodes 1,2 x 2 to 3 rounds" in out, out
+    assert out.count("ok earlier, skipped") == 4 and "[1/4] vit_micro DDP n1 (1 rank) round 1 (at most 3)" in out
+    assert "look after round 2 of at most 3 (level 1.50%):" in out, out
+    assert "vit_micro n2: DDP: one point: nothing to compare: decided" in out, out
+    assert "round 3" not in out and run_dirs(study_dir) == before
 
 
 def test_three_repetitions_are_the_local_default_and_one_says_what_it_gives_up(tmp_path):

@@ -189,6 +189,12 @@ END = {
         "replicas_agree": {"type": ["boolean", "null"]},
         "replica_checksums": {"type": ["array", "null"]},
         "final_loss": NUM,
+        # where the run's wall time went (vit_scale/run/ending.py time_split); records before it lack it
+        "time_split": {
+            "type": ["object", "null"],
+            "required": ["launched_at", "startup_s", "warmup_s", "timed_s", "rest_s", "wall_s"],
+            "properties": {k: NUM for k in ("launched_at", "startup_s", "warmup_s", "timed_s", "rest_s", "wall_s")},
+        },
         "compile": {
             "type": ["object", "null"],
             "required": ["first_step_s", "graphs", "graphs_in_window", "recompiled_in_window"],

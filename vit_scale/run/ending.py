@@ -8,11 +8,52 @@ over every rank at a clean end, the replica check, the recipe's own keys).
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
 import time
 
 from vit_scale.record.end import EndRecord
 from vit_scale.record.health import slow_node_text
+
+LAUNCHED_AT = "VIT_SCALE_LAUNCHED_AT"  # the launch's epoch time (s), set by the study for each run it starts
+
+
+def launched_at() -> float | None:
+    """When the orchestrator launched this run (epoch seconds, from LAUNCHED_AT); None when not told."""
+    try:
+        value = float(os.environ.get(LAUNCHED_AT, ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def time_split(figures, launched: float | None) -> dict:
+    """Where this run's wall time went, now (as the end record is written), on this rank's clocks:
+    `startup_s` launch to the loop's start (processes, imports, process group, model; null when the launch
+    time is not known), `warmup_s` the loop's start to the timed window's opening, `timed_s` the window
+    (open to closed), `rest_s` after it (end-of-run checks, gathering, profiled steps, this record), and
+    `wall_s` their sum (from the loop's start when the launch time is not known). A run stopped before its
+    loop is all start-up; one stopped inside the warm-up or the window has nothing after."""
+    now, epoch = time.perf_counter(), time.time()
+    if figures is None:
+        startup = epoch - launched if launched else None
+        return {"launched_at": launched, "startup_s": startup, "warmup_s": None, "timed_s": None, "rest_s": None,
+                "wall_s": startup}  # fmt: skip
+    started = figures.started_at
+    startup = (epoch - (now - started)) - launched if launched else None
+    opened, closed = figures.opened_at, figures.closed_at
+    warmup = (opened if opened is not None else now) - started
+    timed = ((closed if closed is not None else now) - opened) if opened is not None else 0.0
+    rest = now - closed if closed is not None else 0.0
+    return {
+        "launched_at": launched,
+        "startup_s": startup,
+        "warmup_s": warmup,
+        "timed_s": timed,
+        "rest_s": rest,
+        "wall_s": (startup or 0.0) + warmup + timed + rest,
+    }
 
 
 def memory_summary(device_type: str, peaks: list[dict], window: str) -> dict:
@@ -55,12 +96,15 @@ def end_record(
     replicas_agree: bool | None = None,
     replica_checksums: list | None = None,
     extra: dict | None = None,
+    launched: float | None = None,
 ) -> EndRecord:
     """The end record. `figures`: the meter's result, None before the loop started. `peaks`: every
     rank's memory peak (a clean end gathers them); by default this rank's alone. `rates`: whether
-    TFLOP/s and MFU are stated (the benchmark states them only at a clean end)."""
+    TFLOP/s and MFU are stated (the benchmark states them only at a clean end). `launched`: the launch's
+    epoch time, for `time_split` (written first among the extra keys)."""
+    extra = {"time_split": time_split(figures, launched), **(extra or {})}
     if figures is None:
-        return EndRecord(status, error, failed_rank, extra=dict(extra or {}))
+        return EndRecord(status, error, failed_rank, extra=extra)
     ips = images_per_s(figures.step_times, figures.images_per_step, figures.window_s)
     tflops = flops_per_image * ips["mean"] / world_size / 1e12 if rates and ips and flops_per_image else None
     return EndRecord(
@@ -78,7 +122,7 @@ def end_record(
         replicas_agree=replicas_agree,
         replica_checksums=replica_checksums,
         final_loss=figures.last_loss,
-        extra=dict(extra or {}),
+        extra=extra,
     )
 
 
@@ -102,6 +146,13 @@ def figure_lines(end: EndRecord) -> list[str]:
     if end.tflops_per_device is not None:
         mfu = f"{end.mfu * 100:.1f}%" if end.mfu is not None else "n/a (no peak known; set system.peak_tflops)"
         lines.append(f"  {end.tflops_per_device:.3f} TFLOP/s per device, MFU {mfu}")
+    split = end.get("time_split") or {}
+    if split.get("wall_s") is not None and split.get("timed_s") is not None:
+        startup = f"start-up {split['startup_s']:.1f} s, " if split.get("startup_s") is not None else ""
+        lines.append(
+            f"  wall time {split['wall_s']:.1f} s: {startup}warm-up {split['warmup_s']:.1f} s, timed window "
+            f"{split['timed_s']:.1f} s, the rest {split['rest_s']:.1f} s"
+        )
     if end.replicas_agree is not None:
         lines.append(f"  replicas agree: {'yes' if end.replicas_agree else 'NO'}")
     if end.get("checkpoint"):

@@ -46,6 +46,8 @@ class Figures:
     window_s: float | None  # the timed window's length; None while a wall window is open
     memory: dict | None  # this rank's peak over the memory window
     memory_window: str
+    opened_at: float | None = None  # time.perf_counter() when the timed window opened (None: never)
+    closed_at: float | None = None  # ... and when window_s() closed it
 
 
 def compiled_graphs() -> int:
@@ -82,6 +84,7 @@ class StepMeter:
         self.graphs_at_open = None  # graphs torch.compile had made when the timed window opened
         self.graphs_before = compiled_graphs()  # the count is the process's: several runs may share one
         self.opened_at = None
+        self.closed_at = None  # time.perf_counter() when window_s() closed the window
         self.closed_s = None  # the window's length on the slowest rank, once closed
         self.closed = False  # window_s() has run: what follows (the node-health probe) is outside the window
 
@@ -113,6 +116,7 @@ class StepMeter:
         dist.all_reduce(window, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
         self.closed_s = window.item() or None
         self.closed = True
+        self.closed_at = time.perf_counter()
         return self.closed_s
 
     def _own_window_s(self) -> float | None:
@@ -152,6 +156,8 @@ class StepMeter:
             window_s,
             self.probe.peak(),
             self.probe.window,
+            self.opened_at,
+            self.closed_at,
         )
 
     # ------------------------------------------------------------ booking

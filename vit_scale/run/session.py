@@ -30,7 +30,7 @@ from vit_scale.record.reader import rank_errors
 from vit_scale.record.versions import vit_scale_dir
 from vit_scale.record.writer import EXIT_CODES, EXIT_REQUEUE, RunRecorder, make_run_id, run_directory, write_rank_error
 from vit_scale.run import tracking
-from vit_scale.run.ending import end_record, figure_lines
+from vit_scale.run.ending import end_record, figure_lines, launched_at
 from vit_scale.run.meter import StepMeter
 from vit_scale.run.stopping import InterruptOnSignal
 from vit_scale.text import plural
@@ -152,6 +152,7 @@ class RunSession:
             world_size=self.world.world_size,
             flops_per_image=self.model_info.get("flops_per_image", 0),
             peak_tflops=self.peak_tflops,
+            launched=launched_at(),
             **kwargs,
         )
 

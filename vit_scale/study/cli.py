@@ -12,6 +12,7 @@ Exit code: 0 every run ok (or skipped as not fitting), 1 some run failed, 2 bad 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import subprocess
@@ -27,9 +28,11 @@ from vit_scale.cluster.values import minutes, whole
 from vit_scale.errors import UserError
 from vit_scale.launch.world import free_port
 from vit_scale.record.check_file import check_files, check_path, headline, read_check
+from vit_scale.run.ending import LAUNCHED_AT
 from vit_scale.study.forecast import forecast
 from vit_scale.study.ledger import (
     Ledger,
+    allocation_line,
     end_for_the_record,
     ok_runs,
     repetitions_done,
@@ -72,9 +75,11 @@ What to run (lists are comma-separated; defaults come from the study file):
   --batch-size LIST        images per GPU (rank) and step; fixed as nodes grow; several: one run each
   --steps N                steps per run
   --warmup-steps N         first steps left out of every figure
-  --repeat N               runs of each point (default: the study file's, 3 in configs/studies/), in rounds:
+  --repeat N|auto[:N]      runs of each point (default: the study file's, 3 in configs/studies/), in rounds:
                            every point once before any point again; 1 gives up the comparison of points
-                           (one run each: not compared) and leaves within-run intervals only
+                           (one run each: not compared) and leaves within-run intervals only; auto (at
+                           most 7 rounds, auto:N at most N, 3 to 8): 2 rounds, then another round only for
+                           the node counts whose best-against-next comparison is still open
 Precision and the families' modifiers (several values: each is one more run, a grid):
   --precision LIST         fp32 bf16 fp16
   --activation-checkpointing LIST  true false
@@ -253,11 +258,18 @@ class StudyRun:
         )
         strategies = "strategy" if len(p.strategies) == 1 else "strategies"
         own = self.system.emulation.describe_nodes() if self.system.emulation and not self.use_slurm else ""
+        if p.adaptive:
+            points = len(p.points)
+            count = f"{total} to {points * p.repeat} runs"
+            rounds = f" x 2 to {p.repeat} rounds, more where the comparison is open (--repeat auto:{p.repeat})"
+        else:
+            count = f"{total} run{'' if total == 1 else 's'}"
+            rounds = f" x {p.repeat} repetitions, in rounds" if p.repeat > 1 else ""
         print(
             f"vit-scale study '{p.name}' on {self.system.name}{f' (emulated node overrides: {own})' if own else ''}"
-            f": {total} run{'' if total == 1 else 's'} "
+            f": {count} "
             f"({len(p.models)} model(s) x {len(p.strategies)} {strategies}{' x grid ' + p.grid if p.grid else ''}"
-            f" x {size}{f' x {p.repeat} repetitions, in rounds' if p.repeat > 1 else ''})"
+            f" x {size}{rounds})"
         )
         if p.repeat == 1 and total > 1:
             print(
@@ -316,9 +328,14 @@ class StudyRun:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         tag = f"j{os.environ['SLURM_JOB_ID']}" if self.in_slurm else f"p{os.getpid()}"
         done_before = {} if self.force else self.repetitions_done_before()
-        for index, run in enumerate(p.runs, 1):
+        index = 0
+        while True:
             if supervisor and supervisor.interrupted:
                 break
+            if index == len(p.runs) and not self.next_round():  # --repeat auto: another round?
+                break
+            run = p.runs[index]
+            index += 1
             label = self._label(index, run)
             parent = self.parent_dir(run)
             kind = launchers.launch_kind(p.launcher, self.use_slurm, self.one_machine, run.ranks)
@@ -348,6 +365,58 @@ class StudyRun:
             return 0
         return self.finish(ledger, failed, done, time.monotonic() - started, supervisor)
 
+    def next_round(self) -> bool:
+        """--repeat auto, at the end of a round from the second: the look (analysis/sequential.py, the
+        report's test at the look's level) and the next round's runs for the node counts still open.
+        False when there is none: not adaptive, a dry run, the last round done, or every comparison decided."""
+        p = self.plan
+        after = p.runs[-1].repetition if p.runs else 0
+        if not p.adaptive or after >= p.repeat:
+            return False
+        if self.dry_run:
+            print(
+                f"then after each round from the second, a look: the node counts whose best-against-next "
+                f"comparison is still open run another round, up to round {p.repeat} (docs/jobs.md)"
+            )
+            return False
+        looks = self.look(after)
+        open_groups = (
+            None if looks is None else {(x["model"], x["nodes"], x["world_size"]) for x in looks if not x["decided"]}
+        )
+        more = [
+            dataclasses.replace(point, repetition=after + 1)
+            for point in p.points
+            if open_groups is None or (point.model, point.nodes, point.ranks) in open_groups
+        ]
+        if more:
+            print(
+                f"  round {after + 1} of at most {p.repeat}: {len(more)} run{'s' if len(more) > 1 else ''}", flush=True
+            )
+        p.runs.extend(more)
+        return bool(more)
+
+    def look(self, after: int) -> list | None:
+        """The look after round `after`, one line per model and node count; None when it could not be made
+        (every node count then counts as open: a failed look never stops a comparison early)."""
+        script = os.path.join(home(), "analysis", "sequential.py")
+        argv = [sys.executable, script, self.study_dir, "--round", str(after), "--max", str(self.plan.repeat)]
+        done = subprocess.run(argv, capture_output=True, text=True)
+        try:
+            found = json.loads(done.stdout)
+        except ValueError:
+            found = None
+        if done.returncode != 0 or not isinstance(found, dict):
+            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            print(f"  look after round {after} failed ({why}): every node count runs another round", flush=True)
+            return None
+        print(f"  look after round {after} of at most {self.plan.repeat} (level {found['level']:.2%}):", flush=True)
+        for x in found["looks"]:
+            where = f"{x['model']} n{x['nodes']}" + (f" ({x['world_size']} ranks)" if self.one_machine else "")
+            vs = f"{x['best']} / {x['runner_up']} {x['ratio']:.3f}" if x["runner_up"] else x["best"]
+            state = "decided" if x["decided"] else "open"
+            print(f"    {where}: {vs}: {x['why']}: {state}", flush=True)
+        return found["looks"]
+
     def _log_folder(self) -> str:
         """STUDY/logs, and the emulated nodes' folders, made now unless this is a dry run."""
         logs = os.path.join(self.study_dir, "logs")
@@ -369,7 +438,9 @@ class StudyRun:
         )
         if run.variant != "-":
             label += " " + run.variant.replace(",", " ")
-        if p.repeat > 1:
+        if p.adaptive:
+            label += f" round {run.repetition} (at most {p.repeat})"
+        elif p.repeat > 1:
             label += f" repetition {run.repetition}/{p.repeat}"
         return label
 
@@ -462,6 +533,8 @@ class StudyRun:
         not fail (ok, or skipped as not fitting)."""
         print(f"{label} ... ", end="", flush=True)
         log = os.path.join(logs, f"{run.model}.{run.strategy}.n{run.nodes}.{run_id}.log")
+        # the trainer's start-up is counted from here (its end record's time_split)
+        launch.env[LAUNCHED_AT] = f"{time.time():.3f}"
         with open(log, "w") as f:
             f.write(launch.log_header())
         outcome = supervisor.run(launch, log, self.time_limit * 60 if self.time_limit else None)
@@ -476,14 +549,14 @@ class StudyRun:
         elif status == "none":
             status = status_of_code(outcome.code)
             error = f"exit code {outcome.code}, {error}; last line of the log: {last_line(log)}"
-        seconds = int(outcome.seconds)
+        seconds = round(outcome.seconds, 1)
         ok = status in ("ok", "skipped")
         if status == "ok":
-            print(f"ok {ips} img/s ({seconds} s)")
+            print(f"ok {ips} img/s ({seconds:.0f} s)")
         elif status == "skipped":
             print(f"skipped: {error or 'does not fit'}")
         else:
-            print(f"{status.upper()} (exit {outcome.code}, {seconds} s): {error[:300]}")
+            print(f"{status.upper()} (exit {outcome.code}, {seconds:.0f} s): {error[:300]}")
             print(f"      log: {log}")
         sys.stdout.flush()
         ledger.add(
@@ -594,6 +667,8 @@ class StudyRun:
         report_ok = True
         if "--no-analysis" not in self.opts.flags and not interrupted:
             report_ok = self.analysis()
+        if rows and not self.analysis_only:
+            print(allocation_line(rows))
         if interrupted:
             return 143
         return 1 if failed or not report_ok else 0

@@ -261,3 +261,45 @@ def summary(rows: list[dict], per: str = "n") -> list[str]:
         )
     out.append(line)
     return out
+
+
+def allocation(rows: list[dict]) -> dict:
+    """Where the study's allocation went, over the runs its ledger says it launched (a row with seconds;
+    runs found ok earlier cost this study nothing): node-seconds in all (nodes x the launch's wall time,
+    as the study timed it), and of them, from each run's end record (time_split), in start-up, warm-up
+    and timed windows; `split_runs` counts the runs whose record has the split."""
+    out = {"runs": 0, "node_s": 0.0, "startup_node_s": 0.0, "warmup_node_s": 0.0, "timed_node_s": 0.0, "split_runs": 0}
+    for row in rows:
+        try:
+            seconds, nodes = float(row.get("seconds") or 0), int(row.get("nodes") or 0)
+        except ValueError:
+            continue
+        if seconds <= 0:
+            continue
+        out["runs"] += 1
+        out["node_s"] += nodes * seconds
+        run_dir = row.get("run_dir") or "-"
+        end = start_and_end(run_dir)[1] if os.path.isdir(run_dir) else None
+        split = (end or {}).get("time_split") or {}
+        if split.get("timed_s") is None:
+            continue
+        out["split_runs"] += 1
+        for key in ("startup", "warmup", "timed"):
+            out[f"{key}_node_s"] += nodes * float(split.get(f"{key}_s") or 0.0)
+    return out
+
+
+def allocation_line(rows: list[dict]) -> str:
+    """The study's last line: node-seconds spent and the share in timed windows (docs/jobs.md)."""
+    a = allocation(rows)
+    if not a["runs"]:
+        return "  allocation:  no run launched by this study"
+    spent = a["node_s"]
+    share = lambda key: f"{a[key] / spent:.1%}" if spent else "-"  # noqa: E731
+    unsplit = a["runs"] - a["split_runs"]
+    return (
+        f"  allocation:  {spent:,.0f} node-seconds ({spent / 3600:.3g} node-hours) over {a['runs']} "
+        f"run{'s' if a['runs'] != 1 else ''}: {share('timed_node_s')} in timed windows, {share('startup_node_s')} "
+        f"start-up, {share('warmup_node_s')} warm-up"
+        + (f" ({unsplit} run(s) without a time split in their record count as untimed)" if unsplit else "")
+    )

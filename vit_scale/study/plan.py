@@ -112,7 +112,9 @@ class Study:
     grid: str  # the modifiers with several values, for the header
     ranks_per_node: int  # on one machine without Slurm: the GPUs found
     runs: list = field(default_factory=list)
-    repeat: int = 1  # runs of each point (--repeat), in rounds: see interleave()
+    repeat: int = 1  # runs of each point (--repeat), in rounds: see interleave(); with auto, the most rounds
+    adaptive: bool = False  # --repeat auto[:N]: 2 rounds, then one more where the comparison is still open
+    points: list = field(default_factory=list)  # each point once (round 1): what a further round repeats
     predict: bool = False  # `predict: true`: the predicted curves before the first run (study/forecast.py)
     # the system profile's emulated nodes with --set emulation.* applied (None: the profile has none), and
     # those --set items, which the study's --check passes on
@@ -428,7 +430,7 @@ def make_plan(
     else:
         nodes = _node_counts(o, alloc_nodes)
     steps, warmup = _steps(o)
-    repeat = whole(o.where("repeat"), o.values.get("repeat", 1), 1)
+    repeat, adaptive = repeat_option(o.where("repeat"), o.values.get("repeat", 1))
     predict = _predict(o)
     launcher = _launcher(o, system)
     precision_of = _precision_table(o)
@@ -443,11 +445,38 @@ def make_plan(
     study.runs = _runs(study, grid, precision_of, per_strategy, shapes, system)
     if not one_machine and launcher in ("srun", "mpi"):
         refuse_qgz_under_one_gpu_per_task(study.runs, system, o.where("strategies"))
-    study.repeat = repeat
+    study.repeat, study.adaptive = repeat, adaptive
     study.predict = predict
     study.emulation, study.emulation_sets = spec, emulation_sets
-    study.runs = interleave(study.runs, repeat)
+    study.points = study.runs
+    study.runs = interleave(study.runs, FIRST_ROUNDS if adaptive else repeat)
     return study
+
+
+# --repeat auto: every point runs FIRST_ROUNDS times before the first look; at most AUTO_MAX rounds by
+# default. The maxima allowed are those analysis/sequential.py has a last-look level for (its MAXIMA).
+FIRST_ROUNDS = 2
+AUTO_MAX = 7
+AUTO_MAXIMA = range(3, 9)
+
+
+def repeat_option(where: str, value) -> tuple[int, bool]:
+    """(rounds, adaptive) from --repeat: N (a fixed number of rounds), auto (at most AUTO_MAX) or auto:N."""
+    text = str(value).strip()
+    if text == "auto" or text.startswith("auto:"):
+        most = text[len("auto:") :] if text != "auto" else str(AUTO_MAX)
+        if not most.isdigit() or int(most) not in AUTO_MAXIMA:
+            raise UserError(
+                f"{where}: '{text}' is not allowed; allowed: auto (at most {AUTO_MAX} rounds) or auto:N, N from "
+                f"{AUTO_MAXIMA.start} to {AUTO_MAXIMA.stop - 1} (the most rounds), or a whole number of at least 1"
+            )
+        return int(most), True
+    if not text.isdigit() or int(text) < 1:
+        raise UserError(
+            f"{where}: '{text}' is not allowed; allowed: a whole number of at least 1, auto or auto:N "
+            f"(N from {AUTO_MAXIMA.start} to {AUTO_MAXIMA.stop - 1})"
+        )
+    return int(text), False
 
 
 def interleave(points: list, repeat: int) -> list:
