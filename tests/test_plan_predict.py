@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -85,6 +86,11 @@ def test_without_system_the_output_is_unchanged(capsys):
     assert "step ms" not in text and not text.startswith("predicted") and "not worth" not in text
 
 
+def cells(line: str) -> list:
+    """A table row's cells: columns are two spaces apart, a cell holds at most one (`value (low-high)`)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
 def flat(text: str) -> str:
     """The output with its wrapped lines joined: the table wraps its prose at 119 columns."""
     return " ".join(text.split())
@@ -102,9 +108,13 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
     assert max(len(line) for line in lines) < 120
     header = next(line for line in lines if line.startswith("strategy"))
     assert header.split() == "strategy nodes GPUs mem GiB fits step ms img/s/GPU img/s eff extrap".split()
-    fitting = [line.split() for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
+    fitting = [cells(line) for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
     # the profile's defaults cover any group size: no point is extrapolated, so its last cell is eff
-    assert len(fitting) == 6 and all(c[-1].endswith("%") for c in fitting)
+    assert len(fitting) == 6 and all(c[-1].endswith(("%", "%)")) for c in fitting)
+    # the profile's figures carry ranges: beyond 1 node each speed, step and efficiency reads `value (low-high)`
+    two = [c for c in fitting if c[1] == "2"][:2]  # vit_base's (vit_3b's speed moves less than its rounding)
+    assert len(two) == 2 and all(re.fullmatch(r"[\d.]+%? \([\d.]+-[\d.]+%?\)", c[i]) for c in two for i in (-4, -3, -1))
+    assert "interval: 90% band: every input at its cheap end and at its costly end" in flat(out)
     ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
     assert len(ddp_3b) == 2  # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
     assert "predicted not worth running" in flat(out) and "vit_3b DDP (does not fit on 2 node(s))" in flat(out)
@@ -116,7 +126,7 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
         assert column in header
     # the step's optim (the fifth cell from the end, before img/s/GPU, img/s, eff and extrap): not modelled, "-"
     assert header.split()[-5:] == ["optim", "img/s/GPU", "img/s", "eff", "extrap"]
-    wide_fitting = [line.split() for line in wide if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line]
+    wide_fitting = [cells(line) for line in wide if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line]
     assert all(c[-4] == "-" for c in wide_fitting)
     assert [c[-4:] for c in fitting] == [[c[-8], *c[-3:]] for c in wide_fitting]  # the same step and speed
     assert not os.listdir(tmp_path)
@@ -387,7 +397,9 @@ def test_the_predicted_figure_is_written(tmp_path):
     # what the figure draws: a dashed curve per strategy that fits, an x where it does not
     drawn = plan_figure.draw(data)
     assert set(drawn.extra["predicted"]) == {("vit_base", "DDP"), ("vit_base", "FULL_SHARD"), ("vit_3b", "FULL_SHARD")}
-    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2, "extrapolated": 0}
+    # the profile's ranges give each point that fits its band, drawn under its curve
+    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2, "extrapolated": 0, "banded": 2}
+    assert all(r["images_per_s_low"] <= r["images_per_s"] <= r["images_per_s_high"] for r in data["rows"] if r["fits"])
     assert drawn.drawn["vit_base"]["not_fit"] == 0
     # a point beyond the largest measured group: an open marker over its curve, and its legend entry
     data["rows"][-1].update(fits=True, images_per_s=500.0, extrapolated=True)

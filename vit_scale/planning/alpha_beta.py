@@ -343,6 +343,34 @@ class Network:
     # rings still have to launch nsteps * net overhead", intraLat = max(intraLat, netOverhead)): the rank at
     # each node boundary forwards all n-1 chunks through the network, one message each
     net_overhead_us: float = 0.0
+    # the spread of these figures from their sources (the profile's `*_range` keys): one Range each;
+    # empty: one reading, no interval (vit_scale.planning.spread)
+    ranges: tuple = ()
+
+    def at_end(self, costly: bool) -> Network:
+        """These figures with every ranged one at the end of its range that makes a collective cheaper
+        (lowest latency, highest bandwidth) or, `costly`, dearer; fits from a check are left as they are."""
+        if not self.ranges:
+            return self
+        links = {"intra_node": self.intra, "inter_node": self.inter}
+        top = {}
+        for r in self.ranges:
+            scope, _, name = r.key.rpartition(".")
+            end = r.end(costly)
+            if scope:
+                field_name = "bus_gbps" if name == "bus_gbps" else "alpha_us"
+                links[scope] = dataclasses.replace(links[scope], **{field_name: end})
+            else:
+                top[name] = end
+        side = "costly" if costly else "cheap"
+        return dataclasses.replace(
+            self,
+            intra=links["intra_node"],
+            inter=links["inter_node"],
+            ranges=(),
+            source=f"{self.source} ({side} end of every range)",
+            **top,
+        )
 
     def _scope_link(self, collective: str, scope: str) -> Link:
         intra = self.per_collective.get((collective, "intra"))
@@ -427,12 +455,20 @@ class Network:
 
 NETWORK_KEYS = {"intra_node", "inter_node"}
 # optional, beside the two scopes: launch_us (per collective), net_overhead_us (per step of a ring spanning
-# nodes), tree_bus_ratio, measured_ranks
-NETWORK_OPTIONAL = {"launch_us", "net_overhead_us", "tree_bus_ratio", "measured_ranks"}
+# nodes), tree_bus_ratio, measured_ranks; and the spread of the first two from their sources
+NETWORK_OPTIONAL = {
+    "launch_us",
+    "net_overhead_us",
+    "tree_bus_ratio",
+    "measured_ranks",
+    "launch_us_range",
+    "net_overhead_us_range",
+}
 # step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
 # as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
 LINK_KEYS = {"bus_gbps", "step_latency_us"}
 LEGACY_LINK_KEYS = {"bus_gbps", "latency_us"}
+RANGE_SUFFIX = "_range"  # KEY_range: [low, high], the spread of KEY's sources (vit_scale.planning.spread)
 
 
 def _positive(value, what: str, zero_ok: bool = False) -> float:
@@ -455,19 +491,46 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
             f"{where}: network needs the keys {', '.join(sorted(NETWORK_KEYS))} "
             f"(and may have {', '.join(sorted(NETWORK_OPTIONAL))})"
         )
-    links = {}
+    links, ranges = {}, []
     for key in sorted(NETWORK_KEYS):
         entry = section[key]
-        if not isinstance(entry, dict) or set(entry) not in (LINK_KEYS, LEGACY_LINK_KEYS):
-            raise ValueError(f"{where}: network.{key} needs exactly the keys {', '.join(sorted(LINK_KEYS))}")
+        plain = {k for k in entry if not k.endswith(RANGE_SUFFIX)} if isinstance(entry, dict) else set()
+        if (
+            not isinstance(entry, dict)
+            or plain not in (LINK_KEYS, LEGACY_LINK_KEYS)
+            or any(k[: -len(RANGE_SUFFIX)] not in plain for k in set(entry) - plain)
+        ):
+            raise ValueError(
+                f"{where}: network.{key} needs exactly the keys {', '.join(sorted(LINK_KEYS))} (each may have "
+                f"a KEY{RANGE_SUFFIX}: [low, high] beside it)"
+            )
         latency_key = "step_latency_us" if "step_latency_us" in entry else "latency_us"
         alpha = _positive(entry[latency_key], f"{where}: network.{key}.{latency_key}")
         bus = _positive(entry["bus_gbps"], f"{where}: network.{key}.bus_gbps")
         links[key] = Link(alpha, bus, f"{where} network.{key}")
+        for name, value in ((latency_key, alpha), ("bus_gbps", bus)):
+            if name + RANGE_SUFFIX in entry:
+                ranges.append(
+                    read_range(
+                        entry[name + RANGE_SUFFIX],
+                        value,
+                        f"{key}.{name}",
+                        f"{where}: network.{key}.{name}{RANGE_SUFFIX}",
+                        costly_high=name != "bus_gbps",
+                    )
+                )
     extra = {}
     for key in ("launch_us", "net_overhead_us"):
         if key in section:
             extra[key] = _positive(section[key], f"{where}: network.{key}", zero_ok=True)
+        if key + RANGE_SUFFIX in section:
+            if key not in extra:
+                raise ValueError(f"{where}: network.{key}{RANGE_SUFFIX} is given without network.{key}")
+            ranges.append(
+                read_range(section[key + RANGE_SUFFIX], extra[key], key, f"{where}: network.{key}{RANGE_SUFFIX}")
+            )
+    if ranges:
+        extra["ranges"] = tuple(ranges)
     if "tree_bus_ratio" in section:
         ratio = _positive(section["tree_bus_ratio"], f"{where}: network.tree_bus_ratio")
         if ratio > 1:
@@ -479,6 +542,45 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
             raise ValueError(f"{where}: network.measured_ranks must be a whole number of ranks >= 2, got {ranks!r}")
         extra["measured_ranks"] = ranks
     return Network(links["intra_node"], links["inter_node"], source=f"defaults of {where}", algo=algo, **extra)
+
+
+@dataclass(frozen=True)
+class Range:
+    """One input's spread from its sources: `key` (as the profile names it, e.g. "inter_node.bus_gbps"), its
+    value and the lowest and highest reading; costly_high: a higher reading makes a collective dearer (a
+    latency), else cheaper (a bandwidth)."""
+
+    key: str
+    value: float
+    low: float
+    high: float
+    costly_high: bool = True
+
+    def end(self, costly: bool) -> float:
+        return self.high if costly == self.costly_high else self.low
+
+    def text(self) -> str:
+        return f"{self.key} {self.value:g} ({self.low:g}-{self.high:g})"
+
+
+def read_range(given, value: float, key: str, what: str, costly_high: bool = True) -> Range:
+    """A `KEY_range: [low, high]` beside KEY's `value`: two finite numbers, 0 or more (a bandwidth above
+    0), low <= value <= high; else ValueError naming `what`."""
+    ok = (
+        isinstance(given, (list, tuple))
+        and len(given) == 2
+        and all(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in given)
+    )
+    if not ok:
+        raise ValueError(f"{what} must be [low, high], two finite numbers, got {given!r}")
+    low, high = float(given[0]), float(given[1])
+    if low < 0 or (not costly_high and low <= 0):
+        raise ValueError(f"{what}: its low end must be {'above' if not costly_high else 'at least'} 0, got {low:g}")
+    if not low <= value <= high:
+        raise ValueError(
+            f"{what}: [{low:g}, {high:g}] does not contain the value {value:g}; expected low <= value <= high"
+        )
+    return Range(key, value, low, high, costly_high)
 
 
 def read_network(path: str) -> Network | None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from vit_scale.distributed import family_options
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
-from vit_scale.planning import step_fit
+from vit_scale.planning import spread, step_fit
 from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
 from vit_scale.planning.scenario import Allowance, Scenario, baseline_nodes, blas_workspace_mib
 from vit_scale.planning.shapes import Shape
@@ -59,6 +59,22 @@ class Calibration:
     notes: tuple = ()  # fits not used and why; fallbacks taken
     fitted: tuple = ()  # for "check": the fits used, "collective/scope" each
     over_defaults: bool = False  # for "check": the profile's defaults time what no fit covers
+
+    def __post_init__(self):
+        # the network at the cheap and costly ends of its inputs' ranges, made once: compute derived from a
+        # measured step is cached per network object (ComputeSource.compute_for)
+        object.__setattr__(self, "_ends", spread.ends(self.network))
+
+    @property
+    def ends(self) -> tuple | None:
+        """(cheap, costly) networks (vit_scale.planning.spread.ends), None when no input has a range."""
+        return self._ends
+
+    def spread_text(self) -> str:
+        """Which inputs carry a range, in one line (or that none does: no interval)."""
+        if not self.network.ranges:
+            return "no interval: the calibration's figures carry no range"
+        return "from the ranges of " + ", ".join(r.text() for r in self.network.ranges)
 
     @property
     def label(self) -> str:
@@ -418,11 +434,14 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
     overhead = spans[len(spans) // 2] if spans else base.net_overhead_us
     fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
     largest = max(f.largest_ranks for f in usable)
+    replaced = {"launch_us"} if launches else set()
+    replaced |= {"net_overhead_us"} if spans else set()
     network = dataclasses.replace(
         base,
         per_collective=table,
         launch_us=launch,
         net_overhead_us=overhead,
+        ranges=tuple(r for r in base.ranges if r.key not in replaced),
         measured_ranks=largest,
         source=f"{path}: {base.source}; step fits: {', '.join(fitted)} (groups up to {largest} ranks)",
     )
@@ -646,15 +665,34 @@ class ComputeSource:
                 f"on {counts} node(s) only; expected its rung on {nodes} node(s), the baseline of "
                 f"{sc.strategy} (the fewest nodes its groups fit on)"
             )
+        return min(self.rung_for(sc, options, rung), key=lambda s: s.step_s)
+
+    def rung_for(self, sc: Scenario, options: str = "", rung: list | None = None) -> list:
+        """The runs step_for picks from: its repeats (same strategy and options, else same strategy), or the
+        fastest run of another strategy alone. rung: the baseline's runs, when step_for has found them."""
+        if rung is None:
+            self.step_for(sc, options)  # its errors, for a point no run covers
+            key = (sc.model, sc.batch_size, sc.precision)
+            rung = [s for s in self.steps if s.key == key and s.scenario.nodes == baseline_nodes(sc)]
         for pick in (
             [s for s in rung if s.scenario.strategy == sc.strategy and s.options == options],
             [s for s in rung if s.scenario.strategy == sc.strategy],
         ):
             if pick:
-                return min(pick, key=lambda s: s.step_s)
-        return min(rung, key=lambda s: s.step_s)
+                return pick
+        return [min(rung, key=lambda s: s.step_s)]
 
-    def compute_for(self, sc: Scenario, network: Network, options: str = "") -> Compute:
+    def has_spread(self, points: list, options: list | None = None) -> bool:
+        """Whether some point's measured rung has repeats whose steps differ (their run-to-run interval)."""
+        if not self.origin:
+            return False
+        return any(
+            len({s.step_s for s in self.rung_for(sc, options[i] if options else "")}) > 1 for i, sc in enumerate(points)
+        )
+
+    def compute_for(self, sc: Scenario, network: Network, options: str = "", end: bool | None = None) -> Compute:
+        """The point's compute; end (measured steps only): False the fastest of its rung's repeats, True the
+        slowest (their run-to-run interval), None the one step_for picks."""
         if not self.origin and self.gemms:
             from vit_scale.planning.compute import compute_of_gemms, why_not
 
@@ -676,11 +714,15 @@ class ComputeSource:
                     )
                 return Compute.from_flops(sc, self.peak, self.efficiencies[sc.model])
             return Compute.from_flops(sc, self.peak, self.efficiency)
-        step = self.step_for(sc, options)
+        if end is None:
+            step = self.step_for(sc, options)
+        else:
+            step = (max if end else min)(self.rung_for(sc, options), key=lambda s: s.step_s)
         key = (step.run_dir, id(network))
         if key not in self._cache:
-            self._cache[key] = compute_of(step, network)
-        return self._cache[key]
+            # the network is kept with its compute, so that its id is not reused while the entry stands
+            self._cache[key] = (network, compute_of(step, network))
+        return self._cache[key][1]
 
 
 def compute_from(path: str, runs: list | None = None) -> ComputeSource:
@@ -755,22 +797,25 @@ def predict(
 ) -> list:
     """One StepPrediction per point (a Scenario), each with its scaling efficiency against the same
     point on its baseline (1 node, or the fewest nodes a group wider than a node fits on: baseline_nodes).
-    options: per point, the strategy options' JSON (prefers a compute run of the same series). Raises
-    UserError for a point whose compute source does not fit it."""
+    options: per point, the strategy options' JSON (prefers a compute run of the same series). Where an
+    input carries a range (the calibration's, or a measured rung's repeats), each prediction gets its band
+    (vit_scale.planning.spread: the predictions with every input at its cheap and at its costly end).
+    Raises UserError for a point whose compute source does not fit it."""
+    net = calibration.network
+    spread_ends = calibration.ends
+    banded = spread_ends is not None or compute.has_spread(points, options)
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
-        comp = compute.compute_for(sc, calibration.network, opt)
-        p = predict_step(sc, calibration.network, comp, blocking)
-        first = baseline_nodes(sc)
-        one = dataclasses.replace(sc, nodes=first)
-        key = repr(one)
-        if key not in base:
-            base[key] = p if sc.nodes == first else predict_step(one, calibration.network, comp, blocking)
-        b = base[key]
-        p.baseline_nodes = first
-        if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
-            p.scaling_efficiency = p.images_per_s_per_gpu / b.images_per_s_per_gpu
+        p = _predict_one(sc, net, compute.compute_for(sc, net, opt), blocking, base, "value")
+        if banded:
+            at_ends = []
+            for costly in (False, True):
+                end_net = spread_ends[costly] if spread_ends else net
+                comp = compute.compute_for(sc, end_net, opt, end=costly if compute.origin else None)
+                at_ends.append(_predict_one(sc, end_net, comp, blocking, base, costly))
+            spread.band(p, at_ends)
+        first = p.baseline_nodes
         if first > 1:
             p.rules = p.rules + [
                 f"baseline: {first} nodes, the fewest {sc.strategy} fits on ({sc.gpus_per_node} GPUs a node); "
@@ -779,6 +824,22 @@ def predict(
         p.rules = p.rules + [f"calibration: {calibration.describe()}"]
         out.append(p)
     return out
+
+
+def _predict_one(sc: Scenario, network: Network, comp: Compute, blocking: bool, base: dict, which) -> StepPrediction:
+    """One point with its efficiency against its baseline's prediction under the same inputs (`which`: the
+    value or an end of the ranges; base caches the baselines)."""
+    p = predict_step(sc, network, comp, blocking)
+    first = baseline_nodes(sc)
+    one = dataclasses.replace(sc, nodes=first)
+    key = (repr(one), which)
+    if key not in base:
+        base[key] = p if sc.nodes == first else predict_step(one, network, comp, blocking)
+    b = base[key]
+    p.baseline_nodes = first
+    if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
+        p.scaling_efficiency = p.images_per_s_per_gpu / b.images_per_s_per_gpu
+    return p
 
 
 __all__ = [
