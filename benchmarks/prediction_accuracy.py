@@ -334,21 +334,32 @@ def frontier_main() -> int:
     mem = pub.memory_rows(data)
     s = pub.summary(rows, mem)
     print(f"network: {net.source}; published data: {data['repository']} @ {data['commit'][:12]}")
+    print(f"ranges: {', '.join(r.text() for r in net.ranges) or 'none (no band)'}")
     print(
-        f"\n{'model':9} {'strategy':14} {'nodes':>5} {'measured':>9} {'predicted':>9} {'error':>7} "
-        f"{'eff meas':>8} {'eff pred':>8} {'no-comm':>8}  (images/s per GCD)"
+        f"\n{'model':9} {'strategy':14} {'nodes':>5} {'measured':>9} {'predicted':>9} {'90% band':>15} {'in':>3} "
+        f"{'error':>7} {'eff meas':>8} {'eff pred':>8} {'no-comm':>8}  (images/s per GCD)"
     )
     for r in rows:
+        band = "" if r.low is None else f"{r.low:.2f}-{r.high:.2f}"
+        inside = "" if r.inside is None else ("yes" if r.inside else "NO")
         print(
-            f"{r.model:9} {r.strategy:14} {r.nodes:5d} {r.measured:9.2f} {r.predicted:9.2f} {r.error:+7.1%} "
-            f"{r.measured_efficiency:8.2f} {r.predicted_efficiency:8.2f} {r.no_comm_error:+8.1%}"
+            f"{r.model:9} {r.strategy:14} {r.nodes:5d} {r.measured:9.2f} {r.predicted:9.2f} {band:>15} {inside:>3} "
+            f"{r.error:+7.1%} {r.measured_efficiency:8.2f} {r.predicted_efficiency:8.2f} {r.no_comm_error:+8.1%}"
             + ("  extrapolated" if r.extrapolated else "")
         )
-    print("\ncrossings (the node count from which FULL_SHARD stays >5% below the hybrid):")
+    print("\ncrossings (the node count from which FULL_SHARD stays >5% below the hybrid; -: not within 2-128 nodes):")
     for c in s["crossings"]:
+        factor = pub.crossing_factor(c)
+        where = ""
+        if "earliest" in c:
+            if c["earliest"] is None:
+                span = "none at any reading"
+            else:
+                span = f"{c['earliest']} to {c['latest'] or 'none (at some reading)'}"
+            where = f"  predicted range: {span}; measured {'inside' if pub.crossing_in_range(c) else 'outside'}"
         print(
             f"  {c['model']:9} {c['hybrid']:14} measured {c['measured'] or '-':>4}  predicted "
-            f"{c['predicted'] or '-':>4}  factor {pub.crossing_factor(c):.1f}"
+            f"{c['predicted'] or '-':>4}  factor {'miss' if factor is None else f'{factor:.1f}'}{where}"
         )
     print("\npeak active memory per GCD (GiB):")
     for m in mem:
@@ -357,28 +368,41 @@ def frontier_main() -> int:
             f"predicted {m.predicted_gib:7.2f} {m.error:+6.1%}"
         )
     low64 = sorted(abs(r.error) for r in rows if r.measured_efficiency < pub.LOW_EFFICIENCY and r.nodes <= 64)
+    n_cross = len(s["crossings"])
+    # (name, model's figure, no-communication's, bar, format); a bar ("<=", x) is a ceiling, (">=", x) a floor
     figures = [
-        ("median |error|, all points", s["median_abs_error"], s["no_comm_median_abs_error"], 0.15),
+        ("median |error|, all points", s["median_abs_error"], s["no_comm_median_abs_error"], ("<=", 0.15), "%"),
         (
             "median |error|, efficiency < 0.8",
             s["median_abs_error_low_efficiency"],
             s["no_comm_median_abs_error_low_efficiency"],
-            0.25,
+            ("<=", 0.25),
+            "%",
         ),
-        ("  the same, up to 64 nodes", statistics.median(low64), None, 0.25),
-        ("max |error|", s["max_abs_error"], s["no_comm_max_abs_error"], None),
-        ("largest crossing factor", s["max_crossing_factor"], None, 2.0),
-        ("max |memory error|", s["memory_max_abs_error"], None, 0.10),
+        ("  the same, up to 64 nodes", statistics.median(low64), None, ("<=", 0.25), "%"),
+        ("max |error|", s["max_abs_error"], s["no_comm_max_abs_error"], None, "%"),
+        ("largest crossing factor, both crossed", s["max_crossing_factor"], None, ("<=", 2.0), "x"),
+        (f"crossings missed (of {n_cross})", s["crossings_missed"], None, ("<=", 0), "n"),
     ]
-    print(f"\n{'figure':36} {'model':>8} {'no-comm':>8} {'bar':>6}")
+    if s["coverage"] is not None:
+        figures += [
+            ("points inside their 90% band", s["coverage"], None, (">=", 0.80), "%"),
+            ("  the same, efficiency < 0.8", s["coverage_low_efficiency"], None, (">=", 0.70), "%"),
+            ("median band width (high/low)", s["median_width"], None, ("<=", 1.3), "x"),
+            ("  the same, efficiency < 0.8", s["median_width_low_efficiency"], None, None, "x"),
+            (f"crossings inside their range (of {n_cross})", s["crossings_in_range"], None, None, "n"),
+        ]
+    figures.append(("max |memory error|", s["memory_max_abs_error"], None, ("<=", 0.10), "%"))
+    formats = {"%": "{:.1%}", "x": "{:.2f}x", "n": "{:g}"}
+    print(f"\n{'figure':38} {'model':>8} {'no-comm':>8} {'bar':>8}")
     met = True
-    for name, value, base, bar in figures:
-        ok = bar is None or value <= bar
+    for name, value, base, bar, kind in figures:
+        ok = bar is None or (value <= bar[1] if bar[0] == "<=" else value >= bar[1])
         met = met and ok
-        fmt = (lambda x: f"{x:.2f}x") if "factor" in name else (lambda x: f"{x:.1%}")
+        fmt = formats[kind].format
         print(
-            f"{name:36} {fmt(value):>8} {'' if base is None else fmt(base):>8} "
-            f"{'' if bar is None else fmt(bar):>6}{'' if ok else '  missed'}"
+            f"{name:38} {fmt(value):>8} {'' if base is None else fmt(base):>8} "
+            f"{'' if bar is None else bar[0] + ' ' + fmt(bar[1]):>8}{'' if ok else '  missed'}"
         )
     print(
         f"\n{s['points']} points ({s['extrapolated_points']} beyond the largest group the profile's sources "
