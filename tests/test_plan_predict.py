@@ -594,3 +594,89 @@ def test_a_group_wider_than_a_node_takes_its_smallest_node_count_as_baseline(cap
     assert (at8["largest_group"], at8["extrapolated"]) == (16, False)
     full = row(out, "vit_15b", "FULL_SHARD", 8)["prediction"]
     assert full["baseline_nodes"] == 1 and (full["largest_group"], full["extrapolated"]) == (64, True)
+
+
+# ---------------------------------------------------------------- the profile's ranges
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        # a range that does not contain its value
+        (("net_overhead_us_range: [3.0, 45.9]", "net_overhead_us_range: [3.0, 40]"), "network.net_overhead_us_range"),
+        # a negative bound
+        (("launch_us_range: [12, 17]", "launch_us_range: [-1, 17]"), "network.launch_us_range"),
+        # a bound that is not finite
+        (
+            ("step_latency_us_range: [3.0, 45.9]", "step_latency_us_range: [3.0, .inf]"),
+            "network.inter_node.step_latency_us_range",
+        ),
+        # not a pair of numbers
+        (
+            ("step_latency_us_range: [1.11, 1.52]", "step_latency_us_range: wide"),
+            "network.intra_node.step_latency_us_range",
+        ),
+    ],
+)
+def test_a_bad_range_is_one_line_naming_its_key(capsys, tmp_path, monkeypatch, edit, named):
+    """A range that does not contain its value, a negative or non-finite bound, or one that is no pair of
+    numbers: one line naming the key, exit 2, nothing written (not the figure's directory either)."""
+    text = open(pr.profile_path("frontier"), encoding="utf-8").read()
+    assert edit[0] in text
+    bad = tmp_path / "frontier.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    monkeypatch.setattr(pr, "profile_path", lambda system: str(bad))
+    figure = tmp_path / "figure"
+    assert plan.main(BASE + ["--figure", str(figure)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert f"frontier.yaml: {named}" in captured.err and "Traceback" not in captured.err
+    assert not figure.exists()
+
+
+def test_a_profile_without_ranges_reads_as_before(capsys, tmp_path, monkeypatch):
+    """Without `*_range` keys the rows have no band (null *_low/*_high, the cells a bare value) and the
+    output says so in one line; the values are the same as with the ranges."""
+    with_ranges = run_json(capsys, BASE)
+    text = open(pr.profile_path("frontier"), encoding="utf-8").read()
+    plain = tmp_path / "frontier.yaml"
+    plain.write_text("\n".join(line for line in text.splitlines() if "_range:" not in line) + "\n")
+    monkeypatch.setattr(pr, "profile_path", lambda system: str(plain))
+    out = run_json(capsys, BASE)
+    for a, b in zip(with_ranges["rows"], out["rows"], strict=True):
+        if b["prediction"]["step"] is None:
+            continue
+        assert b["prediction"]["images_per_s"] == a["prediction"]["images_per_s"]
+        assert b["prediction"]["images_per_s_low"] is None and b["prediction"]["step_s_high"] is None
+        low, high = a["prediction"]["images_per_s_low"], a["prediction"]["images_per_s_high"]
+        assert low <= a["prediction"]["images_per_s"] <= high
+    assert out["prediction"]["interval"]["text"] == "no interval: the calibration's figures carry no range"
+    assert out["prediction"]["crossings"] == []
+    assert plan.main(BASE + ["--no-figure"]) == 0
+    table = capsys.readouterr().out
+    assert "interval: no interval: the calibration's figures carry no range" in table and "(4" not in table
+
+
+def test_the_issues_ladder_shows_each_band_and_the_crossing_as_a_range(capsys):
+    """vit_base, FULL_SHARD against HYBRID_2GPU over 1-128 Frontier nodes: every point beyond 1 node with
+    its band in the table, each band holding its value, and the crossing said as a range of node counts
+    (the ranges of the per-step latency across nodes, 3.0 to 45.9 us, move it by 16x)."""
+    args = ["--system", "frontier", "--model", "vit_base", "--strategy", "FULL_SHARD,HYBRID_2GPU"]
+    args += ["--nodes", "1,2,4,8,16,32,64,128"]
+    out = run_json(capsys, args)
+    for r in out["rows"]:
+        p = r["prediction"]
+        for name in ("images_per_s_per_gpu", "images_per_s", "step_s", "scaling_efficiency"):
+            value = p["step"]["step_s"] if name == "step_s" else p[name]
+            # the bounds are written to 9 decimals, the value in full
+            assert p[f"{name}_low"] - 1e-9 <= value <= p[f"{name}_high"] + 1e-9, (r, name)
+    full = [r["prediction"] for r in out["rows"] if r["strategy"] == "FULL_SHARD" and r["nodes"] == 128][0]
+    assert full["images_per_s_per_gpu_high"] / full["images_per_s_per_gpu_low"] > 10
+    [c] = out["prediction"]["crossings"]
+    assert (c["strategy"], c["below"], c["earliest"], c["latest"]) == ("FULL_SHARD", "HYBRID_2GPU", 2, 32)
+    assert out["prediction"]["interval"]["method"] == "bounds" and out["prediction"]["interval"]["level"] == 0.9
+    jsonschema.validate(out, plan.PLAN_SCHEMA)
+    assert plan.main(args + ["--no-figure"]) == 0
+    text = capsys.readouterr().out
+    assert "vit_base: FULL_SHARD falls below HYBRID_2GPU between 2 and 32 nodes" in flat(text)
+    assert max(len(line) for line in text.splitlines()) < 120

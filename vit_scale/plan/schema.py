@@ -106,6 +106,12 @@ ROW_SCHEMA = {
                 "images_per_s": {"type": ["number", "null"]},
                 "scaling_efficiency": {"type": ["number", "null"]},
                 "extrapolated": {"type": "boolean"},
+                # the 90% band (vit_scale.planning.spread); null where no input carries a range
+                **{
+                    f"{name}_{side}": {"type": ["number", "null"]}
+                    for name in ("images_per_s_per_gpu", "images_per_s", "step_s", "scaling_efficiency")
+                    for side in ("low", "high")
+                },
             },
         },
     },
@@ -131,6 +137,27 @@ PREDICTION_SCHEMA = {
         },
         "not_worth_running": {"type": "array", "items": {"type": "object", "required": ["model", "strategy", "why"]}},
         "rule": {"type": "string"},
+        "interval": {
+            "type": "object",
+            "required": ["level", "method", "text"],
+            "properties": {
+                "level": {"type": ["number", "null"]},
+                "method": {"enum": ["bounds", None]},
+                "text": {"type": "string"},
+            },
+        },
+        "crossings": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "strategy", "below", "value", "earliest", "latest", "largest", "text"],
+                "properties": {
+                    "value": {"type": ["integer", "null"]},
+                    "earliest": {"type": "integer"},
+                    "latest": {"type": ["integer", "null"]},
+                },
+            },
+        },
     },
 }
 PLAN_SCHEMA = {
