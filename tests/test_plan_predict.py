@@ -286,6 +286,10 @@ def bad_inputs(tmp_path) -> list:
     one_rank, infinite = synthetic_fits(40.0, 2.0), synthetic_fits(40.0, 2.0)
     one_rank[0]["ranks"] = 1
     infinite[2]["bus_gbps"] = float("inf")
+    # a standard error that is not a number, or a negative one
+    words_se, negative_se = synthetic_fits(40.0, 2.0), synthetic_fits(40.0, 2.0)
+    words_se[1]["alpha_us_se"] = "small"
+    negative_se[3]["bus_gbps_se"] = -0.5
     cal, comp = "--calibration", "--compute-from"
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
@@ -318,6 +322,11 @@ def bad_inputs(tmp_path) -> list:
             ["fits[0]", "ranks must be a whole number of at least 2"],
         ),
         ([cal, write_check(tmp_path / "inf.json", infinite)], ["fits[2]", "finite bus_gbps above 0", "inf"]),
+        (
+            [cal, write_check(tmp_path / "se.json", words_se)],
+            ["fits[1]", "alpha_us_se must be a finite number", "small"],
+        ),
+        ([cal, write_check(tmp_path / "nse.json", negative_se)], ["fits[3]", "bus_gbps_se must be a finite", "-0.5"]),
     ]
 
 
@@ -521,7 +530,8 @@ def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_pa
     assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in flat(out)
     assert "--compute-from" in out and "--figure report/s" in out
     lines = [line for line in out.splitlines() if line.startswith(("DDP ", "FULL_SHARD "))]
-    assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines  # a speed and its efficiency
+    # a speed and its efficiency (with its band from the local profile's ranges beyond 1 node)
+    assert len(lines) == 4 and all(line.endswith(("%", "%)")) for line in lines), lines
     data = json.loads((tmp_path / "report" / "s" / "weak_scaling_plan.json").read_text())
     one = {r["strategy"]: r["images_per_s"] for r in data["rows"] if r["nodes"] == 1}
     assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)  # each rung reproduces itself
@@ -680,3 +690,34 @@ def test_the_issues_ladder_shows_each_band_and_the_crossing_as_a_range(capsys):
     text = capsys.readouterr().out
     assert "vit_base: FULL_SHARD falls below HYBRID_2GPU between 2 and 32 nodes" in flat(text)
     assert max(len(line) for line in text.splitlines()) < 120
+
+
+def test_a_checks_fits_carry_their_standard_errors_into_the_band(capsys, tmp_path):
+    """A check's fit records the standard errors of its alpha and B from the size sweep's scatter; over the
+    profile's defaults its collectives' band is +-1.645 of them (the profile's ranges still time what no fit
+    covers). A fit from exact timings has errors of about 0: the band narrows to the value."""
+    noisy = []
+    for scope in ("intra", "inter"):
+        n = 16 if scope == "inter" else 8
+        for collective, factor in BUS_FACTORS.items():
+            points = [
+                (s, (40e-6 + s * factor(n) / 2e9) * (1 + 0.04 * (-1) ** i))
+                for i, s in enumerate(SIZES)
+                for _ in range(2)
+            ]
+            noisy.append(fit(collective, scope, n, points).as_dict())
+    assert all(f["alpha_us_se"] > 0 and f["bus_gbps_se"] > 0 for f in noisy)
+    exact = synthetic_fits(40.0, 2.0)
+    assert all(f["bus_gbps_se"] < 1e-6 * f["bus_gbps"] for f in exact)
+    args = ["--system", "frontier", "--model", "vit_3b", "--nodes", "1,2", "--strategy", "FULL_SHARD"]
+    got = {}
+    for name, fits in (("noisy", noisy), ("exact", exact)):
+        out = run_json(capsys, args + ["--calibration", write_check(tmp_path / f"{name}.json", fits)])
+        got[name] = row(out, "vit_3b", "FULL_SHARD", 2)["prediction"]
+        text = out["prediction"]["interval"]["text"]
+        # exact timings' errors round to 0 in check.json: no interval of their own
+        assert ("standard errors of all_gather/inter fit: alpha" in text) == (name == "noisy")
+    for p in got.values():
+        assert p["images_per_s_low"] <= p["images_per_s"] <= p["images_per_s_high"]
+    width = {k: p["step_s_high"] / p["step_s_low"] for k, p in got.items()}
+    assert width["noisy"] > width["exact"] * 1.01, width

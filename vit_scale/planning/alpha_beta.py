@@ -45,6 +45,9 @@ MIN_SIZES = 4  # distinct sizes a fit needs before it says anything about alpha 
 MAX_RESIDUAL = 0.25  # largest relative residual (|model - measured| / measured) a usable fit has
 MONOTONE_NOISE = 0.10  # relative slack when a point carries no spread of its own
 GB = 1e9
+# a fit's 90% interval: its estimate +- this many standard errors (the normal's 5th-95th percentile; a fit
+# has tens of points, sizes times repeats, where Student's t differs from it by a few per cent)
+Z90 = 1.645
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -83,10 +86,30 @@ class Fit:
     # ranks of the fitted group on each node (the check's ranks per node for an across-nodes fit): what
     # its bandwidth is rescaled from for a group with another number (Network.link); None: not recorded
     ranks_per_node: int | None = None
+    # the standard errors of alpha and B from the size sweep's scatter (its repeats included); None: not
+    # recorded (a check before them), no interval
+    alpha_se_us: float | None = None
+    bus_se_gbps: float | None = None
 
     @property
     def usable(self) -> bool:
         return not self.flags
+
+    @property
+    def has_spread(self) -> bool:
+        return bool(self.alpha_se_us or self.bus_se_gbps)
+
+    def at_end(self, costly: bool) -> Fit:
+        """The fit at the end of its 90% interval that makes a collective cheaper, or dearer (`costly`):
+        alpha +- Z90 standard errors (at least 0), B through its slope 1/B +- Z90 of the slope's error, so
+        that the dear end stays above 0 and a cheap end past 1/B = 0 is an unbounded bandwidth."""
+        if not self.has_spread:
+            return self
+        sign = 1 if costly else -1
+        alpha = max(0.0, self.alpha_us + sign * Z90 * (self.alpha_se_us or 0.0))
+        rel = Z90 * (self.bus_se_gbps or 0.0) / self.bus_gbps  # the slope's relative error, by the delta method
+        bus = self.bus_gbps / (1 + rel) if costly else (self.bus_gbps / (1 - rel) if rel < 1 else math.inf)
+        return dataclasses.replace(self, alpha_us=alpha, bus_gbps=bus, alpha_se_us=None, bus_se_gbps=None)
 
     @property
     def nodes(self) -> int:
@@ -123,7 +146,14 @@ class Fit:
             "usable": self.usable,
             "flags": list(self.flags),
             **({"ranks_per_node": self.ranks_per_node} if self.ranks_per_node else {}),
+            **({"alpha_us_se": _se(self.alpha_se_us, 3)} if self.alpha_se_us is not None else {}),
+            **({"bus_gbps_se": _se(self.bus_se_gbps, 6)} if self.bus_se_gbps is not None else {}),
         }
+
+
+def _se(x: float, digits: int) -> float:
+    # check.json stays strict JSON: an error the fit could not give (too few points) is written as 0
+    return round(x, digits) if math.isfinite(x) else 0.0
 
 
 def _point(p) -> tuple[float, float, float]:
@@ -196,7 +226,38 @@ def fit(
     backwards = _backwards(pts, noise)
     if backwards:
         flags.append(backwards)
-    return Fit(collective, scope, ranks, alpha * 1e6, bus, residual, len(sizes), tuple(flags), ranks_per_node)
+    alpha_se, bus_se = _standard_errors(xs, ts, ws, alpha, slope, mx, sxx, sw, clamped=alpha == 0.0)
+    return Fit(
+        collective,
+        scope,
+        ranks,
+        alpha * 1e6,
+        bus,
+        residual,
+        len(sizes),
+        tuple(flags),
+        ranks_per_node,
+        alpha_se * 1e6,
+        bus_se,
+    )
+
+
+def _standard_errors(xs, ts, ws, alpha, slope, mx, sxx, sw, clamped: bool) -> tuple[float, float]:
+    """(alpha's standard error in seconds, B's in GB/s) of the weighted fit: the residual variance over the
+    degrees of freedom left (every point, repeats included, so the repeats' spread is in it) times the
+    parameters' variance factors; B's by the delta method (B = 1/slope). Through the origin (alpha clamped
+    to 0) alpha's is 0, a bound rather than an estimate. NaN where too few points leave no freedom."""
+    n, k = len(xs), 1 if clamped else 2
+    if n <= k or slope <= 0:
+        return math.nan, math.nan
+    s2 = sum(w * (alpha + slope * x - t) ** 2 for x, t, w in zip(xs, ts, ws, strict=True)) / (n - k)
+    if clamped:
+        sq = sum(w * x * x for w, x in zip(ws, xs, strict=True))
+        var_slope, var_alpha = (s2 / sq if sq > 0 else math.inf), 0.0
+    else:
+        var_slope = s2 / sxx if sxx > 0 else math.inf
+        var_alpha = s2 * (1 / sw + mx * mx / sxx) if sxx > 0 else math.inf
+    return math.sqrt(var_alpha), math.sqrt(var_slope) / (slope * slope) / GB
 
 
 def _backwards(pts, noise: float) -> str:
@@ -350,7 +411,7 @@ class Network:
     def at_end(self, costly: bool) -> Network:
         """These figures with every ranged one at the end of its range that makes a collective cheaper
         (lowest latency, highest bandwidth) or, `costly`, dearer; fits from a check are left as they are."""
-        if not self.ranges:
+        if not self.has_spread:
             return self
         links = {"intra_node": self.intra, "inter_node": self.inter}
         top = {}
@@ -363,14 +424,21 @@ class Network:
             else:
                 top[name] = end
         side = "costly" if costly else "cheap"
+        table = {k: v.at_end(costly) if isinstance(v, Fit) else v for k, v in self.per_collective.items()}
         return dataclasses.replace(
             self,
             intra=links["intra_node"],
             inter=links["inter_node"],
+            per_collective=table,
             ranges=(),
             source=f"{self.source} ({side} end of every range)",
             **top,
         )
+
+    @property
+    def has_spread(self) -> bool:
+        """Whether some figure carries a range, or some fit a standard error."""
+        return bool(self.ranges) or any(isinstance(v, Fit) and v.has_spread for v in self.per_collective.values())
 
     def _scope_link(self, collective: str, scope: str) -> Link:
         intra = self.per_collective.get((collective, "intra"))

@@ -33,7 +33,16 @@ from vit_scale.distributed import family_options
 from vit_scale.errors import UserError
 from vit_scale.models import get_spec
 from vit_scale.planning import spread, step_fit
-from vit_scale.planning.alpha_beta import COLLECTIVES, MIN_SIZES, SCOPES, Fit, Link, Network, network_from_profile
+from vit_scale.planning.alpha_beta import (
+    COLLECTIVES,
+    MIN_SIZES,
+    SCOPES,
+    Z90,
+    Fit,
+    Link,
+    Network,
+    network_from_profile,
+)
 from vit_scale.planning.scenario import Allowance, Scenario, baseline_nodes, blas_workspace_mib
 from vit_scale.planning.shapes import Shape
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
@@ -59,11 +68,15 @@ class Calibration:
     notes: tuple = ()  # fits not used and why; fallbacks taken
     fitted: tuple = ()  # for "check": the fits used, "collective/scope" each
     over_defaults: bool = False  # for "check": the profile's defaults time what no fit covers
+    # (cheap, costly) networks where the calibration builds them itself (a schema-2 check: its step fits at
+    # each end of their intervals); empty: from the network's own ranges and fits (spread.ends)
+    given_ends: tuple = ()
+    fit_errors: tuple = ()  # for "check": each fit with standard errors, in a few words
 
     def __post_init__(self):
         # the network at the cheap and costly ends of its inputs' ranges, made once: compute derived from a
         # measured step is cached per network object (ComputeSource.compute_for)
-        object.__setattr__(self, "_ends", spread.ends(self.network))
+        object.__setattr__(self, "_ends", self.given_ends or spread.ends(self.network))
 
     @property
     def ends(self) -> tuple | None:
@@ -72,9 +85,11 @@ class Calibration:
 
     def spread_text(self) -> str:
         """Which inputs carry a range, in one line (or that none does: no interval)."""
-        if not self.network.ranges:
+        if self.ends is None:
             return "no interval: the calibration's figures carry no range"
-        return "from the ranges of " + ", ".join(r.text() for r in self.network.ranges)
+        parts = [f"the ranges of {', '.join(r.text() for r in self.network.ranges)}"] if self.network.ranges else []
+        parts += [f"+-{Z90:g} standard errors of {e}" for e in self.fit_errors]
+        return "from " + "; ".join(parts)
 
     @property
     def label(self) -> str:
@@ -229,9 +244,27 @@ def read_fits(check: dict, where: str) -> list:
                 int(entry["sizes"]),
                 flags,
                 _ranks_per_node(entry.get("ranks_per_node")),
+                *_standard_errors(entry, ("alpha_us_se", "bus_gbps_se"), name, where),
             )
         )
     return fits
+
+
+def _standard_errors(entry: dict, keys: tuple, name: str, where: str) -> list:
+    """A fit's optional standard errors (None where not recorded: a check before them); one that is not a
+    finite number of 0 or more is bad input naming its key."""
+    out = []
+    for key in keys:
+        value = entry.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0
+        ):
+            raise UserError(
+                f"--calibration: {where}: {name}: {key} must be a finite number of 0 or more (a standard error), "
+                f"got {value!r}"
+            )
+        out.append(None if value is None else float(value))
+    return out
 
 
 def _check_fit_values(entry: dict, name: str, where: str) -> None:
@@ -347,6 +380,12 @@ def check_calibration(
     fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
     covered = {(f.collective, f.scope) for f in usable}
     over = defaults is not None and any((c, s) not in covered for c in COLLECTIVES for s in SCOPES)
+    errors = tuple(
+        f"{f.collective}/{f.scope} fit: alpha {f.alpha_us:.3g} +- {f.alpha_se_us or 0:.2g} us, "
+        f"B {f.bus_gbps:.3g} +- {f.bus_se_gbps or 0:.2g} GB/s"
+        for f in usable
+        if f.has_spread
+    )
     return Calibration(
         "check",
         dataclasses.replace(network, source=f"{path}: {network.source}"),
@@ -354,6 +393,7 @@ def check_calibration(
         tuple(notes),
         fitted,
         over,
+        fit_errors=errors,
     )
 
 
@@ -390,6 +430,7 @@ def read_step_fits(check: dict, where: str) -> list:
                     f"--calibration: {where}: {name}: a usable fit needs a finite bus_gbps above 0 and a finite "
                     f"step_latency_us and launch_us of 0 or more, got {values}"
                 )
+        _standard_errors(entry, ("step_latency_us_se", "launch_us_se", "bus_gbps_se"), name, where)
         fits.append(step_fit.from_dict(entry))
     return fits
 
@@ -423,6 +464,31 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
                 notes.append(f"no usable {s}-node fit and no profile defaults: {s} timed with the {other} fit")
                 by_scope[s] = by_scope[other]
         base = Network(by_scope["intra"], by_scope["inter"], source=f"fits of {os.path.basename(path)}")
+    network = _step_network(base, usable, path)
+    ends = ()
+    if base.has_spread or any(f.has_spread for f in usable):
+        # each end: the profile's figures and every fit at the same end of their intervals
+        ends = tuple(
+            _step_network(base.at_end(costly), [f.at_end(costly) for f in usable], path) for costly in (False, True)
+        )
+    fitted = tuple(dict.fromkeys(f"{f.collective}/{f.scope}" for f in usable))
+    covered = {(f.collective, f.scope) for f in usable}
+    over = defaults is not None and any((c, s) not in covered for c in COLLECTIVES for s in SCOPES)
+    errors = tuple(_step_fit_spread(f) for f in usable if f.has_spread)
+    return Calibration("check", network, path, tuple(notes), fitted, over, given_ends=ends, fit_errors=errors)
+
+
+def _step_fit_spread(f) -> str:
+    return (
+        f"{f.collective}/{f.scope} fit: step {f.step_latency_us:.3g} +- {f.step_latency_se_us or 0:.2g} us, "
+        f"launch {f.launch_us:.3g} +- {f.launch_se_us or 0:.2g} us, B {f.bus_gbps:.3g} +- {f.bus_se_gbps or 0:.2g} GB/s"
+    )
+
+
+def _step_network(base: Network, usable: list, path: str) -> Network:
+    """`base` with the usable step fits in: each (collective, scope) fitted prices its steps and bytes with
+    its fit; the launch is the within-node fits' median, the network overhead the across-nodes fits' in-node
+    step latency (median), each where some fit gives it."""
     table = dict(base.per_collective)
     for f in usable:
         table[(f.collective, f.scope)] = f.link()
@@ -436,7 +502,7 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
     largest = max(f.largest_ranks for f in usable)
     replaced = {"launch_us"} if launches else set()
     replaced |= {"net_overhead_us"} if spans else set()
-    network = dataclasses.replace(
+    return dataclasses.replace(
         base,
         per_collective=table,
         launch_us=launch,
@@ -445,9 +511,6 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
         measured_ranks=largest,
         source=f"{path}: {base.source}; step fits: {', '.join(fitted)} (groups up to {largest} ranks)",
     )
-    covered = {(f.collective, f.scope) for f in usable}
-    over = defaults is not None and any((c, s) not in covered for c in COLLECTIVES for s in SCOPES)
-    return Calibration("check", network, path, tuple(notes), fitted, over)
 
 
 def choose_calibration(

@@ -32,9 +32,9 @@ CROSSING_MARGIN = 0.05
 
 
 def ends(network) -> tuple | None:
-    """(cheap, costly): the network with every ranged figure at the end that makes collectives cheaper,
-    and dearer; None when no figure has a range."""
-    if not network.ranges:
+    """(cheap, costly): the network with every ranged figure (and every fit with standard errors, at +-Z90
+    of them) at the end that makes collectives cheaper, and dearer; None when nothing has a spread."""
+    if not network.has_spread:
         return None
     return network.at_end(False), network.at_end(True)
 
