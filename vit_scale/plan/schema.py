@@ -53,6 +53,7 @@ ROW_SCHEMA = {
         "replicate_group_size": {"type": "integer", "minimum": 1},
         "memory_gib": {"type": "number", "exclusiveMinimum": 0},
         "peak_allocated_gib": {"type": "number", "exclusiveMinimum": 0},
+        "peak_active_gib": {"type": "number", "exclusiveMinimum": 0},
         "components_gib": {
             "type": "object",
             "required": list(_GIB_PARTS),
