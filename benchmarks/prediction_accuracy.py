@@ -62,6 +62,8 @@ from vit_scale.planning import predict as pr  # noqa: E402
 from vit_scale.record import reader  # noqa: E402
 
 BAR = 0.20  # median absolute error over the points beyond 1 node, isolated emulation (issue 29)
+COVERAGE_BAR = 0.80  # share of the points beyond 1 node inside their 90% band (issue 37) ...
+WIDTH_BAR = 1.5  # ... with the bands' median width (high / low) under this
 NO_COMM_SHARE = 0.5  # ... and at most this share of the no-communication prediction's median
 WEAK_BAR = 0.85  # DDP's images/s per node, 4 nodes against 1, links not shaped
 LINK_BAR = 0.15  # the check's across-nodes bandwidth against the shaped one
@@ -99,6 +101,7 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
         p = pr.predict([step.scenario], cal, comp, step.blocking, options=[step.options])[0]
         measured = step.scenario.batch_size * step.scenario.world / step.step_s
         b = p.breakdown
+        band = (p.band or {}).get("images_per_s")
         rows.append(
             {
                 "strategy": step.scenario.strategy,
@@ -109,6 +112,9 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
                 "exposed_ms": (b.exposed_intra_s + b.exposed_inter_s) * 1e3 if b else None,
                 "compute_ms": (b.forward_s + b.backward_s) * 1e3 if b else None,
                 "step_ms": step.step_s * 1e3,
+                # the 90% band from the check's standard errors, the profile's ranges and the rung's repeats
+                "low": band[0] if band else None,
+                "high": band[1] if band else None,
             }
         )
     return sorted(rows, key=lambda r: (r["strategy"], r["nodes"]))
@@ -139,6 +145,16 @@ def gemm_rungs(runs: list, cal: pr.Calibration, check_path: str, peak: float | N
             f"{b.step_s * 1e3:.1f} ms (compute {(b.forward_s + b.backward_s) * 1e3:.1f} ms), flat 40% of peak "
             f"{'n/a (no peak: a CPU)' if base is None else f'{base * 1e3:.1f} ms'}"
         )
+
+
+def coverage(rows: list) -> tuple[float | None, float | None, int]:
+    """(share inside their band, the bands' median width high/low, points) over the points beyond 1 node
+    that have a band; (None, None, 0) where none has."""
+    banded = [r for r in rows if r["nodes"] > 1 and r["low"] is not None and r["low"] > 0]
+    if not banded:
+        return None, None, 0
+    inside = sum(r["low"] <= r["measured"] <= r["high"] for r in banded) / len(banded)
+    return inside, statistics.median(r["high"] / r["low"] for r in banded), len(banded)
 
 
 def beyond_one(rows: list) -> list[float]:
@@ -292,9 +308,10 @@ def local_main(argv=None) -> int:
             f"{'step ms':>8} {'compute ms':>10} {'exposed ms':>10}   (images/s in total)"
         )
         for r in results["check"]:
+            band = "" if r["low"] is None else f"  band {r['low']:.1f}-{r['high']:.1f}"
             print(
                 f"{r['strategy']:14} {r['nodes']:5d} {r['measured']:10.1f} {r['predicted']:10.1f} "
-                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}"
+                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}{band}"
             )
         print()
         for name, rows in results.items():
@@ -303,6 +320,16 @@ def local_main(argv=None) -> int:
                 f"points beyond 1 node, calibration {name:7}: median |error| {'n/a' if m is None else f'{m:.1%}'}, "
                 f"largest {'n/a' if not errors else f'{max(errors):.1%}'} ({len(errors)} points)"
             )
+        inside, width, n = coverage(results["check"])
+        if inside is None:
+            print("no band: neither the check's fits nor the profile carry a spread")
+        else:
+            print(
+                f"points beyond 1 node inside their 90% band: {inside:.0%} of {n} (bar {COVERAGE_BAR:.0%}), the bands' "
+                f"median width {width:.2f} (bar < {WIDTH_BAR})"
+            )
+        met[f"coverage >= {COVERAGE_BAR:.0%}"] = inside is not None and inside >= COVERAGE_BAR
+        met[f"median band width < {WIDTH_BAR}"] = width is not None and width < WIDTH_BAR
         m, none = median_abs(results["check"]), median_abs(results["none"])
         met[f"median |error| <= {BAR:.0%}"] = m is not None and m <= BAR
         met[f"<= {NO_COMM_SHARE:.0%} of the no-communication median"] = (
