@@ -3,7 +3,7 @@ each series naming its file in jqyin/AmSC-At-Scale-Services-OLCF): images/s per 
 Frontier profile's network and each series' own baseline rung, and peak active memory per GCD. The bars
 are issue 28's; where the model's microbenchmark constants cannot meet the published data the test pins
 the documented gap instead (docs/plan.md, "Accuracy against the published Frontier curves"). No constant
-of the model is fitted to these curves. Torch-free, in-process (about 25 s on two shared cores)."""
+of the model is fitted to these curves. Torch-free, in-process (about 3 s on two shared cores)."""
 
 import pytest
 
