@@ -721,3 +721,28 @@ def test_a_checks_fits_carry_their_standard_errors_into_the_band(capsys, tmp_pat
         assert p["images_per_s_low"] <= p["images_per_s"] <= p["images_per_s_high"]
     width = {k: p["step_s_high"] / p["step_s_low"] for k, p in got.items()}
     assert width["noisy"] > width["exact"] * 1.01, width
+
+
+def test_a_crossing_is_a_range_of_node_counts_or_may_not_happen():
+    """spread.crossings over (value, cheap end, costly end) images/s per GPU: the node counts A falls more
+    than 5% below B at, as a range over the readings; 'or not within the ladder' where at some reading it
+    does not happen; nothing where A is already below B at the first node count (a lasting gap)."""
+    from vit_scale.planning import spread
+
+    nodes = [1, 2, 4, 8, 16]
+    hybrid = {n: (100.0, 100.0, 100.0) for n in nodes}
+    full = {1: (100.0, 100.0, 100.0), 2: (97, 99, 90), 4: (90, 98, 70), 8: (80, 97, 50), 16: (60, 94, 30)}
+    [c] = spread.crossings({("m", "FULL_SHARD"): full, ("m", "HYBRID_2GPU"): hybrid})
+    assert (c["strategy"], c["below"], c["value"], c["earliest"], c["latest"]) == (
+        "FULL_SHARD",
+        "HYBRID_2GPU",
+        4,
+        2,
+        16,
+    )
+    assert c["text"] == "FULL_SHARD falls below HYBRID_2GPU between 2 and 16 nodes (at the inputs' values: from 4)"
+    full[16] = (60, 96, 30)  # at the cheap end it stays within 5%
+    [c] = spread.crossings({("m", "FULL_SHARD"): full, ("m", "HYBRID_2GPU"): hybrid})
+    assert c["latest"] is None and "from 2 nodes, or not within the ladder (up to 16 nodes)" in c["text"]
+    slow = {n: (80.0, 80.0, 80.0) for n in nodes}
+    assert spread.crossings({("m", "SLOW"): slow, ("m", "HYBRID_2GPU"): hybrid}) == []
