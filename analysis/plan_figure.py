@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 
 import pandas as pd
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from analysis.figures._axes import ips_panel, mark_entries, mark_failures
 from analysis.figures._layout import (
@@ -46,6 +47,8 @@ EXTRAPOLATED = (
     "extrapolated (open marker)",
     lambda: Line2D([], [], color="grey", marker="o", mfc="white", ls="none", ms=4),
 )
+# the 90% band from the inputs' ranges (vit_scale.planning.spread)
+BAND = ("90% band (the inputs' ranges)", lambda: Patch(color="grey", alpha=0.15, lw=0))
 
 
 class BadInput(Exception):
@@ -78,6 +81,11 @@ def table(data: dict) -> pd.DataFrame:
     df["series"] = df["strategy"]
     df["batch_per_device"] = int(data.get("batch_size") or 0)
     df["predicted_ips"] = pd.to_numeric(df["images_per_s"], errors="coerce")
+    # the 90% band (vit_scale.planning.spread); a prediction without ranges, or written before them, has none
+    for side in ("low", "high"):
+        df[f"predicted_ips_{side}"] = pd.to_numeric(
+            pd.Series([r.get(f"images_per_s_{side}") for r in data["rows"]], dtype=object), errors="coerce"
+        )
     # older predictions (before the per-step latency model) carry no flag: none extrapolated
     df["extrapolated"] = [bool(r.get("extrapolated")) for r in data["rows"]]
     return df
@@ -89,7 +97,7 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
     models = model_order(df)
     nrows, ncols = panel_grid(len(models), width, max_cols=3)
     label = labeller(df)
-    legend_labels = sorted({label(k) for k, _ in lines(df)}) + [NOT_FIT[0], EXTRAPOLATED[0]]
+    legend_labels = sorted({label(k) for k, _ in lines(df)}) + [NOT_FIT[0], EXTRAPOLATED[0], BAND[0]]
     cal = (data.get("calibration") or {}).get("kind", "none")
     compute = (data.get("compute") or {}).get("kind", "?")
     facts = (
@@ -117,6 +125,17 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
                     )
                     handles.setdefault(key, h)
                     counts["predicted"] += 1
+                    banded = fit[fit["predicted_ips_low"].notna() & fit["predicted_ips_high"].notna()]
+                    if not banded.empty:
+                        ax.fill_between(
+                            banded["nodes"],
+                            banded["predicted_ips_low"],
+                            banded["predicted_ips_high"],
+                            color=color,
+                            alpha=0.15,
+                            lw=0,
+                        )
+                        counts["banded"] = counts.get("banded", 0) + len(banded)
                     curves[(model, key[1])] = list(zip(fit["nodes"].astype(int), fit["predicted_ips"], strict=True))
                     far = fit[fit["extrapolated"]]
                     if not far.empty:
@@ -129,7 +148,7 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
             ips_panel(ax, sub["nodes"], model_title(df, model), "nodes", i % ncols == 0, slots)
             drawn[model] = counts
         hide_unused(axes, len(models))
-        extra = mark_entries(drawn.values(), not_fit=NOT_FIT, extrapolated=EXTRAPOLATED)
+        extra = mark_entries(drawn.values(), not_fit=NOT_FIT, extrapolated=EXTRAPOLATED, banded=BAND)
         facts_and_legend(fig, axes, slot, facts, series_items(handles, label) + extra, width)
     return Plot(
         NAME,
@@ -139,7 +158,8 @@ def draw(data: dict, width: float = COLUMN_WIDTH) -> Plot:
         "Images/s of the whole job predicted by vit_scale.planning.predict, log scale, against nodes (log2), "
         "dashed as every prediction is in the study's figures, in each strategy's colour; × marks a point "
         "predicted not to fit in device memory; an open marker, a point extrapolated beyond the largest group "
-        "whose collectives the calibration measured.",
+        "whose collectives the calibration measured; the shaded band, where the inputs carry ranges, the 90% "
+        "band from their spread (every input at its cheap and at its costly end).",
         extra={"predicted": curves, "facts": facts},
     )
 

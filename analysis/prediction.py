@@ -61,6 +61,9 @@ COLUMNS = [
     "extrapolated",
     "measured_ips",
     "predicted_ips",
+    "predicted_ips_low",
+    "predicted_ips_high",
+    "inside_band",
     "error",
     "predicted_efficiency",
     "measured_step_ms",
@@ -240,16 +243,18 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
         out = _row(row, measured, sc, p, cal, traced.get(os.path.normpath(run.run_dir)))
         if os.path.normpath(rung) == os.path.normpath(run.run_dir):
             # the point whose step gave the compute reproduces itself by construction: not a prediction
-            out.update(role=COMPUTE, error=math.nan, explanation="")
+            out.update(role=COMPUTE, error=math.nan, explanation="", inside_band=None)
         slow = row.get("slow_node")
         if isinstance(slow, str) and slow and out["role"] == PREDICTED:
-            # its figure is that node's, not the strategy's: measured and predicted stay, no error is drawn
-            out.update(error=math.nan, explanation="", slow_node=slow)
+            # its figure is that node's, not the strategy's: measured and predicted stay, no error or band
+            # coverage is drawn from it
+            out.update(error=math.nan, explanation="", slow_node=slow, inside_band=None)
         why = _not_predicted(row["status"], p, sc)
         if why:
             # no speed drawn over a failure mark (analysis/figures/predicted.py draws predicted_ips)
             for k in [c for c in COLUMNS if c.startswith("predicted_")] + ["error"]:
                 out[k] = math.nan
+            out["inside_band"] = None
             out["explanation"] = why
         rows.append(out)
     df = pd.DataFrame(rows, columns=COLUMNS)
@@ -299,6 +304,11 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
         "extrapolated": bool(p.extrapolated),
         "measured_ips": measured,
         "predicted_ips": predicted,
+        # the 90% band from the calibration's ranges and the rung's repeats (vit_scale.planning.spread); NaN
+        # where no input carries a range
+        "predicted_ips_low": _num(p.band["images_per_s"][0]) if p.band and p.band["images_per_s"] else math.nan,
+        "predicted_ips_high": _num(p.band["images_per_s"][1]) if p.band and p.band["images_per_s"] else math.nan,
+        "inside_band": None,
         # rounded, and + 0.0 so that a rung that reproduces itself reads +0.0%, not -0.0%
         "error": round(measured / predicted - 1, 9) + 0.0 if predicted and not math.isnan(measured) else math.nan,
         "predicted_efficiency": _num(p.scaling_efficiency),
@@ -317,6 +327,8 @@ def _row(row, measured: float, sc, p, cal, traced_ms) -> dict:
         "slow_node": "",
         "path": row["path"],
     }
+    if not math.isnan(out["predicted_ips_low"]) and not math.isnan(measured):
+        out["inside_band"] = bool(out["predicted_ips_low"] <= measured <= out["predicted_ips_high"])
     busy = b.communication_s if b else {}
     out["explanation"] = explain(out, busy, cal.kind)
     return out

@@ -958,6 +958,8 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
             + ")."
         )
     used = "; ".join(predicted.calibrations) or "none"
+    banded = [bool(x) for x in compared.get("inside_band", pd.Series(dtype=object)) if x is not None and x == x]
+    inside = f" Inside their band: {sum(banded)} of {len(banded)}." if banded else ""
     blocks.append(
         Block(
             "p",
@@ -967,7 +969,9 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
             f"calibration and compute): compute from the study's own 1-node rung (each strategy's "
             f"1-node step at its median images/s less the exposed communication the model predicts "
             f"for it), collectives from the calibration. "
-            f"Calibration used: {used}. Error: measured median / predicted - 1.{median}",
+            f"Calibration used: {used}. Error: measured median / predicted - 1.{median} In band: whether the "
+            f"measured point lies in the 90% band the calibration's ranges give its prediction (docs/plan.md, "
+            f'"How sure a prediction is"; empty where no input carries a range).{inside}',
         )
     )
     plot = plots_by_name.get("weak_scaling_predicted")
@@ -975,7 +979,7 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
         # Named, not inlined, as the memory prediction's: the report inlines the measured scaling figures
         blocks.append(Block("p", f"Figure: {plot.name} beside this report (in the formats written). {plot.caption}"))
     if not rows.empty:
-        header = ["model", "strategy", "nodes", "ranks", "measured images/s", "predicted images/s", "error"]
+        header = ["model", "strategy", "nodes", "ranks", "measured images/s", "predicted images/s", "error", "in band"]
         table_rows = [
             [
                 r["model"],
@@ -986,6 +990,7 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
                 (tbl.format_ips(r["predicted_ips"]) if not math.isnan(r["predicted_ips"]) else "")
                 + (" (extrapolated)" if bool(r["extrapolated"]) else ""),
                 _f(r["error"], "{:+.1%}"),
+                _band(r),
             ]
             for _, r in rows.iterrows()
         ]
@@ -1006,6 +1011,16 @@ def _measured_predicted_section(predicted, plots_by_name: dict, images: set) -> 
             "communication: prediction.csv.",
         )
     ]
+
+
+def _band(r) -> str:
+    """Whether the measured point lies in its prediction's 90% band: "yes (low-high)", "no (low-high)", or ""
+    where there is no band (no range in the calibration) or nothing to hold against it."""
+    low, high = r.get("predicted_ips_low", math.nan), r.get("predicted_ips_high", math.nan)
+    inside = r.get("inside_band")
+    if inside is None or (isinstance(inside, float) and math.isnan(inside)) or math.isnan(low):
+        return ""
+    return f"{'yes' if bool(inside) else 'no'} ({tbl.format_ips(low)}-{tbl.format_ips(high)})"
 
 
 def build(

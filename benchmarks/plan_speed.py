@@ -4,7 +4,9 @@
 
 The planner is torch-free so that it answers on a login node in well under the time torch takes to
 import. Prints the median wall time of `vit-scale plan --model vit_15b --json` (every strategy, one
-node count) and of `python -c "import torch"`, each a fresh interpreter, and the machine's load.
+node count), of `vit-scale plan --system frontier` over vit_base FULL_SHARD and HYBRID_2GPU on 1-128 nodes
+(the prediction with its 90% bands) and of `python -c "import torch"`, each a fresh interpreter, and the
+machine's load.
 """
 
 from __future__ import annotations
@@ -39,11 +41,27 @@ def main(argv=None) -> int:
             "vit_15b",
             "--json",
         ],
+        # the prediction with its bands (three timelines a point: the value and both ends of the ranges)
+        "vit-scale plan --system frontier (16 points)": [
+            sys.executable,
+            "-m",
+            "vit_scale",
+            "plan",
+            "--system",
+            "frontier",
+            "--model",
+            "vit_base",
+            "--strategy",
+            "FULL_SHARD,HYBRID_2GPU",
+            "--nodes",
+            "1,2,4,8,16,32,64,128",
+            "--no-figure",
+        ],
         "python -c 'import torch'": [sys.executable, "-c", "import torch"],
     }
     for name, cmd in commands.items():
         times = [wall(cmd) for _ in range(args.repeat)]
-        print(f"{name:42} median {statistics.median(times):6.2f} s  (min {min(times):.2f}, {args.repeat} runs)")
+        print(f"{name:46} median {statistics.median(times):6.2f} s  (min {min(times):.2f}, {args.repeat} runs)")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     return 0
 

@@ -62,6 +62,8 @@ from vit_scale.planning import predict as pr  # noqa: E402
 from vit_scale.record import reader  # noqa: E402
 
 BAR = 0.20  # median absolute error over the points beyond 1 node, isolated emulation (issue 29)
+COVERAGE_BAR = 0.80  # share of the points beyond 1 node inside their 90% band (issue 37) ...
+WIDTH_BAR = 1.5  # ... with the bands' median width (high / low) under this
 NO_COMM_SHARE = 0.5  # ... and at most this share of the no-communication prediction's median
 WEAK_BAR = 0.85  # DDP's images/s per node, 4 nodes against 1, links not shaped
 LINK_BAR = 0.15  # the check's across-nodes bandwidth against the shaped one
@@ -99,6 +101,7 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
         p = pr.predict([step.scenario], cal, comp, step.blocking, options=[step.options])[0]
         measured = step.scenario.batch_size * step.scenario.world / step.step_s
         b = p.breakdown
+        band = (p.band or {}).get("images_per_s")
         rows.append(
             {
                 "strategy": step.scenario.strategy,
@@ -109,6 +112,9 @@ def rows_for(runs: list, cal: pr.Calibration, comp: pr.ComputeSource) -> list[di
                 "exposed_ms": (b.exposed_intra_s + b.exposed_inter_s) * 1e3 if b else None,
                 "compute_ms": (b.forward_s + b.backward_s) * 1e3 if b else None,
                 "step_ms": step.step_s * 1e3,
+                # the 90% band from the check's standard errors, the profile's ranges and the rung's repeats
+                "low": band[0] if band else None,
+                "high": band[1] if band else None,
             }
         )
     return sorted(rows, key=lambda r: (r["strategy"], r["nodes"]))
@@ -139,6 +145,16 @@ def gemm_rungs(runs: list, cal: pr.Calibration, check_path: str, peak: float | N
             f"{b.step_s * 1e3:.1f} ms (compute {(b.forward_s + b.backward_s) * 1e3:.1f} ms), flat 40% of peak "
             f"{'n/a (no peak: a CPU)' if base is None else f'{base * 1e3:.1f} ms'}"
         )
+
+
+def coverage(rows: list) -> tuple[float | None, float | None, int]:
+    """(share inside their band, the bands' median width high/low, points) over the points beyond 1 node
+    that have a band; (None, None, 0) where none has."""
+    banded = [r for r in rows if r["nodes"] > 1 and r["low"] is not None and r["low"] > 0]
+    if not banded:
+        return None, None, 0
+    inside = sum(r["low"] <= r["measured"] <= r["high"] for r in banded) / len(banded)
+    return inside, statistics.median(r["high"] / r["low"] for r in banded), len(banded)
 
 
 def beyond_one(rows: list) -> list[float]:
@@ -292,9 +308,10 @@ def local_main(argv=None) -> int:
             f"{'step ms':>8} {'compute ms':>10} {'exposed ms':>10}   (images/s in total)"
         )
         for r in results["check"]:
+            band = "" if r["low"] is None else f"  band {r['low']:.1f}-{r['high']:.1f}"
             print(
                 f"{r['strategy']:14} {r['nodes']:5d} {r['measured']:10.1f} {r['predicted']:10.1f} "
-                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}"
+                f"{r['error']:+8.1%} {r['step_ms']:8.1f} {r['compute_ms']:10.1f} {r['exposed_ms']:10.1f}{band}"
             )
         print()
         for name, rows in results.items():
@@ -303,6 +320,16 @@ def local_main(argv=None) -> int:
                 f"points beyond 1 node, calibration {name:7}: median |error| {'n/a' if m is None else f'{m:.1%}'}, "
                 f"largest {'n/a' if not errors else f'{max(errors):.1%}'} ({len(errors)} points)"
             )
+        inside, width, n = coverage(results["check"])
+        if inside is None:
+            print("no band: neither the check's fits nor the profile carry a spread")
+        else:
+            print(
+                f"points beyond 1 node inside their 90% band: {inside:.0%} of {n} (bar {COVERAGE_BAR:.0%}), the bands' "
+                f"median width {width:.2f} (bar < {WIDTH_BAR})"
+            )
+        met[f"coverage >= {COVERAGE_BAR:.0%}"] = inside is not None and inside >= COVERAGE_BAR
+        met[f"median band width < {WIDTH_BAR}"] = width is not None and width < WIDTH_BAR
         m, none = median_abs(results["check"]), median_abs(results["none"])
         met[f"median |error| <= {BAR:.0%}"] = m is not None and m <= BAR
         met[f"<= {NO_COMM_SHARE:.0%} of the no-communication median"] = (
@@ -334,21 +361,32 @@ def frontier_main() -> int:
     mem = pub.memory_rows(data)
     s = pub.summary(rows, mem)
     print(f"network: {net.source}; published data: {data['repository']} @ {data['commit'][:12]}")
+    print(f"ranges: {', '.join(r.text() for r in net.ranges) or 'none (no band)'}")
     print(
-        f"\n{'model':9} {'strategy':14} {'nodes':>5} {'measured':>9} {'predicted':>9} {'error':>7} "
-        f"{'eff meas':>8} {'eff pred':>8} {'no-comm':>8}  (images/s per GCD)"
+        f"\n{'model':9} {'strategy':14} {'nodes':>5} {'measured':>9} {'predicted':>9} {'90% band':>15} {'in':>3} "
+        f"{'error':>7} {'eff meas':>8} {'eff pred':>8} {'no-comm':>8}  (images/s per GCD)"
     )
     for r in rows:
+        band = "" if r.low is None else f"{r.low:.2f}-{r.high:.2f}"
+        inside = "" if r.inside is None else ("yes" if r.inside else "NO")
         print(
-            f"{r.model:9} {r.strategy:14} {r.nodes:5d} {r.measured:9.2f} {r.predicted:9.2f} {r.error:+7.1%} "
-            f"{r.measured_efficiency:8.2f} {r.predicted_efficiency:8.2f} {r.no_comm_error:+8.1%}"
+            f"{r.model:9} {r.strategy:14} {r.nodes:5d} {r.measured:9.2f} {r.predicted:9.2f} {band:>15} {inside:>3} "
+            f"{r.error:+7.1%} {r.measured_efficiency:8.2f} {r.predicted_efficiency:8.2f} {r.no_comm_error:+8.1%}"
             + ("  extrapolated" if r.extrapolated else "")
         )
-    print("\ncrossings (the node count from which FULL_SHARD stays >5% below the hybrid):")
+    print("\ncrossings (the node count from which FULL_SHARD stays >5% below the hybrid; -: not within 2-128 nodes):")
     for c in s["crossings"]:
+        factor = pub.crossing_factor(c)
+        where = ""
+        if "earliest" in c:
+            if c["earliest"] is None:
+                span = "none at any reading"
+            else:
+                span = f"{c['earliest']} to {c['latest'] or 'none (at some reading)'}"
+            where = f"  predicted range: {span}; measured {'inside' if pub.crossing_in_range(c) else 'outside'}"
         print(
             f"  {c['model']:9} {c['hybrid']:14} measured {c['measured'] or '-':>4}  predicted "
-            f"{c['predicted'] or '-':>4}  factor {pub.crossing_factor(c):.1f}"
+            f"{c['predicted'] or '-':>4}  factor {'miss' if factor is None else f'{factor:.1f}'}{where}"
         )
     print("\npeak active memory per GCD (GiB):")
     for m in mem:
@@ -357,28 +395,41 @@ def frontier_main() -> int:
             f"predicted {m.predicted_gib:7.2f} {m.error:+6.1%}"
         )
     low64 = sorted(abs(r.error) for r in rows if r.measured_efficiency < pub.LOW_EFFICIENCY and r.nodes <= 64)
+    n_cross = len(s["crossings"])
+    # (name, model's figure, no-communication's, bar, format); a bar ("<=", x) is a ceiling, (">=", x) a floor
     figures = [
-        ("median |error|, all points", s["median_abs_error"], s["no_comm_median_abs_error"], 0.15),
+        ("median |error|, all points", s["median_abs_error"], s["no_comm_median_abs_error"], ("<=", 0.15), "%"),
         (
             "median |error|, efficiency < 0.8",
             s["median_abs_error_low_efficiency"],
             s["no_comm_median_abs_error_low_efficiency"],
-            0.25,
+            ("<=", 0.25),
+            "%",
         ),
-        ("  the same, up to 64 nodes", statistics.median(low64), None, 0.25),
-        ("max |error|", s["max_abs_error"], s["no_comm_max_abs_error"], None),
-        ("largest crossing factor", s["max_crossing_factor"], None, 2.0),
-        ("max |memory error|", s["memory_max_abs_error"], None, 0.10),
+        ("  the same, up to 64 nodes", statistics.median(low64), None, ("<=", 0.25), "%"),
+        ("max |error|", s["max_abs_error"], s["no_comm_max_abs_error"], None, "%"),
+        ("largest crossing factor, both crossed", s["max_crossing_factor"], None, ("<=", 2.0), "x"),
+        (f"crossings missed (of {n_cross})", s["crossings_missed"], None, ("<=", 0), "n"),
     ]
-    print(f"\n{'figure':36} {'model':>8} {'no-comm':>8} {'bar':>6}")
+    if s["coverage"] is not None:
+        figures += [
+            ("points inside their 90% band", s["coverage"], None, (">=", 0.80), "%"),
+            ("  the same, efficiency < 0.8", s["coverage_low_efficiency"], None, (">=", 0.70), "%"),
+            ("median band width (high/low)", s["median_width"], None, ("<=", 1.3), "x"),
+            ("  the same, efficiency < 0.8", s["median_width_low_efficiency"], None, None, "x"),
+            (f"crossings inside their range (of {n_cross})", s["crossings_in_range"], None, None, "n"),
+        ]
+    figures.append(("max |memory error|", s["memory_max_abs_error"], None, ("<=", 0.10), "%"))
+    formats = {"%": "{:.1%}", "x": "{:.2f}x", "n": "{:g}"}
+    print(f"\n{'figure':38} {'model':>8} {'no-comm':>8} {'bar':>8}")
     met = True
-    for name, value, base, bar in figures:
-        ok = bar is None or value <= bar
+    for name, value, base, bar, kind in figures:
+        ok = bar is None or (value <= bar[1] if bar[0] == "<=" else value >= bar[1])
         met = met and ok
-        fmt = (lambda x: f"{x:.2f}x") if "factor" in name else (lambda x: f"{x:.1%}")
+        fmt = formats[kind].format
         print(
-            f"{name:36} {fmt(value):>8} {'' if base is None else fmt(base):>8} "
-            f"{'' if bar is None else fmt(bar):>6}{'' if ok else '  missed'}"
+            f"{name:38} {fmt(value):>8} {'' if base is None else fmt(base):>8} "
+            f"{'' if bar is None else bar[0] + ' ' + fmt(bar[1]):>8}{'' if ok else '  missed'}"
         )
     print(
         f"\n{s['points']} points ({s['extrapolated_points']} beyond the largest group the profile's sources "

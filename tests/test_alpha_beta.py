@@ -163,6 +163,34 @@ def test_profiles_carry_documented_defaults():
             text = fh.read()
         section = text[text.index("# What a collective costs") :]
         assert "\nnetwork:" in section and section.count("#") >= 4, f"{name}: the figures need their sources"
+        # every profile's latencies carry a range from their sources, which holds the value
+        ranged = {r.key for r in net.ranges}
+        assert {"intra_node", "inter_node"} <= {k.split(".")[0] for k in ranged}, name
+        assert all(r.low <= r.value <= r.high for r in net.ranges)
+
+
+def test_the_ends_of_the_ranges_make_every_collective_cheaper_and_dearer():
+    """The cheap end takes every latency at its low and every bandwidth at its high reading, the costly end
+    the reverse, so that a collective's time at the value lies between its times at the two ends."""
+    net = network_from_profile(
+        {
+            "network": {
+                "launch_us": 10,
+                "launch_us_range": [5, 20],
+                "intra_node": {"bus_gbps": 100, "bus_gbps_range": [50, 150], "step_latency_us": 2},
+                "inter_node": {"bus_gbps": 10, "step_latency_us": 30, "step_latency_us_range": [3, 30]},
+            }
+        },
+        "x.yaml",
+    )
+    cheap, costly = net.at_end(False), net.at_end(True)
+    assert (cheap.launch_us, cheap.intra.bus_gbps, cheap.inter.alpha_us) == (5, 150, 3)
+    assert (costly.launch_us, costly.intra.bus_gbps, costly.inter.alpha_us) == (20, 50, 30)
+    assert cheap.inter.bus_gbps == costly.inter.bus_gbps == 10 and not cheap.ranges
+    for size in (1e3, 1e6, 1e9):
+        for n, nodes in ((8, 1), (64, 8)):
+            times = [x.cost("all_gather", size, n, nodes).seconds for x in (cheap, net, costly)]
+            assert times == sorted(times)
 
 
 def test_bad_network_section_names_the_key():

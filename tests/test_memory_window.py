@@ -49,3 +49,23 @@ def test_peak_is_read_when_the_timed_window_closes():
     finally:
         if own_group:
             end_one_rank_group()
+
+
+def test_a_gpu_window_reads_the_active_peak_beside_allocated_and_reserved(monkeypatch):
+    """On a GPU the probe reads torch's active_bytes peak (allocated plus memory freed onto another stream
+    and not yet reusable: the plan's peak_active_gib) beside max allocated and reserved, and the end
+    record's summary carries it over the ranks. No GPU here: torch.cuda's three counters are replaced by
+    fixed figures (the only stand-in), the probe and the summary are the real ones."""
+    from vit_scale.run.memory import MemoryProbe
+
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * GIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 5 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda: {"active_bytes.all.peak": 4 * GIB})
+    probe = MemoryProbe("cuda")
+    probe.reset()
+    probe.close()
+    peak = probe.peak()
+    assert peak == {"peak_allocated_gib": 3.0, "peak_reserved_gib": 5.0, "peak_active_gib": 4.0}
+    summary = memory_summary("rocm", [peak, {**peak, "peak_active_gib": 4.5}], probe.window)
+    assert summary["peak_active_gib"]["max"] == 4.5

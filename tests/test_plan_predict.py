@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -85,6 +86,11 @@ def test_without_system_the_output_is_unchanged(capsys):
     assert "step ms" not in text and not text.startswith("predicted") and "not worth" not in text
 
 
+def cells(line: str) -> list:
+    """A table row's cells: columns are two spaces apart, a cell holds at most one (`value (low-high)`)."""
+    return re.split(r"\s{2,}", line.strip())
+
+
 def flat(text: str) -> str:
     """The output with its wrapped lines joined: the table wraps its prose at 119 columns."""
     return " ".join(text.split())
@@ -102,9 +108,13 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
     assert max(len(line) for line in lines) < 120
     header = next(line for line in lines if line.startswith("strategy"))
     assert header.split() == "strategy nodes GPUs mem GiB fits step ms img/s/GPU img/s eff extrap".split()
-    fitting = [line.split() for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
+    fitting = [cells(line) for line in lines if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line.split()]
     # the profile's defaults cover any group size: no point is extrapolated, so its last cell is eff
-    assert len(fitting) == 6 and all(c[-1].endswith("%") for c in fitting)
+    assert len(fitting) == 6 and all(c[-1].endswith(("%", "%)")) for c in fitting)
+    # the profile's figures carry ranges: beyond 1 node each speed, step and efficiency reads `value (low-high)`
+    two = [c for c in fitting if c[1] == "2"][:2]  # vit_base's (vit_3b's speed moves less than its rounding)
+    assert len(two) == 2 and all(re.fullmatch(r"[\d.]+%? \([\d.]+-[\d.]+%?\)", c[i]) for c in two for i in (-4, -3, -1))
+    assert "interval: 90% band: every input at its cheap end and at its costly end" in flat(out)
     ddp_3b = [line for line in lines if line.startswith("DDP") and "does not fit" in line]
     assert len(ddp_3b) == 2  # vit_3b DDP on 1 and 2 nodes: a verdict, not a speed
     assert "predicted not worth running" in flat(out) and "vit_3b DDP (does not fit on 2 node(s))" in flat(out)
@@ -116,7 +126,7 @@ def test_table_with_the_profiles_defaults(capsys, tmp_path):
         assert column in header
     # the step's optim (the fifth cell from the end, before img/s/GPU, img/s, eff and extrap): not modelled, "-"
     assert header.split()[-5:] == ["optim", "img/s/GPU", "img/s", "eff", "extrap"]
-    wide_fitting = [line.split() for line in wide if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line]
+    wide_fitting = [cells(line) for line in wide if line.startswith(("DDP ", "FULL_SHARD ")) and "yes" in line]
     assert all(c[-4] == "-" for c in wide_fitting)
     assert [c[-4:] for c in fitting] == [[c[-8], *c[-3:]] for c in wide_fitting]  # the same step and speed
     assert not os.listdir(tmp_path)
@@ -276,6 +286,10 @@ def bad_inputs(tmp_path) -> list:
     one_rank, infinite = synthetic_fits(40.0, 2.0), synthetic_fits(40.0, 2.0)
     one_rank[0]["ranks"] = 1
     infinite[2]["bus_gbps"] = float("inf")
+    # a standard error that is not a number, or a negative one
+    words_se, negative_se = synthetic_fits(40.0, 2.0), synthetic_fits(40.0, 2.0)
+    words_se[1]["alpha_us_se"] = "small"
+    negative_se[3]["bus_gbps_se"] = -0.5
     cal, comp = "--calibration", "--compute-from"
     empty = str(tmp_path / "empty")
     os.makedirs(empty)
@@ -308,6 +322,11 @@ def bad_inputs(tmp_path) -> list:
             ["fits[0]", "ranks must be a whole number of at least 2"],
         ),
         ([cal, write_check(tmp_path / "inf.json", infinite)], ["fits[2]", "finite bus_gbps above 0", "inf"]),
+        (
+            [cal, write_check(tmp_path / "se.json", words_se)],
+            ["fits[1]", "alpha_us_se must be a finite number", "small"],
+        ),
+        ([cal, write_check(tmp_path / "nse.json", negative_se)], ["fits[3]", "bus_gbps_se must be a finite", "-0.5"]),
     ]
 
 
@@ -387,7 +406,9 @@ def test_the_predicted_figure_is_written(tmp_path):
     # what the figure draws: a dashed curve per strategy that fits, an x where it does not
     drawn = plan_figure.draw(data)
     assert set(drawn.extra["predicted"]) == {("vit_base", "DDP"), ("vit_base", "FULL_SHARD"), ("vit_3b", "FULL_SHARD")}
-    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2, "extrapolated": 0}
+    # the profile's ranges give each point that fits its band, drawn under its curve
+    assert drawn.drawn["vit_3b"] == {"predicted": 1, "not_fit": 2, "extrapolated": 0, "banded": 2}
+    assert all(r["images_per_s_low"] <= r["images_per_s"] <= r["images_per_s_high"] for r in data["rows"] if r["fits"])
     assert drawn.drawn["vit_base"]["not_fit"] == 0
     # a point beyond the largest measured group: an open marker over its curve, and its legend entry
     data["rows"][-1].update(fits=True, images_per_s=500.0, extrapolated=True)
@@ -509,7 +530,8 @@ def test_a_resumed_study_predicts_from_its_own_runs_and_writes_the_figure(tmp_pa
     assert f"predicted compute: measured run: measured steps from {run.study_dir} (2 run(s))" in flat(out)
     assert "--compute-from" in out and "--figure report/s" in out
     lines = [line for line in out.splitlines() if line.startswith(("DDP ", "FULL_SHARD "))]
-    assert len(lines) == 4 and all(line.endswith("%") for line in lines), lines  # a speed and its efficiency
+    # a speed and its efficiency (with its band from the local profile's ranges beyond 1 node)
+    assert len(lines) == 4 and all(line.endswith(("%", "%)")) for line in lines), lines
     data = json.loads((tmp_path / "report" / "s" / "weak_scaling_plan.json").read_text())
     one = {r["strategy"]: r["images_per_s"] for r in data["rows"] if r["nodes"] == 1}
     assert one == pytest.approx({"DDP": 40.0, "FULL_SHARD": 30.0}, rel=1e-6)  # each rung reproduces itself
@@ -582,3 +604,145 @@ def test_a_group_wider_than_a_node_takes_its_smallest_node_count_as_baseline(cap
     assert (at8["largest_group"], at8["extrapolated"]) == (16, False)
     full = row(out, "vit_15b", "FULL_SHARD", 8)["prediction"]
     assert full["baseline_nodes"] == 1 and (full["largest_group"], full["extrapolated"]) == (64, True)
+
+
+# ---------------------------------------------------------------- the profile's ranges
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        # a range that does not contain its value
+        (("net_overhead_us_range: [3.0, 45.9]", "net_overhead_us_range: [3.0, 40]"), "network.net_overhead_us_range"),
+        # a negative bound
+        (("launch_us_range: [12, 17]", "launch_us_range: [-1, 17]"), "network.launch_us_range"),
+        # a bound that is not finite
+        (
+            ("step_latency_us_range: [3.0, 45.9]", "step_latency_us_range: [3.0, .inf]"),
+            "network.inter_node.step_latency_us_range",
+        ),
+        # not a pair of numbers
+        (
+            ("step_latency_us_range: [1.11, 1.52]", "step_latency_us_range: wide"),
+            "network.intra_node.step_latency_us_range",
+        ),
+    ],
+)
+def test_a_bad_range_is_one_line_naming_its_key(capsys, tmp_path, monkeypatch, edit, named):
+    """A range that does not contain its value, a negative or non-finite bound, or one that is no pair of
+    numbers: one line naming the key, exit 2, nothing written (not the figure's directory either)."""
+    text = open(pr.profile_path("frontier"), encoding="utf-8").read()
+    assert edit[0] in text
+    bad = tmp_path / "frontier.yaml"
+    bad.write_text(text.replace(edit[0], edit[1], 1))
+    monkeypatch.setattr(pr, "profile_path", lambda system: str(bad))
+    figure = tmp_path / "figure"
+    assert plan.main(BASE + ["--figure", str(figure)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert f"frontier.yaml: {named}" in captured.err and "Traceback" not in captured.err
+    assert not figure.exists()
+
+
+def test_a_profile_without_ranges_reads_as_before(capsys, tmp_path, monkeypatch):
+    """Without `*_range` keys the rows have no band (null *_low/*_high, the cells a bare value) and the
+    output says so in one line; the values are the same as with the ranges."""
+    with_ranges = run_json(capsys, BASE)
+    text = open(pr.profile_path("frontier"), encoding="utf-8").read()
+    plain = tmp_path / "frontier.yaml"
+    plain.write_text("\n".join(line for line in text.splitlines() if "_range:" not in line) + "\n")
+    monkeypatch.setattr(pr, "profile_path", lambda system: str(plain))
+    out = run_json(capsys, BASE)
+    for a, b in zip(with_ranges["rows"], out["rows"], strict=True):
+        if b["prediction"]["step"] is None:
+            continue
+        assert b["prediction"]["images_per_s"] == a["prediction"]["images_per_s"]
+        assert b["prediction"]["images_per_s_low"] is None and b["prediction"]["step_s_high"] is None
+        low, high = a["prediction"]["images_per_s_low"], a["prediction"]["images_per_s_high"]
+        assert low <= a["prediction"]["images_per_s"] <= high
+    assert out["prediction"]["interval"]["text"] == "no interval: the calibration's figures carry no range"
+    assert out["prediction"]["crossings"] == []
+    assert plan.main(BASE + ["--no-figure"]) == 0
+    table = capsys.readouterr().out
+    assert "interval: no interval: the calibration's figures carry no range" in table and "(4" not in table
+
+
+def test_the_issues_ladder_shows_each_band_and_the_crossing_as_a_range(capsys):
+    """vit_base, FULL_SHARD against HYBRID_2GPU over 1-128 Frontier nodes: every point beyond 1 node with
+    its band in the table, each band holding its value, and the crossing said as a range of node counts
+    (the ranges of the per-step latency across nodes, 3.0 to 45.9 us, move it by 16x)."""
+    args = ["--system", "frontier", "--model", "vit_base", "--strategy", "FULL_SHARD,HYBRID_2GPU"]
+    args += ["--nodes", "1,2,4,8,16,32,64,128"]
+    out = run_json(capsys, args)
+    for r in out["rows"]:
+        p = r["prediction"]
+        for name in ("images_per_s_per_gpu", "images_per_s", "step_s", "scaling_efficiency"):
+            value = p["step"]["step_s"] if name == "step_s" else p[name]
+            # the bounds are written to 9 decimals, the value in full
+            assert p[f"{name}_low"] - 1e-9 <= value <= p[f"{name}_high"] + 1e-9, (r, name)
+    full = [r["prediction"] for r in out["rows"] if r["strategy"] == "FULL_SHARD" and r["nodes"] == 128][0]
+    assert full["images_per_s_per_gpu_high"] / full["images_per_s_per_gpu_low"] > 10
+    [c] = out["prediction"]["crossings"]
+    assert (c["strategy"], c["below"], c["earliest"], c["latest"]) == ("FULL_SHARD", "HYBRID_2GPU", 2, 32)
+    assert out["prediction"]["interval"]["method"] == "bounds" and out["prediction"]["interval"]["level"] == 0.9
+    jsonschema.validate(out, plan.PLAN_SCHEMA)
+    assert plan.main(args + ["--no-figure"]) == 0
+    text = capsys.readouterr().out
+    assert "vit_base: FULL_SHARD falls below HYBRID_2GPU between 2 and 32 nodes" in flat(text)
+    assert max(len(line) for line in text.splitlines()) < 120
+
+
+def test_a_checks_fits_carry_their_standard_errors_into_the_band(capsys, tmp_path):
+    """A check's fit records the standard errors of its alpha and B from the size sweep's scatter; over the
+    profile's defaults its collectives' band is +-1.645 of them (the profile's ranges still time what no fit
+    covers). A fit from exact timings has errors of about 0: the band narrows to the value."""
+    noisy = []
+    for scope in ("intra", "inter"):
+        n = 16 if scope == "inter" else 8
+        for collective, factor in BUS_FACTORS.items():
+            points = [
+                (s, (40e-6 + s * factor(n) / 2e9) * (1 + 0.04 * (-1) ** i))
+                for i, s in enumerate(SIZES)
+                for _ in range(2)
+            ]
+            noisy.append(fit(collective, scope, n, points).as_dict())
+    assert all(f["alpha_us_se"] > 0 and f["bus_gbps_se"] > 0 for f in noisy)
+    exact = synthetic_fits(40.0, 2.0)
+    assert all(f["bus_gbps_se"] < 1e-6 * f["bus_gbps"] for f in exact)
+    args = ["--system", "frontier", "--model", "vit_3b", "--nodes", "1,2", "--strategy", "FULL_SHARD"]
+    got = {}
+    for name, fits in (("noisy", noisy), ("exact", exact)):
+        out = run_json(capsys, args + ["--calibration", write_check(tmp_path / f"{name}.json", fits)])
+        got[name] = row(out, "vit_3b", "FULL_SHARD", 2)["prediction"]
+        text = out["prediction"]["interval"]["text"]
+        # exact timings' errors round to 0 in check.json: no interval of their own
+        assert ("standard errors of all_gather/inter fit: alpha" in text) == (name == "noisy")
+    for p in got.values():
+        assert p["images_per_s_low"] <= p["images_per_s"] <= p["images_per_s_high"]
+    width = {k: p["step_s_high"] / p["step_s_low"] for k, p in got.items()}
+    assert width["noisy"] > width["exact"] * 1.01, width
+
+
+def test_a_crossing_is_a_range_of_node_counts_or_may_not_happen():
+    """spread.crossings over (value, cheap end, costly end) images/s per GPU: the node counts A falls more
+    than 5% below B at, as a range over the readings; 'or not within the ladder' where at some reading it
+    does not happen; nothing where A is already below B at the first node count (a lasting gap)."""
+    from vit_scale.planning import spread
+
+    nodes = [1, 2, 4, 8, 16]
+    hybrid = {n: (100.0, 100.0, 100.0) for n in nodes}
+    full = {1: (100.0, 100.0, 100.0), 2: (97, 99, 90), 4: (90, 98, 70), 8: (80, 97, 50), 16: (60, 94, 30)}
+    [c] = spread.crossings({("m", "FULL_SHARD"): full, ("m", "HYBRID_2GPU"): hybrid})
+    assert (c["strategy"], c["below"], c["value"], c["earliest"], c["latest"]) == (
+        "FULL_SHARD",
+        "HYBRID_2GPU",
+        4,
+        2,
+        16,
+    )
+    assert c["text"] == "FULL_SHARD falls below HYBRID_2GPU between 2 and 16 nodes (at the inputs' values: from 4)"
+    full[16] = (60, 96, 30)  # at the cheap end it stays within 5%
+    [c] = spread.crossings({("m", "FULL_SHARD"): full, ("m", "HYBRID_2GPU"): hybrid})
+    assert c["latest"] is None and "from 2 nodes, or not within the ladder (up to 16 nodes)" in c["text"]
+    slow = {n: (80.0, 80.0, 80.0) for n in nodes}
+    assert spread.crossings({("m", "SLOW"): slow, ("m", "HYBRID_2GPU"): hybrid}) == []

@@ -270,6 +270,10 @@ def test_point_forty_percent_below_untraced(tmp_path):
     assert one["predicted_ips"] == pytest.approx(one["measured_ips"], rel=1e-6)
     assert "Median |error| over 1 predicted point(s): 40.0%." in text
     assert "Left out of the errors, as the prediction's input: 1 point(s) whose step gave the compute" in text
+    # 40% below is outside the band the Frontier profile's ranges give it, and the report says so
+    assert two["predicted_ips_low"] <= two["predicted_ips"] <= two["predicted_ips_high"]
+    assert not two["inside_band"] and "Inside their band: 0 of 1." in text
+    assert "| no (" in text
     # the step is 1/0.6 of the predicted one: the gap is 2/3 of it
     gap = two["predicted_step_ms"] * (1 / 0.6 - 1)
     compute = two["predicted_compute_ms"]
@@ -334,7 +338,20 @@ def test_predicted_figure_is_registered_and_drawn(tmp_path):
     assert any(f.name == "weak scaling against prediction" for f in figures.FIGURES)
     plots, _ = figures.all_plots(results, predictions=predicted.rows)
     plot = next(p for p in plots if p.name == "weak_scaling_predicted")
-    assert plot.drawn["vit_base"] == {"measured": 2, "predicted": 2, "extrapolated": 0, "failed": 0}
+    # the Frontier profile's ranges give every predicted point its band, shaded under the dashed line
+    assert plot.drawn["vit_base"] == {"measured": 2, "predicted": 2, "extrapolated": 0, "failed": 0, "banded": 4}
+    rows = predicted.rows
+    assert (rows["predicted_ips_low"] <= rows["predicted_ips"] + 1e-9).all()
+    assert (rows["predicted_ips"] <= rows["predicted_ips_high"] + 1e-9).all()
+    # the report says of each predicted point whether it lies in its band
+    two = rows[(rows["role"] == prediction.PREDICTED) & (rows["nodes"] == 2)]
+    assert len(two) == 2 and all(
+        x == (lo <= m <= hi)
+        for x, lo, m, hi in zip(
+            two["inside_band"], two["predicted_ips_low"], two["measured_ips"], two["predicted_ips_high"], strict=True
+        )
+    )
+    assert all(x is None for x in rows[rows["role"] == prediction.COMPUTE]["inside_band"])
     curves = plot.extra["predicted"]
     for label in ("DDP", "FULL_SHARD"):
         key = next(k for k in curves if k[2] == label)
@@ -522,7 +539,7 @@ def test_no_dashed_point_over_a_failure_mark(tmp_path):
     predicted = prediction.build(coll.runs, results)
     plots, _ = figures.all_plots(results, predictions=predicted.rows)
     plot = next(p for p in plots if p.name == "weak_scaling_predicted")
-    assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "extrapolated": 0, "failed": 1}
+    assert plot.drawn["vit_base"] == {"measured": 1, "predicted": 1, "extrapolated": 0, "failed": 1, "banded": 2}
     assert [x for x, _ in next(iter(plot.extra["predicted"].values()))] == [1, 2]
 
 

@@ -3,7 +3,7 @@ each series naming its file in jqyin/AmSC-At-Scale-Services-OLCF): images/s per 
 Frontier profile's network and each series' own baseline rung, and peak active memory per GCD. The bars
 are issue 28's; where the model's microbenchmark constants cannot meet the published data the test pins
 the documented gap instead (docs/plan.md, "Accuracy against the published Frontier curves"). No constant
-of the model is fitted to these curves. Torch-free, in-process (about 25 s on two shared cores)."""
+of the model is fitted to these curves. Torch-free, in-process (about 3 s on two shared cores)."""
 
 import pytest
 
@@ -36,8 +36,10 @@ def test_the_data_is_the_authors_minus_ddp_and_their_5b(figures):
 
 
 def test_speed_bars(figures):
-    """Median |error| over all 146 points <= 15%; every crossing (the node count from which FULL_SHARD
-    stays below a hybrid) within a factor of 2; over the points whose measured efficiency is below 0.8,
+    """Median |error| over all 146 points <= 15%; every crossing that both the measured and the predicted
+    curves make (the node count from which FULL_SHARD stays below a hybrid) within a factor of 2, and the one
+    measured where none is predicted (vit_15b HYBRID_8GPU at 128 nodes) counted as a miss; over the points
+    whose measured efficiency is below 0.8,
     the median |error| <= 25% up to 64 nodes. All 13 such points, 128 nodes included, come to 32%: the
     authors' vit_base and vit_1b FULL_SHARD steps grow 4.8x and 3.8x from 64 to 128 nodes, where a ring's
     cost grows 2x (docs/plan.md says why); pinned at <= 33% so that it cannot silently get worse. The
@@ -45,6 +47,8 @@ def test_speed_bars(figures):
     _, rows, _, s = figures
     assert s["median_abs_error"] <= 0.15
     assert s["max_crossing_factor"] <= 2.0, s["crossings"]
+    missed = [(c["model"], c["hybrid"]) for c in s["crossings"] if pub.crossing_missed(c)]
+    assert missed == [("vit_15b", "HYBRID_8GPU")] and s["crossings_missed"] == 1
     low = sorted(abs(r.error) for r in rows if r.measured_efficiency < pub.LOW_EFFICIENCY and r.nodes <= 64)
     assert len(low) == 7 and low[len(low) // 2] <= 0.25, low
     assert s["low_efficiency_points"] == 13 and s["median_abs_error_low_efficiency"] <= 0.33
@@ -71,3 +75,34 @@ def test_memory_within_ten_percent_but_vit_base(figures):
     for m in mem:
         if m.model in ("vit_huge", "vit_1b") and m.nodes == 8:
             assert m.measured_gib / (m.predicted_gib - 76 / 1024) - 1 > 0.10, m
+
+
+def test_bands_from_the_profiles_ranges(figures):
+    """Every point's 90% band (the Frontier profile's ranges: 3.0-45.9 us a step across nodes, from the
+    issue-1490 table's rows and RCCL's tuning) holds its prediction; the bands are what the sources give,
+    not widened to the curves, so they miss (docs/plan.md, "How sure a prediction is"): the points that
+    scale well have bands of width 1.00 (their communication is hidden at every reading) and measure a few
+    per cent off; of the 13 below 0.8 efficiency, the 128-node points fall below even the costly end. Pinned
+    as measured so that a change of the ranges or the model shows here."""
+    _, rows, _, s = figures
+    assert all(r.low <= r.predicted <= r.high for r in rows)
+    assert s["coverage"] == pytest.approx(10 / 146) and s["coverage_low_efficiency"] == pytest.approx(4 / 13)
+    assert s["median_width"] < 1.01 and 1.5 < s["median_width_low_efficiency"] < 2.5
+    # FULL_SHARD's collapse is what the ranges disagree on: vit_base's 128-node band spans 8x
+    full = next(r for r in rows if (r.model, r.strategy, r.nodes) == ("vit_base", "FULL_SHARD", 128))
+    assert 7 < full.width < 9
+
+
+def test_a_crossing_on_one_side_only_is_a_miss():
+    """A crossing predicted where none was measured, or measured where none was predicted, is a miss (it
+    was scored as one at twice the largest node count, within 2x of a crossing at 128); none on either side
+    agrees; one inside the predicted range of node counts is inside it."""
+    assert pub.crossing_missed({"measured": 128, "predicted": None})
+    assert pub.crossing_missed({"measured": None, "predicted": 64})
+    assert not pub.crossing_missed({"measured": None, "predicted": None})
+    assert pub.crossing_missed({"measured": 16, "predicted": 64}) and not pub.crossing_missed(
+        {"measured": 32, "predicted": 64}
+    )
+    assert pub.crossing_in_range({"measured": 32, "predicted": 16, "earliest": 16, "latest": None})
+    assert not pub.crossing_in_range({"measured": 8, "predicted": 16, "earliest": 16, "latest": 64})
+    assert pub.crossing_in_range({"measured": None, "predicted": 16, "earliest": 16, "latest": None})

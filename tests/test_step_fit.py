@@ -86,6 +86,32 @@ def test_fit_gives_back_the_per_step_form_from_every_group_size():
     assert f.usable and f.launch_us == 0 and f.step_latency_us == pytest.approx(13.0) and f.notes
 
 
+def test_a_step_fit_carries_standard_errors_and_the_calibration_its_band(tmp_path):
+    """Exact timings give standard errors of about 0; timings with scatter (a repeat 3% off either way) give
+    each fitted figure an error, written beside it in check.json, read back, and a schema-2 calibration over
+    the profile's defaults then bands a prediction by +-1.645 of them: wider than from exact timings."""
+    exact = step_fits_of(measurements())
+    assert all(f["step_latency_us_se"] < 1e-3 and f["bus_gbps_se"] < 1e-3 for f in exact)
+    scattered = []
+    for i, m in enumerate(measurements()):
+        for sign in (1, -1):
+            scattered.append({**m, "time_s": m["time_s"] * (1 + sign * 0.03 * (i % 2))})
+    noisy = step_fits_of(scattered)
+    assert all(f["usable"] and f["step_latency_us_se"] > 0 and f["bus_gbps_se"] > 0 for f in noisy), noisy
+    widths = {}
+    for name, fits in (("exact", exact), ("noisy", noisy)):
+        check = write_check(tmp_path / f"{name}.json", fits)
+        cal = pr.choose_calibration(check, pr.profile_path("frontier"), system="frontier", models=["vit_base"],
+                                    precisions=["bf16"])  # fmt: skip
+        comp = pr.compute_from_flops(191.5, 0.4)
+        sc = Scenario("vit_base", "FULL_SHARD", nodes=4, gpus_per_node=8, batch_size=32, precision="bf16")
+        [p] = pr.predict([sc], cal, comp)
+        low, high = p.band["step_s"]
+        assert low <= p.breakdown.step_s <= high
+        widths[name] = high / low
+    assert widths["noisy"] > widths["exact"], widths
+
+
 def write_check(path, step_fits, schema=2) -> str:
     data = {"schema": schema, "system": "frontier", "model": "vit_3b", "precisions": ["bf16"], "nodes": 4}
     data["step_fits"] = step_fits

@@ -55,7 +55,12 @@ def _with_predictions(runs: pd.DataFrame, predictions: pd.DataFrame) -> pd.DataF
     pred = predictions.assign(
         extrapolated=predictions["extrapolated"].astype(bool) if "extrapolated" in predictions else False
     )
-    pred = pred[KEY + ["predicted_ips", "extrapolated"]].drop_duplicates(KEY)
+    # the 90% band (analysis/prediction.py); prediction.csv files written before it have none
+    for side in ("predicted_ips_low", "predicted_ips_high"):
+        if side not in pred:
+            pred[side] = float("nan")
+    pred = pred[KEY + ["predicted_ips", "predicted_ips_low", "predicted_ips_high", "extrapolated"]]
+    pred = pred.drop_duplicates(KEY)
     return runs.merge(pred, on=KEY, how="left")
 
 
@@ -118,6 +123,18 @@ def weak_scaling_predicted(
                     ax.plot(pred[xcol], pred["predicted_ips"], "--", color=color, lw=0.9, alpha=0.9, zorder=2)
                     counts["predicted"] += 1
                     xs = pred[xcol].astype(int)
+                    banded = pred[pred["predicted_ips_low"].notna() & pred["predicted_ips_high"].notna()]
+                    if not banded.empty:
+                        ax.fill_between(
+                            banded[xcol],
+                            banded["predicted_ips_low"].astype(float),
+                            banded["predicted_ips_high"].astype(float),
+                            color=color,
+                            alpha=0.15,
+                            lw=0,
+                            zorder=1,
+                        )
+                        counts["banded"] = counts.get("banded", 0) + len(banded)
                     curves[(model, *key)] = list(zip(xs, pred["predicted_ips"], strict=True))
                     far = pred[pred["extrapolated"] == True]  # noqa: E712 - a NaN (no prediction) is not extrapolated
                     if not far.empty:
@@ -139,7 +156,8 @@ def weak_scaling_predicted(
         f"error bars: the {interval_text(tbl.usable(runs))}, often hidden by the marker), and the images/s "
         "vit_scale.planning.predict gives for the same points (dashed, same colour), its compute from the "
         "median of the study's 1-node rung and its collectives from the calibration named above "
-        "(prediction.csv); an open marker, a prediction extrapolated beyond the largest group whose collectives "
+        "(prediction.csv); the shaded band, where the calibration's figures carry ranges, the prediction's 90% "
+        "band from them; an open marker, a prediction extrapolated beyond the largest group whose collectives "
         "the calibration measured; × marks a run that did not finish ok.",
         extra={"predicted": curves, "errorbars": bars, "facts": facts},
     )

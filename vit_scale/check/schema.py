@@ -99,6 +99,9 @@ FIT = {
         "usable": {"type": "boolean"},
         "flags": {"type": "array", "items": {"type": "string"}},
         "ranks_per_node": {"type": "integer", "minimum": 1},
+        # standard errors from the size sweep's scatter (docs/plan.md, "How sure a prediction is")
+        "alpha_us_se": {"type": "number", "minimum": 0},
+        "bus_gbps_se": {"type": "number", "minimum": 0},
     },
     # a usable fit has no flags and a positive bandwidth
     "if": {"properties": {"usable": {"const": True}}},
@@ -138,6 +141,10 @@ STEP_FIT = {
         "notes": {"type": "array", "items": {"type": "string"}},
         "ranks_per_node": {"type": "integer", "minimum": 1},
         "intra_latency_us": {"type": "number", "minimum": 0},
+        # standard errors from the size sweep's scatter (docs/plan.md, "How sure a prediction is")
+        "step_latency_us_se": {"type": "number", "minimum": 0},
+        "launch_us_se": {"type": "number", "minimum": 0},
+        "bus_gbps_se": {"type": "number", "minimum": 0},
     },
     "if": {"properties": {"usable": {"const": True}}},
     "then": {"properties": {"flags": {"maxItems": 0}, "bus_gbps": {"exclusiveMinimum": 0}}},

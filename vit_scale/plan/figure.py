@@ -38,6 +38,8 @@ def write_figure(prediction: dict, rows: list, shared: dict, directory: str) -> 
                 "images_per_s_per_gpu": r["prediction"]["images_per_s_per_gpu"],
                 "scaling_efficiency": r["prediction"]["scaling_efficiency"],
                 "extrapolated": bool(r["prediction"].get("extrapolated")),
+                "images_per_s_low": r["prediction"].get("images_per_s_low"),
+                "images_per_s_high": r["prediction"].get("images_per_s_high"),
             }
             for r in rows
         ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from vit_scale.errors import UserError
+from vit_scale.planning import spread
 from vit_scale.planning.compute import LABEL, read_compute, why_not
 
 from .options import DEFAULT_EFFICIENCY
@@ -47,9 +48,13 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             compute.efficiencies = pr.efficiencies_from_runs(reader.collect([args.efficiency_from]).runs)
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
     blocking = pr.blocking_for(None, args.device)
-    notes, by_model = [], {}
-    for row, sc, p in zip(rows, scenarios, pr.predict(scenarios, cal, compute, blocking), strict=True):
+    notes, by_model, curves = [], {}, {}
+    predictions = pr.predict(scenarios, cal, compute, blocking)
+    for row, sc, p in zip(rows, scenarios, predictions, strict=True):
         row["prediction"] = p.as_dict()
+        if p.band is not None:
+            curve = curves.setdefault((sc.model, sc.strategy), {})
+            curve[sc.nodes] = None if p.images_per_s_per_gpu is None else (p.images_per_s_per_gpu, *p.end_ips)
         row["prediction"]["compute_from"] = by_model[sc.model] = compute_label(args, compute, sc)
         if compute.gemms and not compute.origin:
             why = why_not(compute.gemms, sc)
@@ -75,10 +80,29 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
             "by_model": by_model,
             "notes": notes,
         },
+        "interval": interval(cal, compute, any(p.band is not None for p in predictions)),
+        "crossings": spread.crossings(curves),
         "not_worth_running": not_worth_running(rows),
         "rule": (
             f"not worth running: at the largest node count planned, the strategy does not fit, or its "
             f"predicted images/s is below {NOT_WORTH:.0%} of the best strategy's for the same model"
+        ),
+    }
+
+
+def interval(cal, compute, banded: bool) -> dict:
+    """What the rows' *_low / *_high are and where their spread comes from (`banded`: whether any row has
+    a band), in a few words."""
+    if not banded:
+        return {"level": None, "method": None, "text": cal.spread_text()}
+    inputs = cal.spread_text() if cal.network.ranges else "the calibration's figures carry no range"
+    measured = "; compute: the fastest and slowest repeat of each measured rung" if compute.origin else ""
+    return {
+        "level": spread.LEVEL,
+        "method": "bounds",
+        "text": (
+            f"{spread.LEVEL:.0%} band: every input at its cheap end and at its costly end ({inputs}{measured}; "
+            'docs/plan.md, "How sure a prediction is")'
         ),
     }
 

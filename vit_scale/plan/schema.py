@@ -53,6 +53,7 @@ ROW_SCHEMA = {
         "replicate_group_size": {"type": "integer", "minimum": 1},
         "memory_gib": {"type": "number", "exclusiveMinimum": 0},
         "peak_allocated_gib": {"type": "number", "exclusiveMinimum": 0},
+        "peak_active_gib": {"type": "number", "exclusiveMinimum": 0},
         "components_gib": {
             "type": "object",
             "required": list(_GIB_PARTS),
@@ -106,6 +107,12 @@ ROW_SCHEMA = {
                 "images_per_s": {"type": ["number", "null"]},
                 "scaling_efficiency": {"type": ["number", "null"]},
                 "extrapolated": {"type": "boolean"},
+                # the 90% band (vit_scale.planning.spread); null where no input carries a range
+                **{
+                    f"{name}_{side}": {"type": ["number", "null"]}
+                    for name in ("images_per_s_per_gpu", "images_per_s", "step_s", "scaling_efficiency")
+                    for side in ("low", "high")
+                },
             },
         },
     },
@@ -131,6 +138,27 @@ PREDICTION_SCHEMA = {
         },
         "not_worth_running": {"type": "array", "items": {"type": "object", "required": ["model", "strategy", "why"]}},
         "rule": {"type": "string"},
+        "interval": {
+            "type": "object",
+            "required": ["level", "method", "text"],
+            "properties": {
+                "level": {"type": ["number", "null"]},
+                "method": {"enum": ["bounds", None]},
+                "text": {"type": "string"},
+            },
+        },
+        "crossings": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["model", "strategy", "below", "value", "earliest", "latest", "largest", "text"],
+                "properties": {
+                    "value": {"type": ["integer", "null"]},
+                    "earliest": {"type": "integer"},
+                    "latest": {"type": ["integer", "null"]},
+                },
+            },
+        },
     },
 }
 PLAN_SCHEMA = {

@@ -3,6 +3,7 @@ memory's components, the communication per step and the predicted step's split."
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,26 @@ def _step(row: dict) -> dict | None:
     """The row's predicted step, or None where there is none (no --system, or it does not fit)."""
     p = row.get("prediction")
     return None if not p or p["fits"] is False or p["step"] is None else p["step"]
+
+
+def _banded(name: str, fmt: Callable, value: Callable) -> Callable[[dict], str]:
+    """`value (low-high)` where the point has a band, else the value alone."""
+
+    def cell(r: dict) -> str:
+        p = r["prediction"]
+        text = fmt(value(r))
+        if p.get(f"{name}_low") is None:
+            return text
+        low, high = fmt(p[f"{name}_low"]), fmt(p[f"{name}_high"])
+        if low == high:
+            return text
+        return f"{text} ({low.rstrip('%') if high.endswith('%') else low}-{high})"
+
+    return cell
+
+
+def _pct(x: float) -> str:
+    return f"{x:.0%}"
 
 
 def _predicted(cell):
@@ -79,7 +100,7 @@ COLUMNS = [
     Column(
         "step ms",
         8,
-        lambda r: NOT_FIT_CELL if _step(r) is None else _ms(_step(r)["step_s"]),
+        lambda r: NOT_FIT_CELL if _step(r) is None else _banded("step_s", _ms, lambda r: _step(r)["step_s"])(r),
         predicted=True,
     ),
     Column("comp", 7, _predicted(lambda r: _ms(_step(r)["forward_s"] + _step(r)["backward_s"])), True, True),
@@ -92,14 +113,21 @@ COLUMNS = [
         True,
         True,
     ),
-    Column("img/s/GPU", 9, _predicted(lambda r: _rate(r["prediction"]["images_per_s_per_gpu"])), predicted=True),
+    Column(
+        "img/s/GPU",
+        9,
+        _predicted(_banded("images_per_s_per_gpu", _rate, lambda r: r["prediction"]["images_per_s_per_gpu"])),
+        predicted=True,
+    ),
     Column("img/s", 9, _predicted(lambda r: _rate(r["prediction"]["images_per_s"])), predicted=True),
     Column(
         "eff",
         5,
         _predicted(
             lambda r: (
-                "" if r["prediction"]["scaling_efficiency"] is None else f"{r['prediction']['scaling_efficiency']:.0%}"
+                ""
+                if r["prediction"]["scaling_efficiency"] is None
+                else _banded("scaling_efficiency", _pct, lambda r: r["prediction"]["scaling_efficiency"])(r)
             )
         ),
         predicted=True,
@@ -109,9 +137,17 @@ COLUMNS = [
 ]
 
 
-def columns_for(predicted: bool, wide: bool) -> list[Column]:
+# with a band, a cell reads `value (low-high)`: these columns widen to hold it (the default table stays
+# under 120 characters)
+BANDED_WIDTHS = {"step ms": 16, "img/s/GPU": 17, "eff": 12}
+
+
+def columns_for(predicted: bool, wide: bool, banded: bool = False) -> list[Column]:
     shown = [c for c in COLUMNS if predicted or not c.predicted]
-    return [c for c in shown if wide or not c.wide or (c.unpredicted and not predicted)]
+    shown = [c for c in shown if wide or not c.wide or (c.unpredicted and not predicted)]
+    if banded:
+        shown = [dataclasses.replace(c, width=BANDED_WIDTHS.get(c.name, c.width)) for c in shown]
+    return shown
 
 
 def _line(cells: list, columns: list) -> str:
@@ -198,7 +234,8 @@ def format_table(rows: list[dict], shared: dict, prediction: dict | None = None,
     with `wide` also the memory's components, the communication per step and the step's split."""
     out = prediction_head(prediction) if prediction else []
     out += _assumptions(shared)
-    columns = columns_for(prediction is not None, wide)
+    banded = any((r.get("prediction") or {}).get("step_s_low") is not None for r in rows)
+    columns = columns_for(prediction is not None, wide, banded)
     header = _line([c.name for c in columns], columns)
     by_model: dict = {}
     for row in rows:
@@ -211,6 +248,9 @@ def format_table(rows: list[dict], shared: dict, prediction: dict | None = None,
         out += [_line([c.cell(r) for c in columns], columns) for r in model_rows]
     out += [""] + _legend(prediction is not None, wide)
     if prediction:
+        out += _wrap(f"interval: {prediction['interval']['text']}", "  ")
+        for c in prediction["crossings"]:
+            out += _wrap(f"{c['model']}: {c['text']}", "  ")
         out += [f"  note: {n}" for n in prediction["calibration"]["notes"]]
         worth = prediction["not_worth_running"]
         out += _wrap(

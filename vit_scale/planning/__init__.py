@@ -66,6 +66,9 @@ def plan_row(sc: Scenario) -> dict:
         "memory_gib": total,
         "peak_allocated_gib": _gib(mem.peak_allocated),
         "peak_allocated_phase": mem.peak_allocated_phase,
+        # torch's active_bytes peak: allocated plus what is freed but held for another stream (what the
+        # seed-003 authors plotted, and what a run's meter reads as memory_stats()["active_bytes.all.peak"])
+        "peak_active_gib": _gib(mem.peak_active),
         "components_gib": parts,
         "allocator_gib": allocator,
         "peak_phase": mem.peak_phase,

@@ -45,6 +45,9 @@ MIN_SIZES = 4  # distinct sizes a fit needs before it says anything about alpha 
 MAX_RESIDUAL = 0.25  # largest relative residual (|model - measured| / measured) a usable fit has
 MONOTONE_NOISE = 0.10  # relative slack when a point carries no spread of its own
 GB = 1e9
+# a fit's 90% interval: its estimate +- this many standard errors (the normal's 5th-95th percentile; a fit
+# has tens of points, sizes times repeats, where Student's t differs from it by a few per cent)
+Z90 = 1.645
 
 
 def bus_factor(collective: str, n: int) -> float:
@@ -83,10 +86,30 @@ class Fit:
     # ranks of the fitted group on each node (the check's ranks per node for an across-nodes fit): what
     # its bandwidth is rescaled from for a group with another number (Network.link); None: not recorded
     ranks_per_node: int | None = None
+    # the standard errors of alpha and B from the size sweep's scatter (its repeats included); None: not
+    # recorded (a check before them), no interval
+    alpha_se_us: float | None = None
+    bus_se_gbps: float | None = None
 
     @property
     def usable(self) -> bool:
         return not self.flags
+
+    @property
+    def has_spread(self) -> bool:
+        return bool(self.alpha_se_us or self.bus_se_gbps)
+
+    def at_end(self, costly: bool) -> Fit:
+        """The fit at the end of its 90% interval that makes a collective cheaper, or dearer (`costly`):
+        alpha +- Z90 standard errors (at least 0), B through its slope 1/B +- Z90 of the slope's error, so
+        that the dear end stays above 0 and a cheap end past 1/B = 0 is an unbounded bandwidth."""
+        if not self.has_spread:
+            return self
+        sign = 1 if costly else -1
+        alpha = max(0.0, self.alpha_us + sign * Z90 * (self.alpha_se_us or 0.0))
+        rel = Z90 * (self.bus_se_gbps or 0.0) / self.bus_gbps  # the slope's relative error, by the delta method
+        bus = self.bus_gbps / (1 + rel) if costly else (self.bus_gbps / (1 - rel) if rel < 1 else math.inf)
+        return dataclasses.replace(self, alpha_us=alpha, bus_gbps=bus, alpha_se_us=None, bus_se_gbps=None)
 
     @property
     def nodes(self) -> int:
@@ -123,7 +146,14 @@ class Fit:
             "usable": self.usable,
             "flags": list(self.flags),
             **({"ranks_per_node": self.ranks_per_node} if self.ranks_per_node else {}),
+            **({"alpha_us_se": _se(self.alpha_se_us, 3)} if self.alpha_se_us is not None else {}),
+            **({"bus_gbps_se": _se(self.bus_se_gbps, 6)} if self.bus_se_gbps is not None else {}),
         }
+
+
+def _se(x: float, digits: int) -> float:
+    # check.json stays strict JSON: an error the fit could not give (too few points) is written as 0
+    return round(x, digits) if math.isfinite(x) else 0.0
 
 
 def _point(p) -> tuple[float, float, float]:
@@ -196,7 +226,38 @@ def fit(
     backwards = _backwards(pts, noise)
     if backwards:
         flags.append(backwards)
-    return Fit(collective, scope, ranks, alpha * 1e6, bus, residual, len(sizes), tuple(flags), ranks_per_node)
+    alpha_se, bus_se = _standard_errors(xs, ts, ws, alpha, slope, mx, sxx, sw, clamped=alpha == 0.0)
+    return Fit(
+        collective,
+        scope,
+        ranks,
+        alpha * 1e6,
+        bus,
+        residual,
+        len(sizes),
+        tuple(flags),
+        ranks_per_node,
+        alpha_se * 1e6,
+        bus_se,
+    )
+
+
+def _standard_errors(xs, ts, ws, alpha, slope, mx, sxx, sw, clamped: bool) -> tuple[float, float]:
+    """(alpha's standard error in seconds, B's in GB/s) of the weighted fit: the residual variance over the
+    degrees of freedom left (every point, repeats included, so the repeats' spread is in it) times the
+    parameters' variance factors; B's by the delta method (B = 1/slope). Through the origin (alpha clamped
+    to 0) alpha's is 0, a bound rather than an estimate. NaN where too few points leave no freedom."""
+    n, k = len(xs), 1 if clamped else 2
+    if n <= k or slope <= 0:
+        return math.nan, math.nan
+    s2 = sum(w * (alpha + slope * x - t) ** 2 for x, t, w in zip(xs, ts, ws, strict=True)) / (n - k)
+    if clamped:
+        sq = sum(w * x * x for w, x in zip(ws, xs, strict=True))
+        var_slope, var_alpha = (s2 / sq if sq > 0 else math.inf), 0.0
+    else:
+        var_slope = s2 / sxx if sxx > 0 else math.inf
+        var_alpha = s2 * (1 / sw + mx * mx / sxx) if sxx > 0 else math.inf
+    return math.sqrt(var_alpha), math.sqrt(var_slope) / (slope * slope) / GB
 
 
 def _backwards(pts, noise: float) -> str:
@@ -343,6 +404,41 @@ class Network:
     # rings still have to launch nsteps * net overhead", intraLat = max(intraLat, netOverhead)): the rank at
     # each node boundary forwards all n-1 chunks through the network, one message each
     net_overhead_us: float = 0.0
+    # the spread of these figures from their sources (the profile's `*_range` keys): one Range each;
+    # empty: one reading, no interval (vit_scale.planning.spread)
+    ranges: tuple = ()
+
+    def at_end(self, costly: bool) -> Network:
+        """These figures with every ranged one at the end of its range that makes a collective cheaper
+        (lowest latency, highest bandwidth) or, `costly`, dearer; fits from a check are left as they are."""
+        if not self.has_spread:
+            return self
+        links = {"intra_node": self.intra, "inter_node": self.inter}
+        top = {}
+        for r in self.ranges:
+            scope, _, name = r.key.rpartition(".")
+            end = r.end(costly)
+            if scope:
+                field_name = "bus_gbps" if name == "bus_gbps" else "alpha_us"
+                links[scope] = dataclasses.replace(links[scope], **{field_name: end})
+            else:
+                top[name] = end
+        side = "costly" if costly else "cheap"
+        table = {k: v.at_end(costly) if isinstance(v, Fit) else v for k, v in self.per_collective.items()}
+        return dataclasses.replace(
+            self,
+            intra=links["intra_node"],
+            inter=links["inter_node"],
+            per_collective=table,
+            ranges=(),
+            source=f"{self.source} ({side} end of every range)",
+            **top,
+        )
+
+    @property
+    def has_spread(self) -> bool:
+        """Whether some figure carries a range, or some fit a standard error."""
+        return bool(self.ranges) or any(isinstance(v, Fit) and v.has_spread for v in self.per_collective.values())
 
     def _scope_link(self, collective: str, scope: str) -> Link:
         intra = self.per_collective.get((collective, "intra"))
@@ -427,12 +523,20 @@ class Network:
 
 NETWORK_KEYS = {"intra_node", "inter_node"}
 # optional, beside the two scopes: launch_us (per collective), net_overhead_us (per step of a ring spanning
-# nodes), tree_bus_ratio, measured_ranks
-NETWORK_OPTIONAL = {"launch_us", "net_overhead_us", "tree_bus_ratio", "measured_ranks"}
+# nodes), tree_bus_ratio, measured_ranks; and the spread of the first two from their sources
+NETWORK_OPTIONAL = {
+    "launch_us",
+    "net_overhead_us",
+    "tree_bus_ratio",
+    "measured_ranks",
+    "launch_us_range",
+    "net_overhead_us_range",
+}
 # step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
 # as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
 LINK_KEYS = {"bus_gbps", "step_latency_us"}
 LEGACY_LINK_KEYS = {"bus_gbps", "latency_us"}
+RANGE_SUFFIX = "_range"  # KEY_range: [low, high], the spread of KEY's sources (vit_scale.planning.spread)
 
 
 def _positive(value, what: str, zero_ok: bool = False) -> float:
@@ -455,19 +559,46 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
             f"{where}: network needs the keys {', '.join(sorted(NETWORK_KEYS))} "
             f"(and may have {', '.join(sorted(NETWORK_OPTIONAL))})"
         )
-    links = {}
+    links, ranges = {}, []
     for key in sorted(NETWORK_KEYS):
         entry = section[key]
-        if not isinstance(entry, dict) or set(entry) not in (LINK_KEYS, LEGACY_LINK_KEYS):
-            raise ValueError(f"{where}: network.{key} needs exactly the keys {', '.join(sorted(LINK_KEYS))}")
+        plain = {k for k in entry if not k.endswith(RANGE_SUFFIX)} if isinstance(entry, dict) else set()
+        if (
+            not isinstance(entry, dict)
+            or plain not in (LINK_KEYS, LEGACY_LINK_KEYS)
+            or any(k[: -len(RANGE_SUFFIX)] not in plain for k in set(entry) - plain)
+        ):
+            raise ValueError(
+                f"{where}: network.{key} needs exactly the keys {', '.join(sorted(LINK_KEYS))} (each may have "
+                f"a KEY{RANGE_SUFFIX}: [low, high] beside it)"
+            )
         latency_key = "step_latency_us" if "step_latency_us" in entry else "latency_us"
         alpha = _positive(entry[latency_key], f"{where}: network.{key}.{latency_key}")
         bus = _positive(entry["bus_gbps"], f"{where}: network.{key}.bus_gbps")
         links[key] = Link(alpha, bus, f"{where} network.{key}")
+        for name, value in ((latency_key, alpha), ("bus_gbps", bus)):
+            if name + RANGE_SUFFIX in entry:
+                ranges.append(
+                    read_range(
+                        entry[name + RANGE_SUFFIX],
+                        value,
+                        f"{key}.{name}",
+                        f"{where}: network.{key}.{name}{RANGE_SUFFIX}",
+                        costly_high=name != "bus_gbps",
+                    )
+                )
     extra = {}
     for key in ("launch_us", "net_overhead_us"):
         if key in section:
             extra[key] = _positive(section[key], f"{where}: network.{key}", zero_ok=True)
+        if key + RANGE_SUFFIX in section:
+            if key not in extra:
+                raise ValueError(f"{where}: network.{key}{RANGE_SUFFIX} is given without network.{key}")
+            ranges.append(
+                read_range(section[key + RANGE_SUFFIX], extra[key], key, f"{where}: network.{key}{RANGE_SUFFIX}")
+            )
+    if ranges:
+        extra["ranges"] = tuple(ranges)
     if "tree_bus_ratio" in section:
         ratio = _positive(section["tree_bus_ratio"], f"{where}: network.tree_bus_ratio")
         if ratio > 1:
@@ -479,6 +610,45 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
             raise ValueError(f"{where}: network.measured_ranks must be a whole number of ranks >= 2, got {ranks!r}")
         extra["measured_ranks"] = ranks
     return Network(links["intra_node"], links["inter_node"], source=f"defaults of {where}", algo=algo, **extra)
+
+
+@dataclass(frozen=True)
+class Range:
+    """One input's spread from its sources: `key` (as the profile names it, e.g. "inter_node.bus_gbps"), its
+    value and the lowest and highest reading; costly_high: a higher reading makes a collective dearer (a
+    latency), else cheaper (a bandwidth)."""
+
+    key: str
+    value: float
+    low: float
+    high: float
+    costly_high: bool = True
+
+    def end(self, costly: bool) -> float:
+        return self.high if costly == self.costly_high else self.low
+
+    def text(self) -> str:
+        return f"{self.key} {self.value:g} ({self.low:g}-{self.high:g})"
+
+
+def read_range(given, value: float, key: str, what: str, costly_high: bool = True) -> Range:
+    """A `KEY_range: [low, high]` beside KEY's `value`: two finite numbers, 0 or more (a bandwidth above
+    0), low <= value <= high; else ValueError naming `what`."""
+    ok = (
+        isinstance(given, (list, tuple))
+        and len(given) == 2
+        and all(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in given)
+    )
+    if not ok:
+        raise ValueError(f"{what} must be [low, high], two finite numbers, got {given!r}")
+    low, high = float(given[0]), float(given[1])
+    if low < 0 or (not costly_high and low <= 0):
+        raise ValueError(f"{what}: its low end must be {'above' if not costly_high else 'at least'} 0, got {low:g}")
+    if not low <= value <= high:
+        raise ValueError(
+            f"{what}: [{low:g}, {high:g}] does not contain the value {value:g}; expected low <= value <= high"
+        )
+    return Range(key, value, low, high, costly_high)
 
 
 def read_network(path: str) -> Network | None:

@@ -22,7 +22,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from vit_scale.planning import memory
+from vit_scale.planning import memory, spread
 from vit_scale.planning.alpha_beta import Network
 from vit_scale.planning.predict import MeasuredStep, compute_of
 from vit_scale.planning.scenario import Allowance, Scenario, baseline_nodes, blas_workspace_mib
@@ -71,6 +71,20 @@ class SpeedRow:
     baseline: float  # the baseline rung's images/s per GCD: the no-communication prediction
     extrapolated: bool
     source: str
+    # the 90% band of `predicted` from the network's ranges (vit_scale.planning.spread); None without ranges
+    low: float | None = None
+    high: float | None = None
+    ends: tuple = ()  # predicted at the cheap and the costly end of every range
+
+    @property
+    def inside(self) -> bool | None:
+        """Whether the measured point lies in its band (None: no band)."""
+        return None if self.low is None else self.low <= self.measured <= self.high
+
+    @property
+    def width(self) -> float | None:
+        """The band's high over its low."""
+        return None if self.low is None else self.high / self.low
 
     @property
     def error(self) -> float:
@@ -82,7 +96,22 @@ class SpeedRow:
 
 
 def speed_rows(data: dict, network: Network) -> list:
-    """Every measured point above its series' baseline rung, predicted from that rung."""
+    """Every measured point above its series' baseline rung, predicted from that rung; with the network's
+    ranges, each with its band (the same prediction with every figure at its cheap and its costly end, the
+    rung's compute derived again under each: vit_scale.planning.spread)."""
+    rows = _speed_rows(data, network)
+    at_ends = spread.ends(network)
+    if at_ends is None:
+        return rows
+    cheap, costly = (_speed_rows(data, net) for net in at_ends)
+    out = []
+    for r, a, b in zip(rows, cheap, costly, strict=True):
+        xs = (r.predicted, a.predicted, b.predicted)
+        out.append(dataclasses.replace(r, low=min(xs), high=max(xs), ends=(a.predicted, b.predicted)))
+    return out
+
+
+def _speed_rows(data: dict, network: Network) -> list:
     rows = []
     ranks = int(data["ranks_per_node"])
     for s in data["speed"]:
@@ -119,7 +148,9 @@ def speed_rows(data: dict, network: Network) -> list:
 
 def crossings(rows: list) -> list:
     """Per model and hybrid strategy: the node count from which FULL_SHARD's images/s per GCD stays more than
-    CROSSING_MARGIN below the hybrid's, measured and predicted (None: not within the node counts measured)."""
+    CROSSING_MARGIN below the hybrid's, measured and predicted (None: not within the node counts measured);
+    with bands, the predicted node counts as a range over the value and both ends (`earliest`, `latest`;
+    latest None: at some reading it does not happen within the node counts)."""
     by = {}
     for r in rows:
         by.setdefault((r.model, r.strategy), {})[r.nodes] = r
@@ -129,25 +160,50 @@ def crossings(rows: list) -> list:
             continue
         full = by[(model, "FULL_SHARD")]
         nodes = sorted(set(points) & set(full))
-        result = {}
-        for which in ("measured", "predicted"):
-            below = [getattr(full[n], which) < (1 - CROSSING_MARGIN) * getattr(points[n], which) for n in nodes]
-            cross = None
-            for i, n in enumerate(nodes):
-                if all(below[i:]):
-                    cross = n
-                    break
-            result[which] = cross
+
+        def cross(get, full=full, points=points, nodes=nodes):
+            return spread.falls_below(
+                nodes, [get(full[n]) for n in nodes], [get(points[n]) for n in nodes], CROSSING_MARGIN
+            )
+
+        result = {"measured": cross(lambda r: r.measured), "predicted": cross(lambda r: r.predicted)}
+        if all(full[n].ends and points[n].ends for n in nodes):
+            at = [result["predicted"]] + [cross(lambda r, k=k: r.ends[k]) for k in (0, 1)]
+            found = [x for x in at if x is not None]
+            result["earliest"] = min(found) if found else None
+            result["latest"] = max(found) if found and len(found) == len(at) else None
         out.append({"model": model, "hybrid": strategy, **result})
     return out
 
 
-def crossing_factor(c: dict, largest: int = 128) -> float:
-    """How far apart the predicted and measured crossings are (>= 1; a crossing that did not happen is
-    taken as one beyond the largest node count measured, twice it)."""
-    m = c["measured"] or 2 * largest
-    p = c["predicted"] or 2 * largest
+def crossing_factor(c: dict) -> float | None:
+    """How far apart the predicted and measured crossings are (>= 1); None where one of them did not happen
+    within the node counts measured (a miss, crossing_missed) or neither did (agreement, 1.0)."""
+    m, p = c["measured"], c["predicted"]
+    if m is None and p is None:
+        return 1.0
+    if m is None or p is None:
+        return None
     return max(m, p) / min(m, p)
+
+
+def crossing_missed(c: dict, factor: float = 2.0) -> bool:
+    """A crossing predicted where none was measured, measured where none was predicted, or more than
+    `factor` apart."""
+    f = crossing_factor(c)
+    return f is None or f > factor
+
+
+def crossing_in_range(c: dict) -> bool | None:
+    """Whether the measured crossing (or its absence) lies within the predicted range (None: no range)."""
+    if "earliest" not in c:
+        return None
+    m, lo, hi = c["measured"], c["earliest"], c["latest"]
+    if lo is None:  # at no reading within the node counts
+        return m is None
+    if m is None:
+        return hi is None  # some reading has none
+    return lo <= m and (hi is None or m <= hi)
 
 
 @dataclass(frozen=True)
@@ -174,6 +230,12 @@ def memory_rows(data: dict) -> list:
     return out
 
 
+def _share(flags: list) -> float | None:
+    """The share of True among the flags that are not None (None: no band at all)."""
+    known = [f for f in flags if f is not None]
+    return sum(known) / len(known) if known else None
+
+
 def summary(rows: list, mem: list) -> dict:
     """The figures issue 28 sets its bars on, the model's and the no-communication baseline's."""
     low = [r for r in rows if r.measured_efficiency < LOW_EFFICIENCY]
@@ -192,7 +254,13 @@ def summary(rows: list, mem: list) -> dict:
         "no_comm_median_abs_error_low_efficiency": med([abs(r.no_comm_error) for r in low]),
         "no_comm_max_abs_error": max(abs(r.no_comm_error) for r in rows),
         "crossings": cross,
-        "max_crossing_factor": max((crossing_factor(c) for c in cross), default=1.0),
+        "max_crossing_factor": max((f for f in map(crossing_factor, cross) if f is not None), default=1.0),
+        "crossings_missed": sum(crossing_missed(c) for c in cross),
+        "crossings_in_range": sum(bool(crossing_in_range(c)) for c in cross),
+        "coverage": _share([r.inside for r in rows]),
+        "coverage_low_efficiency": _share([r.inside for r in low]),
+        "median_width": med([r.width for r in rows if r.width is not None]),
+        "median_width_low_efficiency": med([r.width for r in low if r.width is not None]),
         "memory_points": len(mem),
         "memory_max_abs_error": max(abs(m.error) for m in mem),
         "extrapolated_points": sum(r.extrapolated for r in rows),

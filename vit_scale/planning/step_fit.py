@@ -32,6 +32,7 @@ from vit_scale.planning.alpha_beta import (
     MIN_SIZES,
     MONOTONE_NOISE,
     SCOPES,
+    Z90,
     Link,
     _backwards,  # the single-size fit's test for latency running backwards, applied per group size
     bus_factor,
@@ -66,10 +67,41 @@ class StepFit:
     notes: tuple = ()
     ranks_per_node: int | None = None  # across nodes: ranks of each node in the fitted groups
     intra_latency_us: float = 0.0  # across nodes: the per-step latency its steps inside a node were charged
+    # standard errors from the size sweep's scatter (repeats included): per-step latency, launch, bus
+    # bandwidth; None: not recorded (a check before them), no interval
+    step_latency_se_us: float | None = None
+    launch_se_us: float | None = None
+    bus_se_gbps: float | None = None
 
     @property
     def usable(self) -> bool:
         return not self.flags
+
+    @property
+    def has_spread(self) -> bool:
+        return bool(self.step_latency_se_us or self.launch_se_us or self.bus_se_gbps)
+
+    def at_end(self, costly: bool) -> StepFit:
+        """The fit at the end of its 90% interval that makes a collective cheaper, or dearer (`costly`):
+        each latency +- Z90 standard errors (at least 0), B through its slope (alpha_beta.Fit.at_end)."""
+        if not self.has_spread:
+            return self
+        sign = 1 if costly else -1
+
+        def shift(value: float, se: float | None) -> float:
+            return max(0.0, value + sign * Z90 * (se or 0.0))
+
+        rel = Z90 * (self.bus_se_gbps or 0.0) / self.bus_gbps
+        bus = self.bus_gbps / (1 + rel) if costly else (self.bus_gbps / (1 - rel) if rel < 1 else math.inf)
+        return replace(
+            self,
+            step_latency_us=shift(self.step_latency_us, self.step_latency_se_us),
+            launch_us=shift(self.launch_us, self.launch_se_us),
+            bus_gbps=bus,
+            step_latency_se_us=None,
+            launch_se_us=None,
+            bus_se_gbps=None,
+        )
 
     @property
     def largest_ranks(self) -> int:
@@ -104,6 +136,15 @@ class StepFit:
             "notes": list(self.notes),
             **({"ranks_per_node": self.ranks_per_node} if self.ranks_per_node else {}),
             **({"intra_latency_us": _round(self.intra_latency_us, 4)} if self.scope == "inter" else {}),
+            **{
+                key: _round(value, 6)
+                for key, value in (
+                    ("step_latency_us_se", self.step_latency_se_us),
+                    ("launch_us_se", self.launch_se_us),
+                    ("bus_gbps_se", self.bus_se_gbps),
+                )
+                if value is not None
+            },
         }
 
 
@@ -195,7 +236,9 @@ def fit_steps(
         system = _intra_system(steps, xs, ts, notes)
     else:
         system = _inter_system(pts, steps, xs, ts, intra, notes)
-    c = _nonnegative_latencies(system.columns, system.ys, [1.0 / (t * t) for t in ts], system.latency)
+    ws = [1.0 / (t * t) for t in ts]
+    c = _nonnegative_latencies(system.columns, system.ys, ws, system.latency)
+    se = _standard_errors(system, c, ws)
     intra_s = c[3] if len(c) > 3 else system.intra_s
     launch = c[0] if scope == "intra" else system.launch_s
     alpha, slope = c[1], c[2]
@@ -216,6 +259,12 @@ def fit_steps(
         ranks_per_node if scope == "inter" else None,
         intra_s * 1e6,
     )
+    fitted = replace(
+        fitted,
+        step_latency_se_us=se[1] * 1e6,
+        launch_se_us=se[0] * 1e6 if scope == "intra" else 0.0,
+        bus_se_gbps=se[2] / (slope * slope) / GB if slope > 0 else math.nan,
+    )
     residual = (
         max((abs(fitted.predict(p) - p.seconds) / p.seconds for p in pts), default=math.inf) if slope > 0 else math.inf
     )
@@ -223,6 +272,49 @@ def fit_steps(
         flags.append(f"large residual: {residual:.0%} > {max_residual:.0%}")
     flags += _first_backwards(pts, groups, noise)
     return replace(fitted, max_rel_residual=residual, flags=tuple(flags), notes=tuple(notes))
+
+
+def _standard_errors(system, c: list, ws: list) -> list:
+    """Each coefficient's standard error (seconds; 1/B's in s/byte): the residual variance over the degrees of
+    freedom left (every point, repeats included) times the diagonal of the inverse of the weighted normal
+    matrix of the coefficients the fit left free; 0 for a latency held at 0 (a bound, not an estimate) and
+    a column of zeros, NaN where too few points leave no freedom or the matrix is singular."""
+    n_coef, n = len(system.columns), len(system.ys)
+    free = [i for i in range(n_coef) if any(system.columns[i]) and not (i in system.latency and c[i] == 0.0)]
+    out = [0.0] * n_coef
+    if n <= len(free):
+        return [math.nan if i in free else 0.0 for i in range(n_coef)]
+    residuals = [sum(c[i] * system.columns[i][k] for i in range(n_coef)) - system.ys[k] for k in range(n)]
+    s2 = sum(w * r * r for w, r in zip(ws, residuals, strict=True)) / (n - len(free))
+    # the normal matrix over the free columns, each scaled to unit weighted norm (as _solve does) so that
+    # bytes and step counts side by side leave a well-conditioned inverse
+    norms = [math.sqrt(sum(w * system.columns[i][k] ** 2 for k, w in enumerate(ws))) for i in free]
+    cols = [[system.columns[i][k] / norm for k in range(n)] for i, norm in zip(free, norms, strict=True)]
+    a = [[sum(w * x * y for w, x, y in zip(ws, ci, cj, strict=True)) for cj in cols] for ci in cols]
+    inv = _inverse(a)
+    if inv is None:
+        return [math.nan if i in free else 0.0 for i in range(n_coef)]
+    for j, i in enumerate(free):
+        out[i] = math.sqrt(max(0.0, s2 * inv[j][j])) / norms[j]
+    return out
+
+
+def _inverse(a: list) -> list | None:
+    """The inverse of a small square matrix (Gauss-Jordan with pivoting); None when it is singular."""
+    m = len(a)
+    aug = [row[:] + [1.0 if i == j else 0.0 for j in range(m)] for i, row in enumerate(a)]
+    for col in range(m):
+        pivot = max(range(col, m), key=lambda i: abs(aug[i][col]))
+        if abs(aug[pivot][col]) <= 1e-12:
+            return None
+        aug[col], aug[pivot] = aug[pivot], aug[col]
+        p = aug[col][col]
+        aug[col] = [x / p for x in aug[col]]
+        for i in range(m):
+            if i != col and aug[i][col]:
+                f = aug[i][col]
+                aug[i] = [x - f * y for x, y in zip(aug[i], aug[col], strict=True)]
+    return [row[m:] for row in aug]
 
 
 @dataclass
@@ -295,4 +387,8 @@ def from_dict(entry: dict) -> StepFit:
         tuple(str(n) for n in entry.get("notes") or ()),
         int(per_node) if per_node else None,
         float(entry.get("intra_latency_us") or 0.0),
+        *(
+            None if entry.get(key) is None else float(entry[key])
+            for key in ("step_latency_us_se", "launch_us_se", "bus_gbps_se")
+        ),
     )

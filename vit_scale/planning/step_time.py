@@ -280,8 +280,18 @@ class StepPrediction:
     extrapolated: bool = False
     largest_group: int = 0
     baseline_nodes: int = 1  # the node count scaling_efficiency is against
+    # the 90% band from the inputs' spread (vit_scale.planning.spread.band): name -> (low, high); None: no
+    # input has a range
+    band: dict | None = None
+    end_ips: tuple = ()  # images/s per GPU with every input at its cheap and at its costly end
 
     def as_dict(self) -> dict:
+        band = self.band or {}
+        bounds = {
+            f"{name}_{side}": None if band.get(name) is None else round(band[name][i], 9)
+            for name in ("images_per_s_per_gpu", "images_per_s", "step_s", "scaling_efficiency")
+            for i, side in enumerate(("low", "high"))
+        }
         return {
             "model": self.model,
             "strategy": self.strategy,
@@ -298,6 +308,7 @@ class StepPrediction:
             "extrapolated": self.extrapolated,
             "largest_group": self.largest_group,
             "baseline_nodes": self.baseline_nodes,
+            **bounds,
         }
 
 

@@ -181,6 +181,7 @@ END = {
                 "window": {"enum": ["timed_steps", "whole_run"]},
                 "peak_allocated_gib": OVER_RANKS,
                 "peak_reserved_gib": OVER_RANKS,
+                "peak_active_gib": OVER_RANKS,
                 "peak_rss_gib": OVER_RANKS,
             },
         },

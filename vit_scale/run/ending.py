@@ -139,6 +139,7 @@ def figure_lines(end: EndRecord) -> list[str]:
     for key, label in (
         ("peak_allocated_gib", "peak allocated"),
         ("peak_reserved_gib", "peak reserved"),
+        ("peak_active_gib", "peak active"),
         ("peak_rss_gib", "peak RSS"),
     ):
         if key in mem:

@@ -1,6 +1,6 @@
 """Peak memory of this rank over a measured window.
 
-GPUs: the caching allocator's max allocated and max reserved bytes. CPU: peak resident set
+GPUs: the caching allocator's max allocated, max reserved and max active bytes. CPU: peak resident set
 size (VmHWM); writing 5 to /proc/self/clear_refs resets it so warm-up is left out.
 """
 
@@ -51,6 +51,9 @@ class MemoryProbe:
         return {
             "peak_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+            # allocated plus freed-but-not-yet-reusable (held for another stream): what the plan's
+            # peak_active_gib predicts, and what the seed-003 authors plotted
+            "peak_active_gib": torch.cuda.memory_stats().get("active_bytes.all.peak", 0) / GIB,
         }
 
 

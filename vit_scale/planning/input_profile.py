@@ -1,0 +1,61 @@
+"""The system profile as an input of a prediction: configs/systems/NAME.yaml found, read and validated
+in one place, its `network:` section (with each figure's range) turned into a Calibration and its peak
+into a number. Bad input is errors.UserError: one line naming the file and key."""
+
+from __future__ import annotations
+
+import os
+
+from vit_scale.errors import UserError
+from vit_scale.planning.alpha_beta import (
+    network_from_profile,
+)
+from vit_scale.planning.calibration import Calibration
+
+
+def profile_path(system: str) -> str:
+    """configs/systems/SYSTEM.yaml of this checkout, else of VIT_SCALE_HOME (an installed copy)."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for home in (here, os.environ.get("VIT_SCALE_HOME", "")):
+        path = os.path.join(home, "configs", "systems", f"{system}.yaml")
+        if home and os.path.isfile(path):
+            return path
+    raise UserError(f"--system: no profile configs/systems/{system}.yaml; set VIT_SCALE_HOME to the vit-scale checkout")
+
+
+def _read_yaml(path: str, option: str) -> dict:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise UserError(f"{option}: cannot read {path} ({exc.strerror or exc}); expected a system profile") from None
+    except yaml.YAMLError:
+        raise UserError(
+            f"{option}: {path} is not YAML; expected a system profile (configs/systems/NAME.yaml)"
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{option}: {path} is not a mapping; expected a system profile (configs/systems/NAME.yaml)")
+    return data
+
+
+def read_profile(path: str) -> dict:
+    """A system profile's YAML mapping; an unreadable one is a UserError naming it."""
+    return _read_yaml(path, "--system")
+
+
+def profile_calibration(path: str) -> Calibration | None:
+    """The profile's `network:` defaults, or None when it has no such section."""
+    try:
+        net = network_from_profile(_read_yaml(path, "--system"), os.path.basename(path))
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return None if net is None else Calibration("profile", net, os.path.basename(path))
+
+
+def peak_tflops(path: str, precision: str) -> float | None:
+    """The profile's dense peak per device for `precision` (None when it gives none: a CPU)."""
+    peak = _read_yaml(path, "--system").get("peak_tflops")
+    value = peak.get(precision) if isinstance(peak, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
