@@ -11,9 +11,9 @@ from vit_scale.check.verdict import node_lines
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8, 9, 128, 129, 9408])
-def test_every_node_meets_both_ring_neighbours_in_at_most_three_rounds(count):
+def test_every_node_meets_both_ring_neighbours_and_a_third_in_at_most_four_rounds(count):
     rounds = part.pairings(count)
-    assert len(rounds) == (1 if count == 2 else 2 if count % 2 == 0 else 3)
+    assert len(rounds) == (1 if count == 2 else 3 if count % 2 == 0 or count == 3 else 4)
     met = {i: set() for i in range(count)}
     for pairing in rounds:
         busy = [n for pair in pairing for n in pair]
@@ -22,7 +22,9 @@ def test_every_node_meets_both_ring_neighbours_in_at_most_three_rounds(count):
             met[a].add(b)
             met[b].add(a)
     for i in range(count):
-        assert met[i] == {(i - 1) % count, (i + 1) % count}
+        assert {(i - 1) % count, (i + 1) % count} <= met[i]
+    if count >= 4:  # a node between two slow ones on the ring still has a healthy partner
+        assert sum(len(partners) < 3 for partners in met.values()) <= 1
 
 
 def test_exchange_size_follows_the_rate_found():
@@ -74,7 +76,7 @@ def test_a_slow_link_is_slow_in_both_its_pairs_and_only_its_node_is_named():
     fast, slow = [0.1, 0.11, 0.1], [0.4, 0.42, 0.41]
     times = {(r, a, b): (slow if 2 in (a, b) else fast) for r, pairing in enumerate(rounds) for a, b in pairing}
     link, pairs = part.link_figures(HOSTS, rounds, times, nbytes=2**20, per_node=2)
-    assert len(pairs) == 4
+    assert len(pairs) == 6  # 4 nodes: every pair, over 3 rounds
     assert link["local2"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.41 / 1e9)
     assert link["local1"]["link_gbps"] == link["local0"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.1 / 1e9)
     compute = {h: {"gemm_tflops": 1.0, "gemm_spread_tflops": 0.0} for h in HOSTS}
@@ -152,10 +154,10 @@ def test_cost_at_2_128_and_9408_nodes_is_the_docs_table():
     """Frontier's figures as docs/check.md gives them: 256 MiB a rank at 12.5 GB/s (21 ms), 10 us a step."""
     t_x = part.MAX_BYTES / 12.5e9
     costs = {n: part.cost_seconds(n, 8, t_x, 10e-6, 12.5) for n in (2, 128, 9408)}
-    assert costs[2] == pytest.approx(1.0, abs=0.05)
-    assert costs[128] == pytest.approx(1.1, abs=0.05)
-    assert costs[9408] == pytest.approx(2.6, abs=0.05)
-    assert costs[128] - costs[2] < 0.15  # only the gathering grows with the ranks
+    assert costs[2] == pytest.approx(1.3, abs=0.05)
+    assert costs[128] == pytest.approx(1.5, abs=0.05)
+    assert costs[9408] == pytest.approx(3.0, abs=0.05)
+    assert costs[128] - costs[2] < 0.25  # a third round, then only the gathering grows with the ranks
 
 
 def slow_check() -> dict:

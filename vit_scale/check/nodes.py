@@ -38,7 +38,8 @@ PROBE_BYTES = 256 * 1024  # a rank's first exchange, to find the rate
 MAX_BYTES = 256 * 2**20  # a rank's largest exchange: on a 25 GB/s NIC share, 10 ms, bandwidth-bound
 TARGET_S = 0.8  # the slowest pair's exchange, about: long enough for CPU quotas' periods (100 ms) to show
 REPEATS = 3  # timed windows a round; their range is the pair's spread
-COMPUTE_WINDOW_S = 0.3  # a compute window: several CFS periods, so a CPU quota shows in the rate
+COMPUTE_WINDOWS = 5  # a rank's compute windows: the median of five keeps one unlucky window out
+COMPUTE_WINDOW_S = 0.25  # a compute window: several CFS periods, so a CPU quota shows in the rate
 FIGURES = {"compute": "gemm_tflops", "link": "link_gbps"}
 UNITS = {"compute": "TFLOP/s", "link": "GB/s"}
 
@@ -47,19 +48,26 @@ UNITS = {"compute": "TFLOP/s", "link": "GB/s"}
 
 
 def pairings(nodes: int) -> list[list[tuple[int, int]]]:
-    """Rounds of (node, node) pairs over the ring of `nodes`: even nodes with the next, odd nodes with
-    the next, and for an odd count the last node with the first in a third round. Each node meets both
-    its ring neighbours (one, when there are two nodes)."""
+    """Rounds of (node, node) pairs: over the ring of `nodes`, even nodes with the next and odd nodes with
+    the next (an odd count: the last node with the first in a round of its own), then each node of the
+    ring's first half with the node across from it. Every node meets both its ring neighbours and, from 4
+    nodes on, all but at most one node meet a third partner: a healthy node is misjudged only when all its
+    partners are slow, which two slow nodes can do to a node between them on the ring but not across it."""
     if nodes < 2:
         return []
-    if nodes == 2:
-        return [[(0, 1)]]
-    rounds = [
+    half = nodes // 2
+    candidates = [
         [(i, i + 1) for i in range(0, nodes - 1, 2)],
         [(i, (i + 1) % nodes) for i in range(1, nodes, 2)],  # odd count: the last odd node is nodes - 2
+        [(nodes - 1, 0)] if nodes % 2 else [],
+        [(i, i + half) for i in range(half)],
     ]
-    if nodes % 2:
-        rounds.append([(nodes - 1, 0)])
+    met, rounds = set(), []
+    for pairing in candidates:
+        fresh = [pair for pair in pairing if frozenset(pair) not in met]
+        met |= {frozenset(pair) for pair in fresh}
+        if fresh:
+            rounds.append(fresh)
     return rounds
 
 
@@ -190,7 +198,7 @@ def cost_seconds(nodes: int, ranks_per_node: int, exchange_s: float, latency_s: 
     exchanges = 1 + len(pairings(nodes)) * (1 + REPEATS)  # the probe, then each round's
     probe = PROBE_BYTES / (gbps * 1e9) + barrier
     gather = 2 * (ranks - 1) * latency_s + ranks * FIGURE_BYTES / (gbps * 1e9)
-    return COMPUTE_WINDOW_S * REPEATS + probe + (exchanges - 1) * exchange_s + exchanges * barrier + gather
+    return COMPUTE_WINDOW_S * COMPUTE_WINDOWS + probe + (exchanges - 1) * exchange_s + exchanges * barrier + gather
 
 
 # ---------------------------------------------------------------- measuring (torch from here on)
@@ -256,7 +264,7 @@ def compute_probe(world, spec: dict) -> dict:
         from vit_scale.run.health import rank_figures
 
         model, batch, precision = spec["model"], spec["batch_size"], spec["precisions"][0]
-        return rank_figures(world.device, model, batch, precision, REPEATS, window_s=COMPUTE_WINDOW_S)
+        return rank_figures(world.device, model, batch, precision, COMPUTE_WINDOWS, window_s=COMPUTE_WINDOW_S)
     except Exception as exc:  # the probe's failure is a finding, not the check's end
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300], "gemm_tflops_windows": []}
 
