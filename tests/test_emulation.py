@@ -135,24 +135,24 @@ def test_check_names_each_slow_node_and_the_exclude_line(tmp_path):
 
 
 def test_study_leaves_the_slow_node_out_and_skips_the_rung_that_no_longer_fits(tmp_path):
-    """local0's CPU share at a sixteenth: the study's check names it, --exclude-slow-nodes runs n1 on
-    local1 and n2 on local1 and local2 (the rendezvous on local1's address), skips n4 in one line, and
-    writes which node was left out and why."""
-    slow = ["--set", "emulation.nodes.local0.cpus_per_node=0.03125"]
+    """local1's CPU share at an eighth: the study's check names it, --exclude-slow-nodes runs n2 on local0
+    and local2 (the second node's ranks in local2's namespace, named so in the record), skips n4 in one line,
+    and writes which node was left out and why."""
+    slow = ["--set", "emulation.nodes.local1.cpus_per_node=0.0625"]
     proc = study(tmp_path, "slow", "--nodes", "1,2,4", "--check", "--exclude-slow-nodes", *slow)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
-    assert "leaving out the node(s) the check named slow: local0 (compute" in out
+    assert "leaving out the node(s) the check named slow: local1 (compute" in out
     skipped = [line for line in out.splitlines() if "skipped: needs 4 nodes" in line]
-    assert len(skipped) == 1 and "3 left after leaving out local0" in skipped[0], out
+    assert len(skipped) == 1 and "3 left after leaving out local1" in skipped[0], out
     hosts = {}
     for nodes in (1, 2):
         (record,) = glob.glob(str(tmp_path / "slow" / "vit_micro" / "DDP" / f"n{nodes}" / "*" / "metrics.jsonl"))
         with open(record) as f:
             hosts[nodes] = sorted(json.loads(f.readline())["hosts"])
-    assert hosts == {1: ["local1"], 2: ["local1", "local2"]}
+    assert hosts == {1: ["local0"], 2: ["local0", "local2"]}
     with open(tmp_path / "slow" / "nodes_left_out.json") as f:
-        assert list(json.load(f)["left_out"]) == ["local0"]
+        assert list(json.load(f)["left_out"]) == ["local1"]
 
 
 if __name__ == "__main__":
