@@ -86,11 +86,13 @@ def main(argv=None) -> int:
                 named, took, found = one_check(faults, os.path.join(tmp, f"{case}{i}"))
                 seconds.append(took)
                 right += named == injected
+                # what a wrong answer rests on: each named node's figure and its share of the median node's
+                why = [f"{n['node']} {n['figure']} {n['share']:.0%}" for n in found.get("slow") or []]
                 if named != injected:
                     wrong.append(sorted(named))
                 print(
-                    f"  {case} {i + 1:2d}/{args.checks}: named {','.join(sorted(named)) or 'none'} "
-                    f"({took:.1f} s, part {found.get('seconds', 0):.1f} s)",
+                    f"  {case} {i + 1:2d}/{args.checks}: named {', '.join(why) or 'none'} "
+                    f"({took:.1f} s, part {found.get('seconds', 0):.1f} s)" + ("" if named == injected else "  WRONG"),
                     flush=True,
                 )
             rows.append((case, what, injected, right, args.checks, statistics.median(seconds), wrong))

@@ -77,8 +77,9 @@ def test_a_slow_link_is_slow_in_both_its_pairs_and_only_its_node_is_named():
     times = {(r, a, b): (slow if 2 in (a, b) else fast) for r, pairing in enumerate(rounds) for a, b in pairing}
     link, pairs = part.link_figures(HOSTS, rounds, times, nbytes=2**20, per_node=2)
     assert len(pairs) == 6  # 4 nodes: every pair, over 3 rounds
-    assert link["local2"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.41 / 1e9)
+    assert link["local2"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.4 / 1e9)  # its best window
     assert link["local1"]["link_gbps"] == link["local0"]["link_gbps"] == pytest.approx(2 * 2**20 / 0.1 / 1e9)
+    assert [p["link_gbps"] for p in pairs if "local2" in p["nodes"]] == [pytest.approx(2 * 2**20 / 0.41 / 1e9)] * 3
     compute = {h: {"gemm_tflops": 1.0, "gemm_spread_tflops": 0.0} for h in HOSTS}
     found = part.verdict(HOSTS, {h: {**compute[h], **link[h]} for h in HOSTS}, pairs)
     assert [(n["node"], n["figure"]) for n in found["slow"]] == [("local2", "link")]

@@ -93,7 +93,9 @@ def window_stats(values: list[float]) -> tuple[float, float]:
 def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_node: int) -> tuple[dict, list]:
     """Per host its link figure and the pairs measured. `times[(round, a, b)]`: the pair's seconds per
     window (its slowest rank's). A pair's figure is what one node sent in one direction per second
-    (every rank's bytes, GB/s); a node's is the best of its pairs."""
+    (every rank's bytes, GB/s), its median window; a node's is the best window of any of its pairs: what
+    its link can do. A slow link is slow in every window of every pair; a healthy node whose pairs were
+    all unlucky in their medians (TCP under a CPU quota stalls now and then) still had a good window."""
     pairs, best = [], {}
     for r, pairing in enumerate(rounds):
         for a, b in pairing:
@@ -110,9 +112,10 @@ def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_n
                 "windows_gbps": rates,
             }
             pairs.append(pair)
+            top = max(rates, default=0.0)
             for node in (a, b):
-                if hosts[node] not in best or value > best[hosts[node]]["link_gbps"]:
-                    best[hosts[node]] = {"link_gbps": value, "link_spread_gbps": spread, "link_partner": pair["nodes"]}
+                if hosts[node] not in best or top > best[hosts[node]]["link_gbps"]:
+                    best[hosts[node]] = {"link_gbps": top, "link_spread_gbps": spread, "link_partner": pair["nodes"]}
     return best, pairs
 
 
