@@ -85,9 +85,14 @@ def exchange_bytes(probe_s: float, free_bytes: float) -> int:
 
 
 def window_stats(values: list[float]) -> tuple[float, float]:
-    """(median, half the range): a figure and its spread across the windows."""
+    """(median, spread): a figure and its spread across the windows, half their range; from 5 windows on,
+    half the range of all but the lowest and the highest, so that one window caught by a scheduler's
+    period or a TCP stall does not make the spread hide a slow node."""
     ordered = sorted(values)
-    return statistics.median(ordered), (ordered[-1] - ordered[0]) / 2 if ordered else 0.0
+    if not ordered:
+        return 0.0, 0.0
+    kept = ordered[1:-1] if len(ordered) >= 5 else ordered
+    return statistics.median(ordered), (kept[-1] - kept[0]) / 2
 
 
 def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_node: int) -> tuple[dict, list]:
@@ -95,8 +100,10 @@ def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_n
     window (its slowest rank's). A pair's figure is what one node sent in one direction per second
     (every rank's bytes, GB/s), its median window; a node's is the best window of any of its pairs: what
     its link can do. A slow link is slow in every window of every pair; a healthy node whose pairs were
-    all unlucky in their medians (TCP under a CPU quota stalls now and then) still had a good window."""
-    pairs, best = [], {}
+    all unlucky in their medians (TCP under a CPU quota stalls now and then) still had a good window. The
+    node's spread is that of all its pairs' windows together: a slow link is uniformly slow, while a healthy
+    node's pair with a slow partner spreads its windows, so that node is not named for its partner's fault."""
+    pairs, best, windows_of = [], {}, {}
     for r, pairing in enumerate(rounds):
         for a, b in pairing:
             windows = times.get((r, a, b)) or []
@@ -114,8 +121,11 @@ def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_n
             pairs.append(pair)
             top = max(rates, default=0.0)
             for node in (a, b):
+                windows_of.setdefault(hosts[node], []).extend(rates)
                 if hosts[node] not in best or top > best[hosts[node]]["link_gbps"]:
-                    best[hosts[node]] = {"link_gbps": top, "link_spread_gbps": spread, "link_partner": pair["nodes"]}
+                    best[hosts[node]] = {"link_gbps": top, "link_partner": pair["nodes"]}
+    for host, figures in best.items():
+        figures["link_spread_gbps"] = window_stats(windows_of[host])[1]
     return best, pairs
 
 
