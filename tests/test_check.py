@@ -174,7 +174,9 @@ def test_study_check_passes_on_one_node_then_the_study_runs(passing_study):
         "meter timing": "info",
         "meter memory": "skipped",
         "compute fp32": "info",
+        "nodes": "ok",  # one node: its compute, nothing to compare it with
     }
+    assert sorted(check["per_node"]["hosts"]) == ["local0"] and check["per_node"]["slow"] == []
     # quick mode still fits each collective (within the node only here); a fit it cannot vouch for warns
     assert set(fit_status) == {f"{c} fit intra" for c in ("all_reduce", "all_gather", "reduce_scatter")}
     assert set(fit_status.values()) <= {"info", "warn"}
@@ -595,7 +597,7 @@ def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_l
     monkeypatch.setattr(check, "launch", launch)
     monkeypatch.setattr(ledger, "last_line", lambda log: "the last line")
     facts, attempts = check.launch_until_done(type("S", (), {"interrupted": False})(), "stamp")
-    assert [parts for parts, _ in launches] == [list(PARTS), ["environment", "interconnect", "strategies"]]
+    assert [parts for parts, _ in launches] == [list(PARTS), ["environment", "nodes", "interconnect", "strategies"]]
     assert launches[0][1] == pytest.approx(3.0) and launches[1][1] == pytest.approx(1.0)
     assert facts["meter"] == {
         "error": "failed: the trainer's run ended the ranks (exit 1): the last line",
@@ -608,7 +610,8 @@ def test_time_limit_is_one_deadline_and_a_broken_meter_is_left_out_of_the_next_l
 
 def test_full_sweep_runs_from_8_bytes_to_the_largest_message_of_the_strategies():
     """At least 8 sizes, 8 B first, up to the largest of a Block, DDP's bucket and ZeRO's bucket (the
-    whole model, for a model smaller than DeepSpeed's bucket); quick keeps its four."""
+    whole model, for a model smaller than DeepSpeed's bucket); quick keeps its five (64 KiB finds the rate
+    its Block and bucket follow)."""
     from vit_scale.check.collectives import block_bytes, sizes_for, zero_bucket_bytes
     from vit_scale.models import get_spec
     from vit_scale.planning.shapes import Shape
@@ -622,7 +625,9 @@ def test_full_sweep_runs_from_8_bytes_to_the_largest_message_of_the_strategies()
         )
         largest = max(block_bytes(model, precision), 25 * 2**20, zero_bucket_bytes(model, precision))
         assert sizes[-1].nbytes == largest and {"block", "bucket"} <= {s.name for s in sizes}
-    assert [s.name for s in sizes_for("vit_micro", "fp32", quick=True)] == ["latency", "latency", "block", "bucket"]
+    quick = sizes_for("vit_micro", "fp32", quick=True)
+    assert [s.name for s in quick] == ["latency", "latency", "sweep", "block", "bucket"]
+    assert [s.nbytes for s in quick][:3] == [8, 4096, 65536]
 
 
 def test_fits_of_measurements_keep_a_flagged_fit_flagged():

@@ -198,3 +198,53 @@ def test_report_names_the_points_a_named_node_ran_or_that_the_study_left_it_out(
     (tmp_path / "nodes_left_out.json").write_text(json.dumps({"left_out": {"local3": "compute 25%"}}))
     blocks = _slow_nodes_named(slow_check(), str(tmp_path), results)
     assert len(blocks) == 1 and "the study left them out of every run" in blocks[0].text
+
+
+def test_a_study_leaving_a_node_out_places_its_runs_on_the_others_and_skips_what_no_longer_fits(tmp_path, capsys):
+    """StudyRun's placement with --exclude-slow-nodes (the check's verdict, here given): emulated names less
+    the named node, in order, so that n2 runs on local0 and local2 (the launchers name each node's ranks from
+    this list: tests/test_emulation_units.py) and n4 is skipped in one line with a ledger row. The real
+    check that names the node runs in tests/test_emulation.py; the whole study on the miniature cluster is
+    in docs/check.md."""
+    from types import SimpleNamespace
+
+    from vit_scale.study.cli import StudyRun
+    from vit_scale.study.ledger import Ledger
+
+    study = SimpleNamespace(
+        left_out={"local1": "compute 24% of the median node's"},
+        in_slurm=False,
+        emulation=SimpleNamespace(nodes=4),
+        plan=SimpleNamespace(nodes=[1, 2, 4]),
+        dry_run=False,
+    )
+    assert StudyRun.nodes_to_use(study, []) == ["local0", "local2", "local3"]
+    study.in_slurm = True  # an allocation: its own node names, less the named one
+    assert StudyRun.nodes_to_use(study, ["n1", "local1", "n3"]) == ["n1", "n3"]
+    study.left_out = {}
+    assert StudyRun.nodes_to_use(study, ["n1", "n2"]) == ["n1", "n2"]  # nothing left out: as before
+    study.left_out = {"local1": "compute"}
+    ledger = Ledger(str(tmp_path / "study_runs.tsv"))
+    run = SimpleNamespace(model="vit_micro", strategy="DDP", variant="-", nodes=4, ranks=8, repetition=1)
+    StudyRun._skip_too_few_nodes(study, "[3/3] vit_micro DDP n4 (8 ranks)", run, "processes", 3, ledger)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        "[3/3] vit_micro DDP n4 (8 ranks) ... skipped: needs 4 nodes, 3 left after leaving out local1 "
+        "(named slow by the check)"
+    ]
+    (row,) = ledger.rows()
+    assert row["status"] == "skipped" and row["nodes"] == "4"
+
+
+def test_exclude_slow_nodes_without_the_check_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    argv = [sys.executable, "-m", "vit_scale", "study", "--system", "local", "--exclude-slow-nodes", "--dry-run"]
+    proc = subprocess.run(argv + ["--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and not any(tmp_path.iterdir())
+    assert proc.stderr.strip().splitlines() == [
+        "vit-scale study: --exclude-slow-nodes: needs --check, whose nodes part names the slow nodes"
+    ]

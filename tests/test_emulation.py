@@ -131,28 +131,6 @@ def test_check_names_each_slow_node_and_the_exclude_line(tmp_path):
     assert sorted(found["hosts"]) == ["local0", "local1", "local2", "local3"]
     assert {(n["node"], n["figure"]) for n in found["slow"]} == {("local1", "link"), ("local3", "compute")}
     assert check["emulation"]["nodes"]["local3"] == {"cpus_per_node": 0.0625}
-    assert found["seconds"] < 30  # the part alone, as docs/check.md says
-
-
-def test_study_leaves_the_slow_node_out_and_skips_the_rung_that_no_longer_fits(tmp_path):
-    """local1's CPU share at an eighth: the study's check names it, --exclude-slow-nodes runs n2 on local0
-    and local2 (the second node's ranks in local2's namespace, named so in the record), skips n4 in one line,
-    and writes which node was left out and why."""
-    slow = ["--set", "emulation.nodes.local1.cpus_per_node=0.0625"]
-    proc = study(tmp_path, "slow", "--nodes", "1,2,4", "--check", "--exclude-slow-nodes", *slow)
-    out, _ = proc.communicate(timeout=900)
-    assert proc.returncode == 0, out
-    assert "leaving out the node(s) the check named slow: local1 (compute" in out
-    skipped = [line for line in out.splitlines() if "skipped: needs 4 nodes" in line]
-    assert len(skipped) == 1 and "3 left after leaving out local1" in skipped[0], out
-    hosts = {}
-    for nodes in (1, 2):
-        (record,) = glob.glob(str(tmp_path / "slow" / "vit_micro" / "DDP" / f"n{nodes}" / "*" / "metrics.jsonl"))
-        with open(record) as f:
-            hosts[nodes] = sorted(json.loads(f.readline())["hosts"])
-    assert hosts == {1: ["local0"], 2: ["local0", "local2"]}
-    with open(tmp_path / "slow" / "nodes_left_out.json") as f:
-        assert list(json.load(f)["left_out"]) == ["local1"]
 
 
 if __name__ == "__main__":
