@@ -85,14 +85,13 @@ def exchange_bytes(probe_s: float, free_bytes: float) -> int:
 
 
 def window_stats(values: list[float]) -> tuple[float, float]:
-    """(median, spread): a figure and its spread across the windows, half their range; from 5 windows on,
-    half the range of all but the lowest and the highest, so that one window caught by a scheduler's
-    period or a TCP stall does not make the spread hide a slow node."""
+    """(median, half the range): a figure and its spread across the windows. The whole range, odd windows
+    included: trimming the lowest and highest of 5 (tried) named a healthy node in 5 of 20 checks with no
+    fault, at 69-79% of the median node."""
     ordered = sorted(values)
     if not ordered:
         return 0.0, 0.0
-    kept = ordered[1:-1] if len(ordered) >= 5 else ordered
-    return statistics.median(ordered), (kept[-1] - kept[0]) / 2
+    return statistics.median(ordered), (ordered[-1] - ordered[0]) / 2
 
 
 def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_node: int) -> tuple[dict, list]:
