@@ -7,6 +7,7 @@ import json
 
 from vit_scale.check.collectives import COLLECTIVES, SIZE_NAMES
 from vit_scale.check.lines import STATUSES
+from vit_scale.record.schema import EMULATION_NODES
 
 NUM = {"type": "number"}
 NUM_OR_NULL = {"type": ["number", "null"]}
@@ -352,19 +353,7 @@ CHECK_SCHEMA = {
             "properties": {
                 "kind": {"enum": ["isolated", "shared"]},
                 "description": {"type": "string"},
-                "nodes": {
-                    "type": "object",
-                    "propertyNames": {"pattern": "^local(0|[1-9][0-9]*)$"},
-                    "additionalProperties": {
-                        "type": "object",
-                        "minProperties": 1,
-                        "additionalProperties": False,
-                        "properties": {
-                            "inter_node_gbps": {"type": "number", "exclusiveMinimum": 0},
-                            "cpus_per_node": {"type": "number", "exclusiveMinimum": 0},
-                        },
-                    },
-                },
+                "nodes": EMULATION_NODES,
             },
         },
         # optional: the nodes part (vit_scale.check.nodes); null when it did not run, absent before it existed

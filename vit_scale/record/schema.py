@@ -7,6 +7,20 @@ from vit_scale.record.end import END_KEYS
 from vit_scale.record.writer import STATUSES
 
 NUM = {"type": ["number", "null"]}
+# emulated nodes' own link rate and CPU share, by host (vit_scale.cluster.emulation; check.json has them too)
+EMULATION_NODES = {
+    "type": "object",
+    "propertyNames": {"pattern": "^local(0|[1-9][0-9]*)$"},
+    "additionalProperties": {
+        "type": "object",
+        "minProperties": 1,
+        "additionalProperties": False,
+        "properties": {
+            "inter_node_gbps": {"type": "number", "exclusiveMinimum": 0},
+            "cpus_per_node": {"type": "number", "exclusiveMinimum": 0},
+        },
+    },
+}
 STR = {"type": ["string", "null"]}
 STATS = {
     "type": ["object", "null"],
@@ -107,19 +121,7 @@ START = {
                 "nodes": {"type": "integer", "minimum": 1},
                 "emulation": {"enum": ["isolated", "shared", None]},
                 # host -> its own link rate and CPU share (docs/run_record.md); absent from older records
-                "emulation_nodes": {
-                    "type": ["object", "null"],
-                    "propertyNames": {"pattern": "^local(0|[1-9][0-9]*)$"},
-                    "additionalProperties": {
-                        "type": "object",
-                        "minProperties": 1,
-                        "additionalProperties": False,
-                        "properties": {
-                            "inter_node_gbps": {"type": "number", "exclusiveMinimum": 0},
-                            "cpus_per_node": {"type": "number", "exclusiveMinimum": 0},
-                        },
-                    },
-                },
+                "emulation_nodes": {**EMULATION_NODES, "type": ["object", "null"]},
                 "device_type": {"enum": ["cuda", "rocm", "cpu"]},
                 "backend": {"enum": ["nccl", "gloo"]},
                 "peak_tflops_per_device": NUM,
