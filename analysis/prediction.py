@@ -135,7 +135,7 @@ class _Calibrations:
     of checks not used."""
 
     def __init__(self):
-        self.cache, self.notes = {}, []
+        self.cache, self.notes, self.systems = {}, [], {}
 
     def for_run(self, run, directory: str) -> pr.Calibration:
         world = run.start.get("world") or {}
@@ -144,6 +144,7 @@ class _Calibrations:
         system = (check or {}).get("system") or SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
         if not isinstance(system, str):  # a hand-edited check.json: its check_calibration says why
             system = SYSTEM_OF_DEVICE.get(world.get("device_type"), "local")
+        self.systems[run.run_dir] = system
         check_job = _job_of(check)
         same = check is not None and (check_job is None or job is None or str(check_job) == str(job))
         model, precision = run.start["model"]["name"], pr.run_precision(run.start)
@@ -170,6 +171,15 @@ class _Calibrations:
             except UserError as exc:
                 self._note(f"{path} not used for {model} in {precision}: {exc}")
         return profile if profile is not None else pr.no_calibration(f"no check.json and no {system} profile defaults")
+
+    def device_spread(self, run) -> float:
+        """The device_spread of the system for_run found for the run (0 where its profile gives none)."""
+        system = self.systems.get(run.run_dir, "local")
+        try:
+            return pr.device_spread(pr.profile_path(system)) or 0.0
+        except UserError as exc:
+            self._note(f"{system}: no device spread ({exc})")
+            return 0.0
 
     def _note(self, text: str) -> None:
         if text not in self.notes:
@@ -229,6 +239,7 @@ def build(runs: list, results: pd.DataFrame, breakdown: pd.DataFrame | None = No
             if directory not in sources:
                 group = [r for r in runs if study_dir(r.run_dir) == directory]
                 sources[directory] = _compute_source(directory, group, medians)
+                sources[directory].device_spread = cals.device_spread(run)
             sc = pr.scenario_of_run(run.start)
             world = run.start.get("world") or {}
             blocking = pr.blocking_for(world.get("backend"), world.get("device_type"))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checks", type=int, default=20, help="checks per case (default 20)")
     parser.add_argument("--cases", default="a,b,c,d", help="which of a,b,c,d (default all)")
+    parser.add_argument("--keep", metavar="DIR", help="keep each check's check.json there, as DIR/<case><i>.json")
     args = parser.parse_args(argv)
     cases = args.cases.split(",")
     bad = [c for c in cases if c not in CASES]
@@ -84,15 +86,27 @@ def main(argv=None) -> int:
             right, seconds, wrong = 0, [], []
             for i in range(args.checks):
                 named, took, found = one_check(faults, os.path.join(tmp, f"{case}{i}"))
+                if args.keep:
+                    os.makedirs(args.keep, exist_ok=True)
+                    shutil.copy(
+                        os.path.join(tmp, f"{case}{i}", "check.json"), os.path.join(args.keep, f"{case}{i}.json")
+                    )
                 seconds.append(took)
                 right += named == injected
                 # what a wrong answer rests on: each named node's figure and its share of the median node's
                 why = [f"{n['node']} {n['figure']} {n['share']:.0%}" for n in found.get("slow") or []]
+                hosts = found.get("hosts") or {}
+                retests = [
+                    f"{a} again {hosts[a].get('link_confirm_gbps', 0) / found['median']['link_gbps']:.0%} with {b}"
+                    for a, b in found.get("retested") or []
+                ]
                 if named != injected:
                     wrong.append(sorted(named))
                 print(
                     f"  {case} {i + 1:2d}/{args.checks}: named {', '.join(why) or 'none'} "
-                    f"({took:.1f} s, part {found.get('seconds', 0):.1f} s)" + ("" if named == injected else "  WRONG"),
+                    + (f"; retested {', '.join(retests)}" if retests else "")
+                    + f" ({took:.1f} s, part {found.get('seconds', 0):.1f} s)"
+                    + ("" if named == injected else "  WRONG"),
                     flush=True,
                 )
             rows.append((case, what, injected, right, args.checks, statistics.median(seconds), wrong))

@@ -248,3 +248,43 @@ def test_exclude_slow_nodes_without_the_check_is_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "vit-scale study: --exclude-slow-nodes: needs --check, whose nodes part names the slow nodes"
     ]
+
+
+def test_two_slow_nodes_do_not_hide_a_slow_link_behind_their_partners_spread():
+    """Case (c): local1's link slow, local3's CPU slow (its pairs slow and ragged). The healthy nodes' spread
+    is their best pair's repeats, not the spread of their partners, so local1 stays a suspect."""
+    rounds = part.pairings(4)
+    fast, slow_link, starved = [0.1, 0.105, 0.1], [0.4, 0.41, 0.4], [0.15, 0.5, 0.3]
+
+    def windows(a, b):
+        return slow_link if 1 in (a, b) else starved if 3 in (a, b) else fast
+
+    times = {(r, a, b): windows(a, b) for r, pairing in enumerate(rounds) for a, b in pairing}
+    link, _ = part.link_figures(HOSTS, rounds, times, nbytes=2**20, per_node=2)
+    assert link["local0"]["link_partner"] == ["local0", "local2"]
+    assert link["local0"]["link_spread_gbps"] < 0.05 * link["local0"]["link_gbps"]  # the healthy pair's repeats
+    assert "local1" in part.link_suspects(HOSTS, link)
+
+
+def test_a_suspect_link_is_retested_with_the_fastest_healthy_node_and_named_only_if_slow_again():
+    nodes = figures({h: 1.0 for h in HOSTS}, {"local0": 3.0, "local1": 1.0, "local2": 2.9, "local3": 3.1})
+    assert part.link_suspects(HOSTS, nodes) == ["local1"]
+    retest = part.confirmation_pairings(nodes, ["local1"])
+    assert retest == [[("local1", "local3")]]  # the fastest node that is not suspected
+    slow_again = {(0, "local1", "local3"): [2**21 / 1.0e9] * 3}  # 2 ranks a MiB each at 1 GB/s: slow again
+    part.confirm_links(nodes, retest, slow_again, nbytes=2**20, per_node=2)
+    assert nodes["local1"]["link_confirm_gbps"] == pytest.approx(1.0)
+    assert [n["node"] for n in part.verdict(HOSTS, nodes, [])["slow"]] == ["local1"]
+    nodes["local1"]["link_confirm_gbps"] = 3.0  # an unlucky round: fast with a healthy partner
+    assert part.verdict(HOSTS, nodes, [])["slow"] == []
+
+
+def test_more_suspects_than_healthy_nodes_take_more_rounds_each_healthy_node_once_a_round():
+    nodes = figures({h: 1.0 for h in HOSTS}, {"local0": 3.0, "local1": 1.0, "local2": 1.0, "local3": 1.0})
+    assert part.confirmation_pairings(nodes, ["local1", "local2", "local3"]) == [
+        [("local1", "local0")],
+        [("local2", "local0")],
+        [("local3", "local0")],
+    ]
+    assert part.confirmation_pairings(nodes, HOSTS) == []  # nobody to retest with
+    assert part.link_suspects(HOSTS[:2], nodes) == []  # two nodes: a link is never named

@@ -626,6 +626,8 @@ def test_a_group_wider_than_a_node_takes_its_smallest_node_count_as_baseline(cap
             ("step_latency_us_range: [1.11, 1.52]", "step_latency_us_range: wide"),
             "network.intra_node.step_latency_us_range",
         ),
+        # a device spread that is not a share
+        (("device_spread: 0.08", "device_spread: 1.5"), "device_spread"),
     ],
 )
 def test_a_bad_range_is_one_line_naming_its_key(capsys, tmp_path, monkeypatch, edit, named):
@@ -645,12 +647,13 @@ def test_a_bad_range_is_one_line_naming_its_key(capsys, tmp_path, monkeypatch, e
 
 
 def test_a_profile_without_ranges_reads_as_before(capsys, tmp_path, monkeypatch):
-    """Without `*_range` keys the rows have no band (null *_low/*_high, the cells a bare value) and the
-    output says so in one line; the values are the same as with the ranges."""
+    """Without `*_range` keys and `device_spread` the rows have no band (null *_low/*_high, the cells a bare
+    value) and the output says so in one line; the values are the same as with them."""
     with_ranges = run_json(capsys, BASE)
     text = open(pr.profile_path("frontier"), encoding="utf-8").read()
     plain = tmp_path / "frontier.yaml"
-    plain.write_text("\n".join(line for line in text.splitlines() if "_range:" not in line) + "\n")
+    kept = [line for line in text.splitlines() if "_range:" not in line and not line.startswith("device_spread:")]
+    plain.write_text("\n".join(kept) + "\n")
     monkeypatch.setattr(pr, "profile_path", lambda system: str(plain))
     out = run_json(capsys, BASE)
     for a, b in zip(with_ranges["rows"], out["rows"], strict=True):
@@ -682,6 +685,13 @@ def test_the_issues_ladder_shows_each_band_and_the_crossing_as_a_range(capsys):
             assert p[f"{name}_low"] - 1e-9 <= value <= p[f"{name}_high"] + 1e-9, (r, name)
     full = [r["prediction"] for r in out["rows"] if r["strategy"] == "FULL_SHARD" and r["nodes"] == 128][0]
     assert full["images_per_s_per_gpu_high"] / full["images_per_s_per_gpu_low"] > 10
+    # beyond 1 node a hybrid's band is mostly the devices' 8% either way (device_spread; the cheap end's network
+    # adds a little), while its 1-node rung, the reference, keeps a band under 1% wide
+    hybrid = {r["nodes"]: r["prediction"] for r in out["rows"] if r["strategy"] == "HYBRID_2GPU"}
+    at = hybrid[32]
+    assert 1 / 0.92 <= at["images_per_s_per_gpu_high"] / at["images_per_s_per_gpu"] < 1.12
+    assert 1.07 < at["images_per_s_per_gpu"] / at["images_per_s_per_gpu_low"] < 1.10
+    assert hybrid[1]["images_per_s_per_gpu_high"] / hybrid[1]["images_per_s_per_gpu_low"] < 1.01
     [c] = out["prediction"]["crossings"]
     assert (c["strategy"], c["below"], c["earliest"], c["latest"]) == ("FULL_SHARD", "HYBRID_2GPU", 2, 32)
     assert out["prediction"]["interval"]["method"] == "bounds" and out["prediction"]["interval"]["level"] == 0.9

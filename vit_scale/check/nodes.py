@@ -15,6 +15,8 @@ even); an odd count needs a third round for the node left out. So every node mee
 a slow node is slow in both its pairs, while each of its partners is fast in its other pair, and a node's
 figure is the best of its pairs. Two or three rounds whatever the node count: the part's time does not
 grow with the allocation (docs/check.md, "Finding a slow node", gives its cost at 2, 128 and 9,408 nodes).
+A node whose link these rounds put below the rule's line is retested in one more round, paired with a node
+that is not suspected: named only if slow again (a stall that comes and goes does not repeat on cue).
 
 The size follows the rate found: a probe exchange of PROBE_BYTES a rank, then the size at which the
 slowest pair's exchange takes about TARGET_S, between PROBE_BYTES and MAX_BYTES (and a quarter of a rank's
@@ -100,9 +102,10 @@ def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_n
     (every rank's bytes, GB/s), its median window; a node's is the best window of any of its pairs: what
     its link can do. A slow link is slow in every window of every pair; a healthy node whose pairs were
     all unlucky in their medians (TCP under a CPU quota stalls now and then) still had a good window. The
-    node's spread is that of all its pairs' windows together: a slow link is uniformly slow, while a healthy
-    node's pair with a slow partner spreads its windows, so that node is not named for its partner's fault."""
-    pairs, best, windows_of = [], {}, {}
+    node's spread is that of the windows of the pair its figure came from: how well the figure repeats.
+    (The spread over all its pairs' windows, tried, also measures how different its partners are: two slow
+    nodes widened every healthy node's spread, so the median node's, and hid a slow link in 1 of 10 checks.)"""
+    pairs, best = [], {}
     for r, pairing in enumerate(rounds):
         for a, b in pairing:
             windows = times.get((r, a, b)) or []
@@ -120,12 +123,38 @@ def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_n
             pairs.append(pair)
             top = max(rates, default=0.0)
             for node in (a, b):
-                windows_of.setdefault(hosts[node], []).extend(rates)
                 if hosts[node] not in best or top > best[hosts[node]]["link_gbps"]:
-                    best[hosts[node]] = {"link_gbps": top, "link_partner": pair["nodes"]}
-    for host, figures in best.items():
-        figures["link_spread_gbps"] = window_stats(windows_of[host])[1]
+                    best[hosts[node]] = {"link_gbps": top, "link_spread_gbps": spread, "link_partner": pair["nodes"]}
     return best, pairs
+
+
+def confirmation_pairings(nodes: dict, suspects: list[str]) -> list[list[tuple[str, str]]]:
+    """Rounds pairing each node suspected of a slow link with a node that is not, the fastest first: a slow
+    link is slow again with a healthy partner, while a healthy node that was merely unlucky in its rounds
+    (a stall that comes and goes) is not. Each healthy node meets one suspect a round."""
+    healthy = sorted((h for h in nodes if h not in suspects), key=lambda h: -(nodes[h].get("link_gbps") or 0.0))
+    if not healthy:
+        return []
+    rounds: list = []
+    for k, host in enumerate(suspects):
+        if k % len(healthy) == 0:
+            rounds.append([])
+        rounds[-1].append((host, healthy[k % len(healthy)]))
+    return rounds
+
+
+def confirm_links(nodes: dict, rounds: list, times: dict, nbytes: int, per_node: int) -> None:
+    """Each suspect's figure again, from its confirmation pair's windows (`times[(round, suspect, partner)]`):
+    `link_confirm_gbps` (best window), its spread and partner, set on `nodes`."""
+    for r, pairing in enumerate(rounds):
+        for suspect, partner in pairing:
+            rates = [nbytes * per_node / t / 1e9 for t in times.get((r, suspect, partner)) or [] if t > 0]
+            if rates:
+                nodes[suspect].update(
+                    link_confirm_gbps=max(rates),
+                    link_confirm_spread_gbps=window_stats(rates)[1],
+                    link_confirm_partner=partner,
+                )
 
 
 def compute_figures(rows: list[dict]) -> dict:
@@ -161,18 +190,35 @@ def spread_key(part: str) -> str:
 
 def slow_nodes(nodes: dict, median: dict, share: float = SLOW_SHARE) -> list[dict]:
     """The nodes named by the rule: a figure below the median node's by more than `share` of it and by
-    more than the spread measured (the node's and the median node's, windows' half-ranges added)."""
+    more than the spread measured (the node's and the median node's, windows' half-ranges added). A link
+    retested against a healthy partner (`link_confirm_gbps`) is named only if the retest is slow too."""
     named = []
     for host, figures in nodes.items():
         for part, key in FIGURES.items():
             value, middle = figures.get(key), median.get(key)
             if value is None or not middle:
                 continue
-            gap = middle - value
-            noise = (figures.get(spread_key(part)) or 0.0) + (median.get(spread_key(part)) or 0.0)
-            if gap > share * middle and gap > noise:
+            if below(value, figures.get(spread_key(part)), middle, median.get(spread_key(part)), share):
+                again = figures.get("link_confirm_gbps") if part == "link" else None
+                if again is not None and not below(
+                    again, figures.get("link_confirm_spread_gbps"), middle, median.get(spread_key(part)), share
+                ):
+                    continue
                 named.append({"node": host, "figure": part, "value": value, "median": middle, "share": value / middle})
     return named
+
+
+def below(value: float, spread, middle: float, middle_spread, share: float) -> bool:
+    gap = middle - value
+    return gap > share * middle and gap > (spread or 0.0) + (middle_spread or 0.0)
+
+
+def link_suspects(hosts: list[str], nodes: dict) -> list[str]:
+    """The nodes whose link the first rounds put below the rule's line: retested before being named. With
+    fewer than three nodes there is no healthy partner to retest with (and a link is never named)."""
+    if len(hosts) < 3:
+        return []
+    return [n["node"] for n in slow_nodes(nodes, medians(nodes)) if n["figure"] == "link"]
 
 
 def verdict(hosts: list[str], nodes: dict, pairs: list) -> dict:
@@ -232,8 +278,8 @@ def measure(world, spec: dict) -> dict:
     rounds = pairings(len(hosts))
     times, nbytes, probe_s = {}, 0, 0.0
     if rounds:
-        per_node = {len(v) for v in ranks_of.values()}
-        if len(per_node) > 1:
+        counts = {len(v) for v in ranks_of.values()}
+        if len(counts) > 1:
             from vit_scale.errors import UserError
 
             placed = ", ".join(f"{h} {len(v)}" for h, v in ranks_of.items())
@@ -243,30 +289,48 @@ def measure(world, spec: dict) -> dict:
     # the ring (a gather to rank 0 would open a connection from every rank to it at scale)
     rows = [None] * world.world_size
     dist.all_gather_object(rows, {"probe": mine, "times": times})
-    if world.rank != 0:
-        return {}
     per_rank = [row["probe"] for row in rows]
-    pair_times: dict = {}
-    for row in rows:  # a pair's window takes its slowest rank's time
-        for key, windows in row["times"].items():
-            held = pair_times.setdefault(key, [0.0] * len(windows))
-            pair_times[key] = [max(x, y) for x, y in zip(held, windows, strict=True)]
+    per_node = len(ranks_of[hosts[0]])
     nodes = {h: {} for h in hosts}
     for host, figures in compute_figures(per_rank).items():
         nodes[host].update(figures)
-    link, pairs = link_figures(hosts, rounds, pair_times, nbytes, len(ranks_of[hosts[0]]))
+    link, pairs = link_figures(hosts, rounds, slowest_windows([row["times"] for row in rows]), nbytes, per_node)
     for host, figures in link.items():
         nodes[host].update(figures)
+    # every rank computed the same figures from the same rows, so all agree on the links to retest
+    retest = confirmation_pairings(nodes, link_suspects(hosts, nodes))
+    if retest:
+        index = {h: i for i, h in enumerate(hosts)}
+        mine_again = pair_windows(
+            world, hosts, ranks_of, [[(index[a], index[b]) for a, b in p] for p in retest], nbytes
+        )
+        again = [None] * world.world_size
+        dist.all_gather_object(again, mine_again)
+        by_name = {(r, hosts[a], hosts[b]): w for (r, a, b), w in slowest_windows(again).items()}
+        confirm_links(nodes, retest, by_name, nbytes, per_node)
+    if world.rank != 0:
+        return {}
     found = verdict(hosts, nodes, pairs)
     found.update(
         exchange_bytes=nbytes,
         probe_s=probe_s,
         compute_s=compute_s,
+        retested=[list(pair) for pairing in retest for pair in pairing],
         seconds=time.perf_counter() - started,
         ranks=per_rank,
         errors=[p["error"] for p in per_rank if p.get("error")],
     )
     return found
+
+
+def slowest_windows(ranks_times: list[dict]) -> dict:
+    """A pair's windows as its slowest rank timed them, from every rank's {(round, a, b): seconds}."""
+    out: dict = {}
+    for times in ranks_times:
+        for key, windows in times.items():
+            held = out.setdefault(key, [0.0] * len(windows))
+            out[key] = [max(x, y) for x, y in zip(held, windows, strict=True)]
+    return out
 
 
 def compute_probe(world, spec: dict) -> dict:
@@ -289,25 +353,35 @@ def link_rounds(world, hosts: list, ranks_of: dict, rounds: list) -> tuple[float
     me = hosts.index(world.node_name)
     index = ranks_of[world.node_name].index(world.rank)
 
-    def partner_in(pairing):
-        for a, b in pairing:
-            if me in (a, b):
-                other = b if me == a else a
-                return (a, b), ranks_of[hosts[other]][index]
-        return None, None
-
-    first, peer = partner_in(rounds[0])
+    peer = partner_in(me, index, hosts, ranks_of, rounds[0])[1]
     probe = exchange(world, peer, PROBE_BYTES, 1)[0] if peer is not None else 0.0
     probe_s = agreed_max(probe, None, world.device)
     free = agreed_max(-free_bytes_per_rank(world), None, world.device)  # the least free memory of any rank
     nbytes = exchange_bytes(probe_s, -free)
+    return probe_s, nbytes, pair_windows(world, hosts, ranks_of, rounds, nbytes)
+
+
+def partner_in(me: int, index: int, hosts: list, ranks_of: dict, pairing: list) -> tuple:
+    """(the pair this node is in, the partner rank of this rank's local index), or (None, None)."""
+    for a, b in pairing:
+        if me in (a, b):
+            other = b if me == a else a
+            return (a, b), ranks_of[hosts[other]][index]
+    return None, None
+
+
+def pair_windows(world, hosts: list, ranks_of: dict, rounds: list, nbytes: int) -> dict:
+    """{(round, a, b): this rank's seconds per window} for the rounds this rank's node is in; every rank
+    goes through every round (the barriers), sitting out those its node is not in."""
+    me = hosts.index(world.node_name)
+    index = ranks_of[world.node_name].index(world.rank)
     times = {}
     for r, pairing in enumerate(rounds):
-        pair, peer = partner_in(pairing)
+        pair, peer = partner_in(me, index, hosts, ranks_of, pairing)
         windows = exchange(world, peer, nbytes, 1 + REPEATS)[1:]  # the first: warm-up
         if pair is not None:
             times[(r, *pair)] = windows
-    return probe_s, nbytes, times
+    return times
 
 
 def exchange(world, peer: int | None, nbytes: int, times: int) -> list[float]:

@@ -377,6 +377,9 @@ CHECK_SCHEMA = {
                 },
                 "exclude": {"type": "string"},
                 "undecidable": {"type": "array", "items": {"type": "string"}},
+                # the suspected links retested, each [suspect, healthy partner]; the retest's figures are the
+                # suspect's link_confirm_gbps, link_confirm_spread_gbps and link_confirm_partner in `hosts`
+                "retested": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
             },
         },
         "parts": {

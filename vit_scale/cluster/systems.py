@@ -37,6 +37,7 @@ SYSTEM_KEYS = (
     "master_addr",
     "peak_tflops",
     "device_memory_gib",
+    "device_spread",
     "needs_slurm",
     "default_study",
     "sbatch_flags",
@@ -63,6 +64,9 @@ class SystemProfile:
     master_addr: str = "nodeaddr"
     peak_tflops: object = None  # a number, a {precision: number} mapping, or None
     device_memory_gib: object = None
+    # how far one device's speed may lie from another's of the same model in this system: a band's input
+    # (vit_scale.planning.input_profile.device_spread), not used by a run
+    device_spread: object = None
     needs_slurm: bool = False
     default_study: str = ""
     sbatch_flags: str = ""

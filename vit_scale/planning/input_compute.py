@@ -125,6 +125,9 @@ class ComputeSource:
     efficiencies: dict = field(default_factory=dict)
     # (model, precision, batch) -> planning.compute.GemmTimings: check.json's GEMMs, in place of `efficiency`
     gemms: dict = field(default_factory=dict)
+    # the system profile's device_spread (input_profile.device_spread): a band's compute, beyond the baseline
+    # rung, on devices this share slower or faster than the rung's; 0: none
+    device_spread: float = 0.0
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -191,6 +194,16 @@ class ComputeSource:
         return any(
             len({s.step_s for s in self.rung_for(sc, options[i] if options else "")}) > 1 for i, sc in enumerate(points)
         )
+
+    def varied(self, comp: Compute, sc: Scenario, costly: bool) -> Compute:
+        """A band end's compute: beyond the baseline node count, on devices device_spread slower (costly) or
+        faster than those the compute was measured or counted on. A job's step runs at its slowest device's
+        pace, and another allocation's slowest device may lie anywhere within the system's spread of the
+        baseline's; the baseline itself is the reference the efficiency is taken against."""
+        if not self.device_spread or sc.nodes == baseline_nodes(sc):
+            return comp
+        factor = 1 + self.device_spread if costly else 1 - self.device_spread
+        return comp.scaled(factor, f"devices {factor - 1:+.0%} (device_spread)")
 
     def compute_for(self, sc: Scenario, network: Network, options: str = "", end: bool | None = None) -> Compute:
         """The point's compute; end (measured steps only): False the fastest of its rung's repeats, True the

@@ -1,6 +1,7 @@
 """The system profile as an input of a prediction: configs/systems/NAME.yaml found, read and validated
-in one place, its `network:` section (with each figure's range) turned into a Calibration and its peak
-into a number. Bad input is errors.UserError: one line naming the file and key."""
+in one place, its `network:` section (with each figure's range) turned into a Calibration, its peak
+into a number and its `device_spread` into a share. Bad input is errors.UserError: one line naming the
+file and key."""
 
 from __future__ import annotations
 
@@ -59,3 +60,20 @@ def peak_tflops(path: str, precision: str) -> float | None:
     peak = _read_yaml(path, "--system").get("peak_tflops")
     value = peak.get(precision) if isinstance(peak, dict) else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def device_spread(path: str) -> float | None:
+    """The profile's `device_spread`: how far the slowest device of one job may lie from another job's, as a
+    share of the step's compute (0.08: 8%), from the source cited beside it; None when the profile gives
+    none. A share that is not a number in [0, 1) is a UserError naming the key."""
+    import math
+
+    value = _read_yaml(path, "--system").get("device_spread")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 <= value < 1):
+        raise UserError(
+            f"{os.path.basename(path)}: device_spread: {value!r} is not allowed; allowed: a share of a device's "
+            "speed from 0 up to 1 (0.08 for 8%)"
+        )
+    return float(value)

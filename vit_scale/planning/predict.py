@@ -51,7 +51,13 @@ from vit_scale.planning.input_compute import (
     measured_step,
     run_ips,
 )
-from vit_scale.planning.input_profile import peak_tflops, profile_calibration, profile_path, read_profile
+from vit_scale.planning.input_profile import (
+    device_spread,
+    peak_tflops,
+    profile_calibration,
+    profile_path,
+    read_profile,
+)
 from vit_scale.planning.input_run import blocking_for, run_precision, scenario_of_run
 from vit_scale.planning.scenario import Scenario, baseline_nodes
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
@@ -85,7 +91,7 @@ def predict(
     Raises UserError for a point whose compute source does not fit it."""
     net = calibration.network
     spread_ends = calibration.ends
-    banded = spread_ends is not None or compute.has_spread(points, options)
+    banded = spread_ends is not None or compute.has_spread(points, options) or compute.device_spread > 0
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
@@ -95,7 +101,8 @@ def predict(
             for costly in (False, True):
                 end_net = spread_ends[costly] if spread_ends else net
                 comp = compute.compute_for(sc, end_net, opt, end=costly if compute.origin else None)
-                at_ends.append(_predict_one(sc, end_net, comp, blocking, base, costly))
+                varied = compute.varied(comp, sc, costly)
+                at_ends.append(_predict_one(sc, end_net, varied, blocking, base, costly, base_comp=comp))
             spread.band(p, at_ends)
         first = p.baseline_nodes
         if first > 1:
@@ -108,15 +115,18 @@ def predict(
     return out
 
 
-def _predict_one(sc: Scenario, network: Network, comp: Compute, blocking: bool, base: dict, which) -> StepPrediction:
+def _predict_one(
+    sc: Scenario, network: Network, comp: Compute, blocking: bool, base: dict, which, base_comp: Compute | None = None
+) -> StepPrediction:
     """One point with its efficiency against its baseline's prediction under the same inputs (`which`: the
-    value or an end of the ranges; base caches the baselines)."""
+    value or an end of the ranges; base caches the baselines; base_comp: the baseline's compute where the
+    point's is varied from it)."""
     p = predict_step(sc, network, comp, blocking)
     first = baseline_nodes(sc)
     one = dataclasses.replace(sc, nodes=first)
     key = (repr(one), which)
     if key not in base:
-        base[key] = p if sc.nodes == first else predict_step(one, network, comp, blocking)
+        base[key] = p if sc.nodes == first else predict_step(one, network, base_comp or comp, blocking)
     b = base[key]
     p.baseline_nodes = first
     if p.images_per_s_per_gpu is not None and b.images_per_s_per_gpu:
@@ -136,6 +146,7 @@ __all__ = [
     "compute_from",
     "compute_from_flops",
     "compute_of",
+    "device_spread",
     "efficiencies_from_runs",
     "efficiency_from_runs",
     "measured_step",

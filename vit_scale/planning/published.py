@@ -95,15 +95,17 @@ class SpeedRow:
         return (self.baseline - self.measured) / self.measured
 
 
-def speed_rows(data: dict, network: Network) -> list:
+def speed_rows(data: dict, network: Network, device_spread: float = 0.0) -> list:
     """Every measured point above its series' baseline rung, predicted from that rung; with the network's
-    ranges, each with its band (the same prediction with every figure at its cheap and its costly end, the
-    rung's compute derived again under each: vit_scale.planning.spread)."""
+    ranges or a device spread, each with its band (the same prediction with every figure at its cheap and
+    its costly end, the rung's compute derived again under each, and beyond the rung on devices
+    device_spread faster and slower: vit_scale.planning.spread, input_compute.ComputeSource.varied)."""
     rows = _speed_rows(data, network)
-    at_ends = spread.ends(network)
+    at_ends = spread.ends(network) or ((network, network) if device_spread else None)
     if at_ends is None:
         return rows
-    cheap, costly = (_speed_rows(data, net) for net in at_ends)
+    cheap = _speed_rows(data, at_ends[0], 1 - device_spread)
+    costly = _speed_rows(data, at_ends[1], 1 + device_spread)
     out = []
     for r, a, b in zip(rows, cheap, costly, strict=True):
         xs = (r.predicted, a.predicted, b.predicted)
@@ -111,7 +113,7 @@ def speed_rows(data: dict, network: Network) -> list:
     return out
 
 
-def _speed_rows(data: dict, network: Network) -> list:
+def _speed_rows(data: dict, network: Network, factor: float = 1.0) -> list:
     rows = []
     ranks = int(data["ranks_per_node"])
     for s in data["speed"]:
@@ -123,6 +125,8 @@ def _speed_rows(data: dict, network: Network) -> list:
         base_ips = points[first] / (first * ranks)
         step = MeasuredStep(base_sc, base_sc.batch_size / base_ips, s["source"], False)
         comp = compute_of(step, network)
+        if factor != 1.0:  # beyond the rung: another allocation's devices (ComputeSource.varied)
+            comp = comp.scaled(factor, f"devices {factor - 1:+.0%}")
         for n, total in sorted(points.items()):
             if n <= first:
                 continue

@@ -68,6 +68,12 @@ class Compute:
         back = 3 if activation_checkpointing else 2
         return cls(forward_backward_s / (1 + back), forward_backward_s * back / (1 + back), optimizer_s, source)
 
+    def scaled(self, factor: float, why: str) -> Compute:
+        """The same compute on a device `factor` times as slow (a band's end: another job's slowest device)."""
+        return Compute(
+            self.forward_s * factor, self.backward_s * factor, self.optimizer_s * factor, f"{self.source}; {why}"
+        )
+
     @classmethod
     def from_flops(cls, sc: Scenario, peak_tflops: float, efficiency: float, optimizer_s: float = 0.0) -> Compute:
         """The step from an MFU: model FLOPs over peak x efficiency. Model FLOPs are forward + backward
