@@ -3,6 +3,8 @@ rule that names a slow node, the verdict's lines and `--exclude=`, the quick col
 rate found, and --only's bad input. The part on emulated nodes with a slow one injected runs in
 tests/test_emulation.py; its error rates are measured by benchmarks/slow_node.py."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from vit_scale.check import nodes as part
@@ -85,14 +87,19 @@ def test_a_slow_link_is_slow_in_both_its_pairs_and_only_its_node_is_named():
     assert [(n["node"], n["figure"]) for n in found["slow"]] == [("local2", "link")]
 
 
-def test_a_node_counts_at_its_slowest_rank():
+def test_a_gpu_node_counts_at_its_slowest_rank():
     rows = [
         {"node": "local0", "rank": 0, "gemm_tflops_windows": [1.0, 1.1, 0.9]},
         {"node": "local0", "rank": 1, "gemm_tflops_windows": [0.5, 0.6, 0.4]},
         {"node": "local1", "rank": 2, "gemm_tflops_windows": [1.0, 1.0, 1.0]},
     ]
     found = part.compute_figures(rows)
-    assert found["local0"] == {"gemm_tflops": 0.5, "gemm_spread_tflops": pytest.approx(0.1), "slowest_rank": 1}
+    assert found["local0"] == {
+        "gemm_tflops": 0.5,
+        "gemm_spread_tflops": pytest.approx(0.1),
+        "slowest_rank": 1,
+        "gemm_of": "its slowest rank",
+    }
 
 
 def test_lines_name_each_slow_node_with_its_figure_and_the_exclude_list():
@@ -288,3 +295,55 @@ def test_more_suspects_than_healthy_nodes_take_more_rounds_each_healthy_node_onc
     ]
     assert part.confirmation_pairings(nodes, HOSTS) == []  # nobody to retest with
     assert part.link_suspects(HOSTS[:2], nodes) == []  # two nodes: a link is never named
+
+
+def test_the_checks_label_runs_take_no_node_health_probe():
+    """The nodes part measures every node once; each of the check's label runs (14 on a CPU) would otherwise
+    probe for a second after its few steps."""
+    from types import SimpleNamespace
+
+    from vit_scale.check.strategies import overrides
+    from vit_scale.config import load_config
+
+    world = SimpleNamespace(launcher="torchrun")
+    settings = overrides("DDP", "fp32", world, {"quick": True, "records": "/tmp/x"}, "check.DDP.fp32.0", ())
+    assert load_config(None, settings).train.health_probe_s == 0
+
+
+def test_where_a_nodes_ranks_share_its_cores_it_counts_at_their_mean_window_by_window():
+    """On a CPU the scheduler may give one rank of a healthy node three times the other's share (measured on
+    the miniature cluster): its slowest rank would read like a node at a quarter. The node's mean rate, window
+    by window, does not; a node whose quota is a quarter is a quarter at its mean too."""
+    rows = [
+        {"node": "local0", "rank": 0, "gemm_tflops_windows": [0.006, 0.006, 0.005, 0.005, 0.023]},
+        {"node": "local0", "rank": 1, "gemm_tflops_windows": [0.018, 0.023, 0.021, 0.022, 0.020]},
+        {"node": "local3", "rank": 6, "gemm_tflops_windows": [0.0016, 0.0032, 0.0033, 0.0037, 0.0031]},
+        {"node": "local3", "rank": 7, "gemm_tflops_windows": [0.0028, 0.0027, 0.0048, 0.0041, 0.0081]},
+    ]
+    shared = part.compute_figures(rows, shared_cores=True)
+    assert shared["local0"]["gemm_tflops"] == pytest.approx(0.0135)  # the median of the windows' means
+    assert shared["local0"]["slowest_rank"] == 0 and "mean" in shared["local0"]["gemm_of"]
+    assert shared["local3"]["gemm_tflops"] / shared["local0"]["gemm_tflops"] < 0.3
+    alone = part.compute_figures(rows)  # a device a rank: the slowest rank
+    assert alone["local0"]["gemm_tflops"] == pytest.approx(0.006)
+
+
+def test_a_rank_whose_probe_failed_still_passes_the_other_ranks_barriers(monkeypatch):
+    """The compute windows start after a barrier of every rank; a rank whose probe raised (an out-of-memory,
+    say) passes the barriers it had not, or the others would wait at theirs until the collective timeout."""
+    import torch.distributed as dist
+
+    from vit_scale.run import health
+
+    calls = []
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append(1))
+
+    def fails_after_two(device, model, batch, precision, windows, window_s, before_window):
+        before_window()
+        before_window()
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(health, "rank_figures", fails_after_two)
+    world = SimpleNamespace(device_type="cpu", device="cpu")
+    got = part.compute_probe(world, {"model": "vit_micro", "batch_size": 8, "precisions": ["fp32"]})
+    assert "out of memory" in got["error"] and len(calls) == part.COMPUTE_WINDOWS

@@ -5,7 +5,7 @@ strategy look slow).
 
 Compute: every rank times the Block's GEMMs of the check's model, batch and precision
 (vit_scale.run.health.rank_figures, the probe every run also makes after its timed steps); a node
-counts at its slowest rank.
+counts at its slowest rank, or where its ranks share its cores (a CPU) at their mean rate.
 
 Link: nodes exchange in pairs, every pair at once, each rank with the rank of the same local index on
 the partner node (so the node's whole link carries traffic, as a strategy's rings do), in both directions
@@ -157,18 +157,32 @@ def confirm_links(nodes: dict, rounds: list, times: dict, nbytes: int, per_node:
                 )
 
 
-def compute_figures(rows: list[dict]) -> dict:
-    """Per host the slowest rank's GEMM rate and its spread (rows: each rank's `node` and the probe's
-    `gemm_tflops_windows`)."""
+def compute_figures(rows: list[dict], shared_cores: bool = False) -> dict:
+    """Per host its compute figure and spread (rows: each rank's `node`, `rank` and the probe's
+    `gemm_tflops_windows`). A node with a device a rank (a GPU node) counts at its slowest rank: the step
+    waits for it. Where a node's ranks share its cores (`shared_cores`: a CPU, an emulated node's quota),
+    the scheduler's split between them is not the node's speed (one rank may get three times the other's
+    share in a healthy node, tried), so the node counts at its ranks' mean rate, window by window (the
+    windows run at once on every rank), its spread that of those means."""
     out: dict = {}
+    by_host: dict = {}
     for row in rows:
-        windows = row.get("gemm_tflops_windows") or []
-        if not windows:
-            continue
+        if row.get("gemm_tflops_windows"):
+            by_host.setdefault(row["node"], []).append(row)
+    for host, group in by_host.items():
+        slowest = min(group, key=lambda r: window_stats(r["gemm_tflops_windows"])[0])
+        if shared_cores:
+            count = min(len(r["gemm_tflops_windows"]) for r in group)
+            windows = [statistics.fmean(r["gemm_tflops_windows"][i] for r in group) for i in range(count)]
+        else:
+            windows = slowest["gemm_tflops_windows"]
         value, spread = window_stats(windows)
-        host = row["node"]
-        if host not in out or value < out[host]["gemm_tflops"]:
-            out[host] = {"gemm_tflops": value, "gemm_spread_tflops": spread, "slowest_rank": row.get("rank")}
+        out[host] = {
+            "gemm_tflops": value,
+            "gemm_spread_tflops": spread,
+            "slowest_rank": slowest.get("rank"),
+            "gemm_of": "its ranks' mean (they share the node's cores)" if shared_cores else "its slowest rank",
+        }
     return out
 
 
@@ -292,7 +306,7 @@ def measure(world, spec: dict) -> dict:
     per_rank = [row["probe"] for row in rows]
     per_node = len(ranks_of[hosts[0]])
     nodes = {h: {} for h in hosts}
-    for host, figures in compute_figures(per_rank).items():
+    for host, figures in compute_figures(per_rank, shared_cores=world.device_type == "cpu").items():
         nodes[host].update(figures)
     link, pairs = link_figures(hosts, rounds, slowest_windows([row["times"] for row in rows]), nbytes, per_node)
     for host, figures in link.items():
@@ -334,15 +348,39 @@ def slowest_windows(ranks_times: list[dict]) -> dict:
 
 
 def compute_probe(world, spec: dict) -> dict:
-    """This rank's GEMM rate in windows of about COMPUTE_WINDOW_S (the run's health probe); an error is
-    kept, not raised: the link part still runs."""
+    """This rank's GEMM rate in windows of about COMPUTE_WINDOW_S (the run's health probe), on a CPU every
+    rank's window i at once (a barrier before each); an error is kept, not raised: the link part still runs,
+    and a rank whose probe failed still passes the barriers the others wait at."""
+    barriers = Barriers() if world.device_type == "cpu" else None
     try:
         from vit_scale.run.health import rank_figures
 
         model, batch, precision = spec["model"], spec["batch_size"], spec["precisions"][0]
-        return rank_figures(world.device, model, batch, precision, COMPUTE_WINDOWS, window_s=COMPUTE_WINDOW_S)
+        return rank_figures(
+            world.device, model, batch, precision, COMPUTE_WINDOWS, window_s=COMPUTE_WINDOW_S, before_window=barriers
+        )
     except Exception as exc:  # the probe's failure is a finding, not the check's end
+        if barriers is not None:
+            barriers.finish(COMPUTE_WINDOWS)
         return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"[:300], "gemm_tflops_windows": []}
+
+
+class Barriers:
+    """A barrier of the world before each compute window, counted, so that a rank whose probe failed
+    part-way can pass the ones it has not (`finish`)."""
+
+    def __init__(self):
+        self.passed = 0
+
+    def __call__(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+        self.passed += 1
+
+    def finish(self, total: int) -> None:
+        while self.passed < total:
+            self()
 
 
 def link_rounds(world, hosts: list, ranks_of: dict, rounds: list) -> tuple[float, int, dict]:

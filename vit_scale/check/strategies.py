@@ -42,6 +42,8 @@ def overrides(label: str, precision: str, world, spec: dict, run_id: str, needs:
         f"train.warmup_steps={warmup}",
         f"train.batch_size={BATCH_SIZE}",
         "train.print_every=1000000",
+        # no node-health probe after each label: the check's nodes part measures every node once
+        "train.health_probe_s=0",
         # the runs reuse the check's world group: the record names the timeout that group holds
         f"system.launcher={world.launcher}",
         f"system.collective_timeout_s={COLLECTIVE_TIMEOUT_S}",

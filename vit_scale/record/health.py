@@ -23,12 +23,14 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def by_node(rows: list[dict]) -> dict:
+def by_node(rows: list[dict], shared_cores: bool = False) -> dict:
     """{"hosts": {host: entry}, "median": {figure: value}} from one row per rank (`node`, `rank`, the
     FIGURES' keys where measured, `error` where its probe failed). An entry: each figure its slowest
-    rank's (None where no rank measured it), `ranks` (how many ranks the host had), `slowest_rank` (the
-    rank with its lowest compute figure), `error` (its ranks' failures, or None). The median node: per
-    figure, the median over the hosts that have it."""
+    rank's, or where the node's ranks share its cores (`shared_cores`: a CPU) their mean (the scheduler's
+    split between them is not the node's speed; vit_scale.check.nodes.compute_figures), None where no rank
+    measured it; `ranks` (how many ranks the host had), `slowest_rank` (the rank with its lowest compute
+    figure), `error` (its ranks' failures, or None). The median node: per figure, the median over the
+    hosts that have it."""
     grouped: dict = {}
     for row in rows:
         grouped.setdefault(str(row["node"]), []).append(row)
@@ -37,7 +39,7 @@ def by_node(rows: list[dict]) -> dict:
         entry: dict = {}
         for key, _ in FIGURES:
             measured = [r[key] for r in group if _number(r.get(key))]
-            entry[key] = min(measured) if measured else None
+            entry[key] = (statistics.fmean(measured) if shared_cores else min(measured)) if measured else None
         timed = [r for r in group if _number(r.get(FIGURES[0][0]))]
         slowest = min(timed, key=lambda r: r[FIGURES[0][0]]) if timed else None
         errors = [f"rank {r.get('rank')}: {r['error']}" for r in group if r.get("error")]

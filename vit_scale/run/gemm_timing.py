@@ -100,15 +100,19 @@ def time_windows(fn, gpu: bool, warmup: int, windows: int, target_s: float, max_
     return calls, times
 
 
-def clock_windows(fn, warmup: int, windows: int, window_s: float) -> list[tuple[int, float]]:
+def clock_windows(fn, warmup: int, windows: int, window_s: float, before=None) -> list[tuple[int, float]]:
     """CPU only: (calls, seconds) of each of `windows` windows that run `fn` until `window_s` has passed
     on the host clock. The windows' length, not their calls, is fixed: ranks sharing cores (emulated
     nodes, a CPU quota) would stretch windows sized by one quick call many times over, and a window
-    shorter than the scheduler's quota period would miss a throttled node."""
+    shorter than the scheduler's quota period would miss a throttled node. `before`: called before each
+    window (a barrier, so that every rank's window i runs at once: a rank whose window ran while the
+    others had finished would get their cores and read fast)."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(windows):
+        if before is not None:
+            before()
         calls, t0 = 0, time.perf_counter()
         while True:
             fn()

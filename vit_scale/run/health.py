@@ -36,6 +36,7 @@ def rank_figures(
     windows: int = 3,
     budget_s: float = 1.0,
     window_s: float | None = None,
+    before_window=None,
 ):
     """This rank's figures on `device` (a torch.device or its name): `gemm_tflops` (the median window's
     rate over the Block's forward GEMMs of `model_name` at `batch_size` in `precision`, run one after
@@ -44,7 +45,8 @@ def rank_figures(
     traffic is twice it; None on a CPU), `copy_gbps_windows`, `seconds` (what this took), `timer`.
     Windows aim at budget_s x GEMM_SHARE (and COPY_SHARE) over `windows`; on a CPU they last
     budget_s x CPU_GEMM_SHARE over `windows`, however many calls fit. `window_s`: the GEMM windows' length
-    instead (the check's nodes part: several CPU quota periods a window). A single call longer than that
+    instead (the check's nodes part: several CPU quota periods a window); `before_window`: on a CPU, called
+    before each GEMM window (the check's barrier: every rank's windows at once). A single call longer than that
     (a large model on a CPU) makes the probe longer than the budget. Raises what torch raises."""
     import torch
 
@@ -63,7 +65,9 @@ def rank_figures(
             calls, times = time_windows(block, gpu, 1, windows, target, MAX_CALLS)
             timed = [(calls, t) for t in times]
         else:
-            timed = clock_windows(block, 1, windows, window_s or budget_s * CPU_GEMM_SHARE / windows)
+            timed = clock_windows(
+                block, 1, windows, window_s or budget_s * CPU_GEMM_SHARE / windows, before=before_window
+            )
         del block  # its tensors, before the copy's buffers
         gemm = [flops * calls / t / 1e12 for calls, t in timed if t > 0]
         copy = _copy_rates(device, windows, budget_s * COPY_SHARE / windows) if gpu else []
@@ -133,7 +137,7 @@ def nodes_health(world, model_name: str, batch_size: int, precision: str, budget
         return {"hosts": {}, "median": {}, "probe": None, "error": f"not gathered: {one_line(exc)}"}
     seconds = [r["seconds"] for r in rows if isinstance(r.get("seconds"), float)]
     return {
-        **by_node(rows),
+        **by_node(rows, shared_cores=world.device_type == "cpu"),
         "probe": {
             "model": model_name,
             "batch_size": batch_size,
