@@ -556,21 +556,26 @@ def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "one" / "cat" / "a.png")
-    for path, words in (
+    cases = (
         (tmp_path / "missing", "no such directory"),
         (tmp_path / "empty", "holds no images"),
         (tmp_path / "one", "1 class (cat)"),
-    ):
-        proc = subprocess.run(
+    )
+    procs = [  # side by side: each is one process, mostly imports
+        subprocess.Popen(
             [PYTHON, "-m", "vit_scale", "finetune", f"data.path={path}", f"output.dir={tmp_path / 'runs'}"],
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert str(path) in proc.stderr and words in proc.stderr, proc.stderr
+        for path, _ in cases
+    ]
+    for (path, words), proc in zip(cases, procs, strict=True):
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, stderr
+        assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+        assert str(path) in stderr and words in stderr, stderr
     assert not (tmp_path / "runs").exists()
 
 
