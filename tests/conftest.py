@@ -158,6 +158,9 @@ _prepare = {}  # "proc": the Popen, "out": its output file
 def pytest_collection_finish(session):
     import importlib.util
 
+    import slurm_fixture
+
+    slurm_fixture.start_early(session)  # the Slurm jobs that mostly wait, when selected tests need them
     if importlib.util.find_spec("deepspeed") is None or session.config.option.collectonly:
         return
     if any("deepspeed_cpu_adam" in getattr(item, "fixturenames", ()) for item in session.items):
@@ -168,10 +171,13 @@ def pytest_collection_finish(session):
 
 
 def pytest_sessionfinish(session):
+    import slurm_fixture
+
     proc = _prepare.get("proc")
     if proc is not None and proc.poll() is None:  # a run stopped before any test needed it
         proc.kill()
         proc.wait()
+    slurm_fixture.stop_all()
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """The contract of docs/run_record.md: the real trainer writes run directories, the analysis reads them.
 
-Runs `python -m vit_scale train` twice on CPU (one process with DDP; two ranks under torchrun
+Runs `python -m vit_scale train` twice on CPU at once (one process with DDP; two ranks under torchrun
 with FULL_SHARD), then the analysis CLI on what they wrote, and checks the rows against the
 records. Also checks that analysis/synthetic.py, which the other analysis tests and the
 benchmark rely on, writes records the trainer's own JSON schema accepts.
@@ -36,17 +36,23 @@ def _env():
     return env
 
 
-def _train(cmd, timeout=300):
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+def _train(*cmds, timeout=300):
+    """The trainers, side by side (each writes its own run directory; the one-process run leaves a core idle)."""
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for cmd in cmds
+    ]
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, f"trainer failed ({proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("trainer_runs"))
     py = sys.executable
-    _train([py, "-m", "vit_scale", "train", "strategy=DDP", f"output.dir={out}"] + KEYS)
     _train(
+        [py, "-m", "vit_scale", "train", "strategy=DDP", f"output.dir={out}"] + KEYS,
         [
             py,
             "-m",
@@ -59,7 +65,7 @@ def trained(tmp_path_factory):
             "strategy=FULL_SHARD",
             f"output.dir={out}",
         ]
-        + KEYS
+        + KEYS,
     )
     return out
 

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, ROOT
 
 METER = """
@@ -25,7 +27,30 @@ print(json.dumps([run.end["memory"]["peak_rss_gib"]["max"] for run in runs]))
 """
 
 
-def test_each_rounds_peak_is_its_own(tmp_path):
+@pytest.fixture(scope="module")
+def overhead_benchmark(tmp_path_factory):
+    """benchmarks/trainer_overhead.py, started before the meter's test so that the two one-process runs
+    share the two cores (one after the other, each left a core idle); the resident-set peaks the meter's test
+    compares are its own process's."""
+    tmp = tmp_path_factory.mktemp("overhead")
+    out = tmp / "overhead.json"
+    proc = subprocess.Popen(
+        [PYTHON, "benchmarks/trainer_overhead.py", "--ranks", "1", "--pairs", "SHARD_GRAD_OP,FSDP2"]
+        + ["--model", "vit_micro", "--steps", "4", "--warmup", "1", "--rounds", "1"]
+        + ["--keep", str(tmp / "runs"), "--json", str(out)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT},
+    )
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def test_each_rounds_peak_is_its_own(overhead_benchmark, tmp_path):
     proc = subprocess.run(
         [PYTHON, "-c", METER, str(tmp_path)],
         cwd=ROOT,
@@ -43,22 +68,13 @@ def test_each_rounds_peak_is_its_own(tmp_path):
     assert abs(synchronised - first) < tolerance, (first, synchronised)
 
 
-def test_overhead_benchmark_pairs_fsdp2_and_keeps_what_the_acceptance_script_reads(tmp_path):
+def test_overhead_benchmark_pairs_fsdp2_and_keeps_what_the_acceptance_script_reads(overhead_benchmark):
     """benchmarks/trainer_overhead.py's SHARD_GRAD_OP and FSDP2 pairs (what benchmarks/gpu_acceptance.py
     runs on a GPU) on this CPU, one rank, one round each: --json names each trainer run, and the kept
     record is the run that was asked for (FSDP2 as strategy=FULL_SHARD fsdp.version=2)."""
-    out = tmp_path / "overhead.json"
-    proc = subprocess.run(
-        [PYTHON, "benchmarks/trainer_overhead.py", "--ranks", "1", "--pairs", "SHARD_GRAD_OP,FSDP2"]
-        + ["--model", "vit_micro", "--steps", "4", "--warmup", "1", "--rounds", "1"]
-        + ["--keep", str(tmp_path / "runs"), "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT},
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc, out = overhead_benchmark
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
     doc = json.loads(out.read_text())
     assert set(doc["pairs"]) == {"SHARD_GRAD_OP", "FSDP2"} and doc["ranks"] == 1
     implementations = {}
@@ -70,4 +86,4 @@ def test_overhead_benchmark_pairs_fsdp2_and_keeps_what_the_acceptance_script_rea
         assert lines[-1]["event"] == "end" and lines[-1]["images_per_s"]["mean"] == pair["trainer"][0]
         implementations[label] = lines[0]["strategy"]["implementation"]
     assert implementations == {"SHARD_GRAD_OP": "fsdp1", "FSDP2": "fsdp2"}
-    assert "ratio FSDP2:" in proc.stdout
+    assert "ratio FSDP2:" in stdout

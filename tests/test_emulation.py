@@ -33,7 +33,8 @@ def study(out, name, *extra):
     }
     argv = [PYTHON, "-m", "vit_scale", "study", "--system", "local", "--study", name, "--out", str(out)]
     argv += ["--models", "vit_micro", "--strategies", "DDP", "--batch-size", "4", "--steps", "4"]
-    argv += ["--warmup-steps", "1", "--repeat", "1", "--no-analysis", *extra]
+    # one rank a node: what is checked here is per node (its namespace, link and CPU group)
+    argv += ["--warmup-steps", "1", "--repeat", "1", "--ranks-per-node", "1", "--no-analysis", *extra]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -115,7 +116,9 @@ def test_check_names_each_slow_node_and_the_exclude_line(tmp_path):
     names exactly those two, each on a FAIL line with its figure against the median node's, and prints the
     --exclude= list (the rule's error rates at a quarter are measured by benchmarks/slow_node.py)."""
     env = {**os.environ, "PYTHONPATH": ROOT, "VIT_SCALE_EMULATION": "isolated", "OMP_NUM_THREADS": "1"}
-    argv = [PYTHON, "-m", "vit_scale", "check", "--system", "local", "--nodes", "4", "--only", "nodes"]
+    # one rank a node: a node's figures are its ranks' (the slowest), and one rank shows its quota and link
+    argv = [PYTHON, "-m", "vit_scale", "check", "--system", "local", "--nodes", "4", "--ranks-per-node", "1"]
+    argv += ["--only", "nodes"]
     argv += ["--set", "emulation.nodes.local1.inter_node_gbps=0.003125"]
     argv += ["--set", "emulation.nodes.local3.cpus_per_node=0.0625", "--out", str(tmp_path)]
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

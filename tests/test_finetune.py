@@ -2,11 +2,14 @@
 
 The dataset is scikit-learn's bundled digits (1,797 real 8x8 scans of handwritten digits, 10
 classes, no download), written as an image folder (train/ and val/, 80/20 per class) and
-upscaled to vit_micro's 32 px. The scenarios (four launches in all; the resuming ones share three):
+upscaled to vit_micro's 32 px; the resuming runs train on 40 images a class of it (6 steps an epoch)
+and evaluate on all of val/. The scenarios (two launches in all: FULL_SHARD stopped by its signal
+alone, then every other run in one launch of `vit-scale finetune`'s session):
 - DDP trains vit_micro from scratch to at least 90% validation accuracy;
-- DDP, from a pretrained file (another head), saves every 7 steps; a second run resumes from step 7;
+- DDP, from a pretrained file (another head), saves every 5 steps; a second run resumes from step 5,
+  across the epoch's end;
 - FULL_SHARD, from the same file, takes DDP's steps: the same losses and evaluations;
-- FULL_SHARD is stopped by SIGUSR1 after step 9 (sharded checkpoint, exit 7), then resumes with
+- FULL_SHARD is stopped by SIGUSR1 after step 4 (sharded checkpoint, exit 7), then resumes with
   checkpoint.resume=auto;
 - ZERO2 (DeepSpeed, engine checkpoint) runs 8 steps saving every 4; a second run resumes from step 4;
 - CAI_DDP (ColossalAI TorchDDPPlugin, whole state dicts) does the same;
@@ -64,9 +67,11 @@ SHORT = [
     "train.print_every=1000",
     "train.warmup_steps=2",
 ]
-# FULL_SHARD reduce-scatters where DDP all-reduces: the same sums in another order, over 44 steps
+# FULL_SHARD reduce-scatters where DDP all-reduces: the same sums in another order, over 12 steps
+# (it held over 44 steps of all 1,438 training images too)
 FSDP_REL_TOL = 1e-4
-SHORT_STEPS = 44  # 1,438 training images / 2 ranks / 16 / 2 micro-batches = 22 steps per epoch
+SHORT_PER_CLASS = 40  # training images a class of the resuming runs (their epochs took 22 steps each with all)
+SHORT_STEPS = 12  # 400 training images / 2 ranks / 16 / 2 micro-batches = 6 steps per epoch, 2 epochs
 
 # ---------------------------------------------------------------- helpers
 
@@ -157,6 +162,21 @@ def digits(tmp_path_factory):
     return str(root), write_digits(str(root))
 
 
+@pytest.fixture(scope="module")
+def short_digits(digits, tmp_path_factory) -> str:
+    """The resuming runs' data: SHORT_PER_CLASS training images a class (links into `digits`), and all
+    of val/. Their claims (the same losses after a resume, FULL_SHARD's steps as DDP's) need two epochs,
+    not many steps: with every image an epoch took 22 steps of the suite's time, here 6."""
+    root = tmp_path_factory.mktemp("digits-short")
+    for label in range(10):
+        source = os.path.join(digits[0], "train", str(label))
+        os.makedirs(root / "train" / str(label))
+        for name in sorted(os.listdir(source))[:SHORT_PER_CLASS]:
+            os.symlink(os.path.join(source, name), root / "train" / str(label) / name)
+    os.symlink(os.path.join(digits[0], "val"), root / "val")
+    return str(root)
+
+
 def _short_run(digits, tmp, strategy: str) -> list:
     """8 steps with SHORT's accumulation and clipping, checkpointed every 4, and the run resumed from
     step 4: for strategies whose accumulation and clipping are their own (DeepSpeed's engine boundary
@@ -180,22 +200,23 @@ def _short_run(digits, tmp, strategy: str) -> list:
 
 
 @pytest.fixture(scope="module")
-def launches(digits, pretrained_file, tmp_path_factory):
-    """The resuming scenarios in three launches of `vit-scale finetune`'s session (tests/run_many.py;
-    a launch costs seconds of imports; they took nine): the uninterrupted runs; FULL_SHARD stopped by
-    SIGUSR1 after step 9 (alone: it ends its ranks, exit 7); then every resumed run. Each run sets its
-    own seeds, so its place in a launch does not change its numbers."""
+def launches(digits, short_digits, pretrained_file, tmp_path_factory):
+    """Every run here in two launches (a launch costs seconds of imports; they took four): FULL_SHARD
+    stopped by SIGUSR1 after step 4 alone (it ends its ranks, exit 7), then the accuracy run, the
+    uninterrupted runs and every resumed run in one launch of `vit-scale finetune`'s session
+    (tests/run_many.py), each resumed run after the run it resumes. Each run sets its own seeds, so its
+    place in a launch does not change its numbers."""
     tmp = tmp_path_factory.mktemp("finetune")
     out = f"output.dir={tmp / 'runs'}"
-    data = f"data.path={digits[0]}"
-    # DDP from a pretrained file (another head), saving every 7 steps, and resumed from step 7
+    data = f"data.path={short_digits}"
+    # DDP from a pretrained file (another head), saving every 5 steps, and resumed from step 5
     ddp = [data, *SHORT, "strategy=DDP", f"finetune.pretrained={pretrained_file}", out]
-    ddp_whole = [*ddp, "output.study=ddp-whole", f"checkpoint.dir={tmp / 'ddp-ck'}", "checkpoint.every_steps=7"]
+    ddp_whole = [*ddp, "output.study=ddp-whole", f"checkpoint.dir={tmp / 'ddp-ck'}", "checkpoint.every_steps=5"]
     ddp_resumed = [
         *ddp,
         "output.study=ddp-resumed",
         f"checkpoint.dir={tmp / 'ddp-ck2'}",
-        f"checkpoint.resume={tmp / 'ddp-ck' / 'step-00000007'}",
+        f"checkpoint.resume={tmp / 'ddp-ck' / 'step-00000005'}",
     ]
     # FULL_SHARD as the job script requeues it: the same command line each time, checkpoint.resume=auto;
     # from the same pretrained file as DDP, so that its uninterrupted run takes DDP's steps
@@ -206,31 +227,33 @@ def launches(digits, pretrained_file, tmp_path_factory):
         for strategy, package in (("ZERO2", "deepspeed"), ("CAI_DDP", "colossalai"))
         if importlib.util.find_spec(package) is not None
     }
+    # the longest run here (528 steps), DDP's. FULL_SHARD's fine-tuning is held to DDP's losses and
+    # evaluations step by step instead (test_full_shard_fine_tuning_takes_ddps_steps_and_evaluations): a
+    # second accuracy run (then 704 steps) for it cost 85 s of the suite
+    accuracy = [f"data.path={digits[0]}", *ACCURACY, "strategy=DDP", "data.workers=1", out, "output.study=acc"]
 
-    whole = {
+    runs = {
+        "acc": accuracy,
         "ddp-whole": [*ddp_whole, "checkpoint.keep=0"],
         "fsdp-whole": [*fsdp, "output.study=fsdp-whole", "checkpoint.at_end=false"],
         **{f"{s}-whole": pair[0] for s, pair in short.items()},
-    }
-    resumed = {
         "ddp-resumed": ddp_resumed,
         "fsdp-resumed": [*requeue, "output.study=fsdp-resumed"],
         **{f"{s}-resumed": pair[1] for s, pair in short.items()},
     }
-    first = launch_finetunes(whole, tmp / "whole")
     stopped = torchrun(
         2,
         ["-m", "vit_scale", "finetune", *requeue, "output.study=fsdp-stopped"],
         timeout=900,
-        env={"VIT_SCALE_TEST_SIGNAL_AT_STEP": "9"},
+        env={"VIT_SCALE_TEST_SIGNAL_AT_STEP": "4"},  # in epoch 1: the resumed run crosses its end
     )
-    last = launch_finetunes(resumed, tmp / "resumed")
-    runs = {study: read_run(tmp / "runs", study) for study in [*whole, *resumed, "fsdp-stopped"]}
-    for study, records in runs.items():
+    stdout = launch_finetunes(runs, tmp / "launch")
+    found = {study: read_run(tmp / "runs", study) for study in [*runs, "fsdp-stopped"]}
+    for study, records in found.items():
         print(f"\n{study}: {records[-1]['wall_time_s']:.0f} s")
     return {
-        "runs": runs,
-        "stdout": {**first, **last},
+        "runs": found,
+        "stdout": stdout,
         "stopped_proc": stopped,
         "checkpoints": {
             "ddp": str(tmp / "ddp-ck"),
@@ -249,24 +272,14 @@ def launch_finetunes(runs: dict, tmp) -> dict:
 
 
 @pytest.fixture(scope="module")
-def accuracy_run(digits, tmp_path_factory):
-    """The longest run here (528 steps), DDP's. FULL_SHARD's fine-tuning is held to DDP's losses and
-    evaluations step by step instead (test_full_shard_fine_tuning_takes_ddps_steps_and_evaluations, in
-    the resuming launches): a second accuracy run (then 704 steps) for it cost 85 s of the suite."""
-    out = tmp_path_factory.mktemp("acc-DDP")
-    proc, seconds = finetune(
-        [
-            f"data.path={digits[0]}",
-            *ACCURACY,
-            "strategy=DDP",
-            "data.workers=1",
-            f"output.dir={out}",
-            "output.study=acc",
-        ]
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    print(f"\nDDP: digits fine-tuning took {seconds:.0f} s")
-    return {"records": read_run(out, "acc"), "seconds": seconds, "stdout": proc.stdout, "strategy": "DDP"}
+def accuracy_run(launches):
+    records = launches["runs"]["acc"]
+    return {
+        "records": records,
+        "seconds": records[-1]["wall_time_s"],
+        "stdout": launches["stdout"]["acc"],
+        "strategy": "DDP",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -414,23 +427,24 @@ def test_full_shard_fine_tuning_takes_ddps_steps_and_evaluations(launches, digit
 def test_resuming_from_a_periodic_checkpoint_gives_the_same_losses_ddp(ddp_resumed):
     whole, resumed = ddp_resumed["whole"], ddp_resumed["resumed"]
     assert whole[-1]["status"] == resumed[-1]["status"] == "ok"
-    assert sorted(losses_by_step(resumed)) == list(range(8, SHORT_STEPS + 1))
-    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "DDP resumed from step 7")
+    # resumed from step 5 of epoch 1's 6: across the epoch's end and its evaluation
+    assert sorted(losses_by_step(resumed)) == list(range(6, SHORT_STEPS + 1))
+    assert_resumed_losses_match(losses_by_step(resumed), losses_by_step(whole), "DDP resumed from step 5")
     assert [(e["epoch"], e["top1"], e["loss"]) for e in evals(resumed)] == [
         (e["epoch"], e["top1"], e["loss"]) for e in evals(whole)
     ]
-    assert resumed[-1]["resumed_from"]["step"] == 7 and resumed[-1]["step"] == SHORT_STEPS
+    assert resumed[-1]["resumed_from"]["step"] == 5 and resumed[-1]["step"] == SHORT_STEPS
     names = sorted(os.listdir(ddp_resumed["checkpoints"]))
-    assert names == ["latest"] + [f"step-{s:08d}" for s in (7, 14, 21, 28, 35, 42, SHORT_STEPS)]
-    meta = json.load(open(os.path.join(ddp_resumed["checkpoints"], "step-00000007", "meta.json")))
+    assert names == ["latest"] + [f"step-{s:08d}" for s in (5, 10, SHORT_STEPS)]
+    meta = json.load(open(os.path.join(ddp_resumed["checkpoints"], "step-00000005", "meta.json")))
     assert (meta["model"], meta["strategy"], meta["step"], meta["epoch"], meta["step_in_epoch"]) == (
         "vit_micro",
         "DDP",
-        7,
+        5,
         0,
-        7,
+        5,
     )
-    assert meta["sampler"]["start_sample_per_rank"] == 7 * 2 * 16 and meta["checkpoint_format"] == "full"
+    assert meta["sampler"]["start_sample_per_rank"] == 5 * 2 * 16 and meta["checkpoint_format"] == "full"
 
 
 def test_pretrained_weights_start_the_ddp_run_with_a_new_head(ddp_resumed):
@@ -446,8 +460,8 @@ def test_sigusr1_saves_a_sharded_checkpoint_and_exits_for_requeue(fsdp_requeued)
     assert 7 in codes and set(codes) <= {7, -15}, fsdp_requeued["stopped_proc"].stderr[-3000:]
     end = stopped[-1]
     assert end["status"] == "timeout" and end["requeue"] is True and "SIGUSR1" in end["error"]
-    assert end["step"] == 9 and end["checkpoint"].endswith("step-00000009")
-    saved = os.path.join(fsdp_requeued["checkpoints"], "step-00000009")
+    assert end["step"] == 4 and end["checkpoint"].endswith("step-00000004")
+    saved = os.path.join(fsdp_requeued["checkpoints"], "step-00000004")
     assert os.path.isfile(os.path.join(saved, "state", ".metadata"))  # torch.distributed.checkpoint
     assert len(glob.glob(os.path.join(saved, "state", "*.distcp"))) == 2  # one shard file per rank
     assert json.load(open(os.path.join(saved, "meta.json")))["reason"] == "signal"
@@ -458,10 +472,10 @@ def test_sigusr1_saves_a_sharded_checkpoint_and_exits_for_requeue(fsdp_requeued)
 
 def test_requeued_fsdp_run_continues_the_same_loss_curve(fsdp_requeued):
     whole, resumed = fsdp_requeued["whole"], fsdp_requeued["resumed"]
-    assert resumed[-1]["status"] == "ok" and resumed[-1]["resumed_from"]["step"] == 9
-    assert sorted(losses_by_step(resumed)) == list(range(10, SHORT_STEPS + 1))
+    assert resumed[-1]["status"] == "ok" and resumed[-1]["resumed_from"]["step"] == 4
+    assert sorted(losses_by_step(resumed)) == list(range(5, SHORT_STEPS + 1))
     assert_resumed_losses_match(
-        losses_by_step(resumed), losses_by_step(whole), "FULL_SHARD resumed after SIGUSR1 at step 9"
+        losses_by_step(resumed), losses_by_step(whole), "FULL_SHARD resumed after SIGUSR1 at step 4"
     )
     assert [(e["epoch"], e["top1"]) for e in evals(resumed)] == [(e["epoch"], e["top1"]) for e in evals(whole)]
 
@@ -514,7 +528,7 @@ def _main_error(args, capsys) -> str:
 
 
 def test_a_checkpoint_from_another_model_or_strategy_is_refused(ddp_resumed, digits, tmp_path, capsys):
-    saved = os.path.join(ddp_resumed["checkpoints"], "step-00000007")
+    saved = os.path.join(ddp_resumed["checkpoints"], "step-00000005")
     base = [f"data.path={digits[0]}", *SHORT, f"output.dir={tmp_path / 'runs'}", f"checkpoint.resume={saved}"]
     err = _main_error([*base, "strategy=FULL_SHARD"], capsys)
     assert os.path.join(saved, "meta.json") in err and "under DDP" in err and "under FULL_SHARD" in err
@@ -524,8 +538,8 @@ def test_a_checkpoint_from_another_model_or_strategy_is_refused(ddp_resumed, dig
 
 
 def test_a_corrupt_checkpoint_is_refused_naming_the_file(ddp_resumed, digits, tmp_path, capsys):
-    copy = str(tmp_path / "step-00000007")
-    shutil.copytree(os.path.join(ddp_resumed["checkpoints"], "step-00000007"), copy)
+    copy = str(tmp_path / "step-00000005")
+    shutil.copytree(os.path.join(ddp_resumed["checkpoints"], "step-00000005"), copy)
     state = os.path.join(copy, "state.pt")
     with open(state, "r+b") as f:
         f.seek(os.path.getsize(state) // 2)
@@ -542,21 +556,26 @@ def test_bad_dataset_directories_exit_2_without_a_traceback(tmp_path):
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(tmp_path / "one" / "cat" / "a.png")
-    for path, words in (
+    cases = (
         (tmp_path / "missing", "no such directory"),
         (tmp_path / "empty", "holds no images"),
         (tmp_path / "one", "1 class (cat)"),
-    ):
-        proc = subprocess.run(
+    )
+    procs = [  # side by side: each is one process, mostly imports
+        subprocess.Popen(
             [PYTHON, "-m", "vit_scale", "finetune", f"data.path={path}", f"output.dir={tmp_path / 'runs'}"],
             cwd=ROOT,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert str(path) in proc.stderr and words in proc.stderr, proc.stderr
+        for path, _ in cases
+    ]
+    for (path, words), proc in zip(cases, procs, strict=True):
+        _, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 2, stderr
+        assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+        assert str(path) in stderr and words in stderr, stderr
     assert not (tmp_path / "runs").exists()
 
 

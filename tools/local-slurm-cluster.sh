@@ -15,6 +15,8 @@
 #   GPUS=0           fake GPUs per node (gres/gpu backed by /dev/null-like devices), to try --gpus flags
 #   PARTITION=debug  name of the single partition
 #   UP_TIMEOUT=30    seconds to wait for every node to report idle
+#   MIN_JOB_AGE=300  seconds scontrol keeps showing a finished job (the test suite reads jobs it started
+#                    minutes before)
 #
 # Needs root (slurmd starts job steps as their owner) and, on Debian/Ubuntu:
 #   apt-get install --no-install-recommends slurm-wlm munge
@@ -129,7 +131,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MailProg=/bin/true
 KillWait=5
-MinJobAge=300
+MinJobAge=${MIN_JOB_AGE:-300}
 GresTypes=gpu
 EOF
   i=0
