@@ -13,7 +13,9 @@ from slurm_fixture import slurm_cluster  # noqa: F401  (the session fixture)
 
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
 SUBMIT_SWEEP = os.path.join(ROOT, "jobs", "submit_sweep.sh")
+# the node-health probe after each run shortened (it defaults to 1 s)
 FEW_STEPS = ["--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--repeat", "1"]
+FEW_STEPS += ["--set", "train.health_probe_s=0.1"]
 STUDY = [
     "--system",
     "local",

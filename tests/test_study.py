@@ -14,6 +14,7 @@ from jobs_support import job_env, python_hanging, runs_by_strategy_and_nodes
 WEAK_SCALING = os.path.join(ROOT, "jobs", "weak_scaling.sh")
 PLUGIN_COMPARISON = os.path.join(ROOT, "jobs", "plugin_comparison.sh")
 FEW_STEPS = ["--models", "vit_micro", "--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--repeat", "1"]
+FEW_STEPS += ["--set", "train.health_probe_s=0.1"]  # the node-health probe after each run shortened (1 s)
 MARKER = "98765"  # a child the hanging run leaves: `sleep 98765`
 
 

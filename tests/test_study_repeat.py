@@ -36,6 +36,8 @@ FAST = [
     "6",
     "--warmup-steps",
     "1",
+    "--set",
+    "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
     "--batch-size",
     "2",
     "--study",
