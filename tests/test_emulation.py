@@ -124,15 +124,20 @@ def test_check_names_each_slow_node_and_the_exclude_line(tmp_path):
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     fails = [line for line in proc.stderr.splitlines() if line.startswith("vit-scale check: FAIL")]
-    assert len(fails) == 2, proc.stderr
-    assert fails[0].startswith("vit-scale check: FAIL node local1: link ") and "of the median node's" in fails[0]
-    assert fails[1].startswith("vit-scale check: FAIL node local3: compute ")
+    # local3 at an eighth of a core may also move its bytes slowly (its retest then says so too): a second
+    # line for it, never a third node
+    named = {line.split(":")[1].split()[2] for line in fails}
+    assert named == {"local1", "local3"}, proc.stderr
+    assert any(line.startswith("vit-scale check: FAIL node local1: link ") for line in fails)
+    assert any(line.startswith("vit-scale check: FAIL node local3: compute ") for line in fails)
+    assert all("of the median node's" in line for line in fails)
     assert "--exclude=local1,local3" in proc.stdout
     with open(tmp_path / "check.json") as f:
         check = json.load(f)
     found = check["per_node"]
     assert sorted(found["hosts"]) == ["local0", "local1", "local2", "local3"]
-    assert {(n["node"], n["figure"]) for n in found["slow"]} == {("local1", "link"), ("local3", "compute")}
+    assert {(n["node"], n["figure"]) for n in found["slow"]} >= {("local1", "link"), ("local3", "compute")}
+    assert {n["node"] for n in found["slow"]} == {"local1", "local3"} and found["exclude"] == "local1,local3"
     assert check["emulation"]["nodes"]["local3"] == {"cpus_per_node": 0.0625}
 
 
