@@ -75,14 +75,16 @@ class Cluster:
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
+TOOLS = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch")
+NOT_ROOT = "slurmd has to run as root to start job steps"
+
+
 def _unmet() -> str | None:
     """Why no cluster can start here (a missing tool, not root), or None."""
-    for tool in ("slurmctld", "slurmd", "munged", "mungekey", "sbatch"):
+    for tool in TOOLS:
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
-    if os.geteuid() != 0:
-        return "slurmd has to run as root to start job steps"
-    return None
+    return NOT_ROOT if os.geteuid() != 0 else None
 
 
 def _env(nodes: int) -> dict:
@@ -146,6 +148,8 @@ def early(name: str):
     if thread is None:
         return None
     thread.join(timeout=300)
+    if thread.is_alive():  # starting another cluster beside the one still coming up would clash with it
+        pytest.fail(f"submitting {name} as the session started has not ended after 300 s")
     if "error" in _early:
         pytest.fail(f"submitting {name} as the session started failed: {_early['error']}")
     return _early.get(name)
@@ -158,13 +162,10 @@ def _session_cluster() -> Cluster:
     if "cluster" not in _shared:
         started = early("cluster")
         if started is None:
-            for tool in ("slurmctld", "slurmd", "munged", "mungekey", "sbatch"):
-                require_tool(tool)
+            for tool in TOOLS:
+                require_tool(tool)  # skipped outside CI, failed in CI
             if os.geteuid() != 0:
-                message = "slurmd has to run as root to start job steps"
-                if IN_CI:
-                    pytest.fail(message)
-                pytest.skip(message)
+                pytest.fail(NOT_ROOT) if IN_CI else pytest.skip(NOT_ROOT)
             try:
                 started = _start(6)
             except RuntimeError as exc:

@@ -96,6 +96,11 @@ def window_stats(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), (ordered[-1] - ordered[0]) / 2
 
 
+def gbps(windows: list[float], nbytes: int, per_node: int) -> list[float]:
+    """Each window's rate: what one node sent one way a second (every rank's bytes), GB/s."""
+    return [nbytes * per_node / t / 1e9 for t in windows if t > 0]
+
+
 def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_node: int) -> tuple[dict, list]:
     """Per host its link figure and the pairs measured. `times[(round, a, b)]`: the pair's seconds per
     window (its slowest rank's). A pair's figure is what one node sent in one direction per second
@@ -111,7 +116,7 @@ def link_figures(hosts: list[str], rounds: list, times: dict, nbytes: int, per_n
             windows = times.get((r, a, b)) or []
             if not windows:
                 continue
-            rates = [nbytes * per_node / t / 1e9 for t in windows if t > 0]
+            rates = gbps(windows, nbytes, per_node)
             value, spread = window_stats(rates)
             pair = {
                 "round": r + 1,
@@ -148,7 +153,7 @@ def confirm_links(nodes: dict, rounds: list, times: dict, nbytes: int, per_node:
     `link_confirm_gbps` (best window), its spread and partner, set on `nodes`."""
     for r, pairing in enumerate(rounds):
         for suspect, partner in pairing:
-            rates = [nbytes * per_node / t / 1e9 for t in times.get((r, suspect, partner)) or [] if t > 0]
+            rates = gbps(times.get((r, suspect, partner)) or [], nbytes, per_node)
             if rates:
                 nodes[suspect].update(
                     link_confirm_gbps=max(rates),

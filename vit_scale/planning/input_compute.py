@@ -200,10 +200,9 @@ class ComputeSource:
         faster than those the compute was measured or counted on. A job's step runs at its slowest device's
         pace, and another allocation's slowest device may lie anywhere within the system's spread of the
         baseline's; the baseline itself is the reference the efficiency is taken against."""
-        if not self.device_spread or sc.nodes == baseline_nodes(sc):
+        if sc.nodes == baseline_nodes(sc):
             return comp
-        factor = 1 + self.device_spread if costly else 1 - self.device_spread
-        return comp.scaled(factor, f"devices {factor - 1:+.0%} (device_spread)")
+        return on_other_devices(comp, self.device_spread, costly)
 
     def compute_for(self, sc: Scenario, network: Network, options: str = "", end: bool | None = None) -> Compute:
         """The point's compute; end (measured steps only): False the fastest of its rung's repeats, True the
@@ -238,6 +237,14 @@ class ComputeSource:
             # the network is kept with its compute, so that its id is not reused while the entry stands
             self._cache[key] = (network, compute_of(step, network))
         return self._cache[key][1]
+
+
+def on_other_devices(comp: Compute, device_spread: float, costly: bool) -> Compute:
+    """`comp` on another allocation's devices, `device_spread` slower (costly) or faster; unchanged at 0."""
+    if not device_spread:
+        return comp
+    factor = 1 + device_spread if costly else 1 - device_spread
+    return comp.scaled(factor, f"devices {factor - 1:+.0%} (device_spread)")
 
 
 def compute_from(path: str, runs: list | None = None) -> ComputeSource:

@@ -49,6 +49,7 @@ from vit_scale.planning.input_compute import (
     efficiencies_from_runs,
     efficiency_from_runs,
     measured_step,
+    on_other_devices,
     run_ips,
 )
 from vit_scale.planning.input_profile import (
@@ -151,6 +152,7 @@ __all__ = [
     "efficiency_from_runs",
     "measured_step",
     "no_calibration",
+    "on_other_devices",
     "peak_tflops",
     "predict",
     "profile_calibration",

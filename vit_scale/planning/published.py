@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from vit_scale.planning import memory, spread
 from vit_scale.planning.alpha_beta import Network
-from vit_scale.planning.predict import MeasuredStep, compute_of
+from vit_scale.planning.predict import MeasuredStep, compute_of, on_other_devices
 from vit_scale.planning.scenario import Allowance, Scenario, baseline_nodes, blas_workspace_mib
 from vit_scale.planning.step_time import predict_step
 
@@ -104,8 +104,8 @@ def speed_rows(data: dict, network: Network, device_spread: float = 0.0) -> list
     at_ends = spread.ends(network) or ((network, network) if device_spread else None)
     if at_ends is None:
         return rows
-    cheap = _speed_rows(data, at_ends[0], 1 - device_spread)
-    costly = _speed_rows(data, at_ends[1], 1 + device_spread)
+    cheap = _speed_rows(data, at_ends[0], device_spread, costly=False)
+    costly = _speed_rows(data, at_ends[1], device_spread, costly=True)
     out = []
     for r, a, b in zip(rows, cheap, costly, strict=True):
         xs = (r.predicted, a.predicted, b.predicted)
@@ -113,7 +113,7 @@ def speed_rows(data: dict, network: Network, device_spread: float = 0.0) -> list
     return out
 
 
-def _speed_rows(data: dict, network: Network, factor: float = 1.0) -> list:
+def _speed_rows(data: dict, network: Network, device_spread: float = 0.0, costly: bool = False) -> list:
     rows = []
     ranks = int(data["ranks_per_node"])
     for s in data["speed"]:
@@ -124,9 +124,8 @@ def _speed_rows(data: dict, network: Network, factor: float = 1.0) -> list:
         base_sc = _scenario(data, s["model"], s["strategy"], first)
         base_ips = points[first] / (first * ranks)
         step = MeasuredStep(base_sc, base_sc.batch_size / base_ips, s["source"], False)
-        comp = compute_of(step, network)
-        if factor != 1.0:  # beyond the rung: another allocation's devices (ComputeSource.varied)
-            comp = comp.scaled(factor, f"devices {factor - 1:+.0%}")
+        # every point predicted here lies beyond the rung: on another allocation's devices (ComputeSource.varied)
+        comp = on_other_devices(compute_of(step, network), device_spread, costly)
         for n, total in sorted(points.items()):
             if n <= first:
                 continue
