@@ -172,14 +172,14 @@ class _Calibrations:
                 self._note(f"{path} not used for {model} in {precision}: {exc}")
         return profile if profile is not None else pr.no_calibration(f"no check.json and no {system} profile defaults")
 
-    def device_spread(self, run) -> float:
-        """The device_spread of the system for_run found for the run (0 where its profile gives none)."""
+    def device_spread(self, run) -> pr.DeviceSpread:
+        """The device_spread of the system for_run found for the run (none where its profile gives none)."""
         system = self.systems.get(run.run_dir, "local")
         try:
-            return pr.device_spread(pr.profile_path(system)) or 0.0
+            return pr.device_spread(pr.profile_path(system)) or pr.DeviceSpread()
         except UserError as exc:
             self._note(f"{system}: no device spread ({exc})")
-            return 0.0
+            return pr.DeviceSpread()
 
     def _note(self, text: str) -> None:
         if text not in self.notes:

@@ -273,3 +273,44 @@ def test_fit_spreads_its_latency_over_its_steps_and_marks_extrapolation():
     assert net.seconds("all_gather", 1e9, 16, True, 8) == pytest.approx(170e-6 + 1e9 * 15 / 16 / 50e9)
     assert not net.extrapolated(16) and net.extrapolated(32)
     assert not Network(Link(1.0, 1.0), Link(1.0, 1.0)).extrapolated(10**6)
+
+
+def test_on_gloo_a_reduce_scatter_costs_the_all_reduce_of_its_input_and_nothing_is_a_tree():
+    """torch's ProcessGroupGloo reduce-scatters by all-reducing a copy of the whole input (clone, allreduce,
+    keep its chunk), and gloo's all-reduce is a ring reduce-scatter then a ring all-gather: on gloo a
+    reduce-scatter costs exactly the all-reduce of the same input, at every size and group, and an all-reduce
+    is a ring even where NCCL would pick a tree. The local profile's `backend: gloo` says so; NCCL's don't."""
+    link = Link(400.0, 1.3)
+    gloo = Network(link, Link(4400.0, 0.0015625), backend="gloo")
+    nccl = Network(link, Link(4400.0, 0.0015625))
+    for size, n, nodes in ((64, 4, 2), (1 << 20, 8, 4), (25 << 20, 4, 2), (4096, 2, 1)):
+        rs = gloo.cost("reduce_scatter", size, n, nodes)
+        assert rs == gloo.cost("all_reduce", size, n, nodes) and rs.algorithm == "ring"
+        # NCCL's ring reduce-scatter moves (n-1)/n of the input, an all-reduce 2(n-1)/n: half the bytes
+        assert nccl.cost("reduce_scatter", size, n, nodes).bandwidth_s == pytest.approx(rs.bandwidth_s / 2)
+    assert (
+        nccl.cost("all_reduce", 64, 8, 4).algorithm == "tree" and gloo.cost("all_reduce", 64, 8, 4).algorithm == "ring"
+    )
+    assert read_network(os.path.join(ROOT, "configs", "systems", "local.yaml")).backend == "gloo"
+    assert read_network(os.path.join(ROOT, "configs", "systems", "frontier.yaml")).backend == ""
+
+
+def test_the_trees_bandwidth_carries_a_range_whose_low_end_is_the_costly_one():
+    """Frontier's tree_bus_ratio 0.92 (RCCL's tuning) with PCCL's all-reduce at 32-256 nodes as its low end:
+    the costly end's tree all-reduce is the slower one; a range without its value, or with a low end of 0, is
+    an error naming the key."""
+    net = read_network(os.path.join(ROOT, "configs", "systems", "frontier.yaml"))
+    cheap, costly = net.at_end(False), net.at_end(True)
+    assert (cheap.tree_bus_ratio, costly.tree_bus_ratio) == (0.92, 0.135)
+    big = 128 << 20
+    assert costly.cost("all_reduce", big, 1024, 128).seconds > net.cost("all_reduce", big, 1024, 128).seconds
+    section = {
+        "intra_node": {"bus_gbps": 50, "step_latency_us": 1.45},
+        "inter_node": {"bus_gbps": 12.5, "step_latency_us": 45.9},
+    }
+    with pytest.raises(ValueError, match="network.tree_bus_ratio_range is given without network.tree_bus_ratio"):
+        network_from_profile({"network": {**section, "tree_bus_ratio_range": [0.1, 0.92]}}, "x.yaml")
+    with pytest.raises(ValueError, match="network.tree_bus_ratio_range: its low end must be above 0"):
+        network_from_profile(
+            {"network": {**section, "tree_bus_ratio": 0.92, "tree_bus_ratio_range": [0, 0.92]}}, "x.yaml"
+        )

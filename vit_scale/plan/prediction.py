@@ -47,7 +47,7 @@ def predict_rows(args, rows: list, scenarios: list) -> dict:
 
             compute.efficiencies = pr.efficiencies_from_runs(reader.collect([args.efficiency_from]).runs)
         compute_text = f"FLOPs x peak x efficiency: {compute.describe()} ({stated})"
-    compute.device_spread = pr.device_spread(profile) or 0.0
+    compute.device_spread = pr.device_spread(profile) or compute.device_spread
     blocking = pr.blocking_for(None, args.device)
     notes, by_model, curves = [], {}, {}
     predictions = pr.predict(scenarios, cal, compute, blocking)
@@ -99,7 +99,7 @@ def interval(cal, compute, banded: bool) -> dict:
     inputs = cal.spread_text() if cal.network.ranges else "the calibration's figures carry no range"
     measured = "; compute: the fastest and slowest repeat of each measured rung" if compute.origin else ""
     if compute.device_spread:
-        measured += f"; beyond the baseline, devices {compute.device_spread:.0%} slower or faster (device_spread)"
+        measured += f"; beyond the baseline, {compute.device_spread.text()} (device_spread)"
     return {
         "level": spread.LEVEL,
         "method": "bounds",

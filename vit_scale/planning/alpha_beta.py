@@ -407,6 +407,8 @@ class Network:
     # the spread of these figures from their sources (the profile's `*_range` keys): one Range each;
     # empty: one reading, no interval (vit_scale.planning.spread)
     ranges: tuple = ()
+    # the collectives' library where it changes what they cost (gloo: see cost); "" for NCCL and RCCL
+    backend: str = ""
 
     def at_end(self, costly: bool) -> Network:
         """These figures with every ranged one at the end of its range that makes a collective cheaper
@@ -477,12 +479,19 @@ class Network:
         """The collective over n ranks on `nodes` nodes, ranks_per_node of them on each (0: n // nodes)."""
         if n < 2 or size_bytes <= 0:
             return Cost(0.0, "ring", 0.0, 0.0, 0, 0)
+        algorithms = allowed_algorithms(collective, self.algo)
+        if self.backend == "gloo":
+            # torch's ProcessGroupGloo reduce-scatters by all-reducing a copy of the whole input and keeping its
+            # own chunk (reduce_scatter_tensor_coalesced: clone, allreduce, chunk), so it costs that all-reduce
+            # (the check measures the two alike at every size); gloo's all-reduce is a ring reduce-scatter then
+            # a ring all-gather (gloo/allreduce.cc), never a tree
+            collective, algorithms = ("all_reduce" if collective == "reduce_scatter" else collective), ("ring",)
         k = max(1, min(int(nodes), n))
         per_node = ranks_per_node or max(1, n // k)
         intra = self._scope_link(collective, "intra")
         bw = self.link(collective, k > 1, per_node)
         best = None
-        for algo in allowed_algorithms(collective, self.algo):
+        for algo in algorithms:
             if algo == "ring":
                 steps = ring_steps(collective, n, k)
                 bandwidth = size_bytes * bus_factor(collective, n) / (bw.bus_gbps * GB)
@@ -523,7 +532,7 @@ class Network:
 
 NETWORK_KEYS = {"intra_node", "inter_node"}
 # optional, beside the two scopes: launch_us (per collective), net_overhead_us (per step of a ring spanning
-# nodes), tree_bus_ratio, measured_ranks; and the spread of the first two from their sources
+# nodes), tree_bus_ratio, measured_ranks; and the spread of the first three from their sources
 NETWORK_OPTIONAL = {
     "launch_us",
     "net_overhead_us",
@@ -531,6 +540,7 @@ NETWORK_OPTIONAL = {
     "measured_ranks",
     "launch_us_range",
     "net_overhead_us_range",
+    "tree_bus_ratio_range",
 }
 # step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
 # as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
@@ -597,19 +607,30 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
             ranges.append(
                 read_range(section[key + RANGE_SUFFIX], extra[key], key, f"{where}: network.{key}{RANGE_SUFFIX}")
             )
-    if ranges:
-        extra["ranges"] = tuple(ranges)
     if "tree_bus_ratio" in section:
         ratio = _positive(section["tree_bus_ratio"], f"{where}: network.tree_bus_ratio")
         if ratio > 1:
             raise ValueError(f"{where}: network.tree_bus_ratio must be in (0, 1], got {ratio!r}")
         extra["tree_bus_ratio"] = ratio
+    if "tree_bus_ratio_range" in section:
+        what = f"{where}: network.tree_bus_ratio_range"
+        if "tree_bus_ratio" not in extra:
+            raise ValueError(f"{what} is given without network.tree_bus_ratio")
+        # a lower ratio is a slower tree: its low end is the costly one, as a bandwidth's
+        ranges.append(
+            read_range(section["tree_bus_ratio_range"], extra["tree_bus_ratio"], "tree_bus_ratio", what, False)
+        )
+    if ranges:
+        extra["ranges"] = tuple(ranges)
     if "measured_ranks" in section:
         ranks = section["measured_ranks"]
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
             raise ValueError(f"{where}: network.measured_ranks must be a whole number of ranks >= 2, got {ranks!r}")
         extra["measured_ranks"] = ranks
-    return Network(links["intra_node"], links["inter_node"], source=f"defaults of {where}", algo=algo, **extra)
+    backend = data.get("backend") if data.get("backend") == "gloo" else ""
+    return Network(
+        links["intra_node"], links["inter_node"], source=f"defaults of {where}", algo=algo, backend=backend, **extra
+    )
 
 
 @dataclass(frozen=True)

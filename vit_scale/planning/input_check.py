@@ -237,7 +237,12 @@ def check_calibration(
             if by_scope[s] is None:
                 notes.append(f"no usable {s}-node fit and no profile defaults: {s} timed with the {other} fit")
                 by_scope[s] = by_scope[other]
-        base = Network(by_scope["intra"], by_scope["inter"], source=f"fits of {os.path.basename(path)}")
+        base = Network(
+            by_scope["intra"],
+            by_scope["inter"],
+            source=f"fits of {os.path.basename(path)}",
+            backend="gloo" if data.get("backend") == "gloo" else "",
+        )
     if not usable:
         # defaults is not None here (else the error above): no fit of the check times anything, so the
         # calibration is the profile's, and it says why the check was not
@@ -330,7 +335,12 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
             if by_scope[s] is None:
                 notes.append(f"no usable {s}-node fit and no profile defaults: {s} timed with the {other} fit")
                 by_scope[s] = by_scope[other]
-        base = Network(by_scope["intra"], by_scope["inter"], source=f"fits of {os.path.basename(path)}")
+        base = Network(
+            by_scope["intra"],
+            by_scope["inter"],
+            source=f"fits of {os.path.basename(path)}",
+            backend="gloo" if data.get("backend") == "gloo" else "",
+        )
     network = _step_network(base, usable, path)
     ends = ()
     if base.has_spread or any(f.has_spread for f in usable):

@@ -14,6 +14,7 @@ from vit_scale.errors import UserError
 from vit_scale.planning.alpha_beta import Network
 from vit_scale.planning.input_run import blocking_for, scenario_of_run
 from vit_scale.planning.scenario import Scenario, baseline_nodes
+from vit_scale.planning.spread import DeviceSpread
 from vit_scale.planning.step_time import Compute, predict_step
 from vit_scale.record import reader
 
@@ -126,8 +127,8 @@ class ComputeSource:
     # (model, precision, batch) -> planning.compute.GemmTimings: check.json's GEMMs, in place of `efficiency`
     gemms: dict = field(default_factory=dict)
     # the system profile's device_spread (input_profile.device_spread): a band's compute, beyond the baseline
-    # rung, on devices this share slower or faster than the rung's; 0: none
-    device_spread: float = 0.0
+    # rung, this share faster or slower than the rung's; empty: none
+    device_spread: DeviceSpread = field(default_factory=DeviceSpread)
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -239,12 +240,14 @@ class ComputeSource:
         return self._cache[key][1]
 
 
-def on_other_devices(comp: Compute, device_spread: float, costly: bool) -> Compute:
-    """`comp` on another allocation's devices, `device_spread` slower (costly) or faster; unchanged at 0."""
-    if not device_spread:
+def on_other_devices(comp: Compute, device_spread, costly: bool) -> Compute:
+    """`comp` on another allocation's devices (a DeviceSpread, or one share for both sides), its time the
+    spread's share more (costly) or less; unchanged where the spread is none."""
+    spread = DeviceSpread.of(device_spread)
+    factor = spread.factor(costly)
+    if factor == 1:
         return comp
-    factor = 1 + device_spread if costly else 1 - device_spread
-    return comp.scaled(factor, f"devices {factor - 1:+.0%} (device_spread)")
+    return comp.scaled(factor, f"compute {factor - 1:+.0%} (device_spread)")
 
 
 def compute_from(path: str, runs: list | None = None) -> ComputeSource:

@@ -12,6 +12,7 @@ from vit_scale.planning.alpha_beta import (
     network_from_profile,
 )
 from vit_scale.planning.calibration import Calibration
+from vit_scale.planning.spread import DeviceSpread
 
 
 def profile_path(system: str) -> str:
@@ -62,18 +63,17 @@ def peak_tflops(path: str, precision: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
-def device_spread(path: str) -> float | None:
-    """The profile's `device_spread`: how far the slowest device of one job may lie from another job's, as a
-    share of the step's compute (0.08: 8%), from the source cited beside it; None when the profile gives
-    none. A share that is not a number in [0, 1) is a UserError naming the key."""
-    import math
-
+def device_spread(path: str) -> DeviceSpread | None:
+    """The profile's `device_spread`: how far a band end's compute beyond the baseline rung may lie from the
+    rung's, as shares of its time (0.08: 8% either way; [0.75, 0]: up to 75% less, none more), from the source
+    cited beside it; None when the profile gives none. Anything else is a UserError naming the key."""
     value = _read_yaml(path, "--system").get("device_spread")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and 0 <= value < 1):
+    spread = DeviceSpread.read(value)
+    if spread is None:
         raise UserError(
             f"{os.path.basename(path)}: device_spread: {value!r} is not allowed; allowed: a share of a device's "
-            "speed from 0 up to 1 (0.08 for 8%)"
+            "speed from 0 up to 1 (0.08 for 8% either way), or [faster, slower], two such shares"
         )
-    return float(value)
+    return spread

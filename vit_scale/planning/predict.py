@@ -61,6 +61,7 @@ from vit_scale.planning.input_profile import (
 )
 from vit_scale.planning.input_run import blocking_for, run_precision, scenario_of_run
 from vit_scale.planning.scenario import Scenario, baseline_nodes
+from vit_scale.planning.spread import DeviceSpread
 from vit_scale.planning.step_time import Compute, StepPrediction, predict_step
 
 
@@ -92,7 +93,7 @@ def predict(
     Raises UserError for a point whose compute source does not fit it."""
     net = calibration.network
     spread_ends = calibration.ends
-    banded = spread_ends is not None or compute.has_spread(points, options) or compute.device_spread > 0
+    banded = spread_ends is not None or compute.has_spread(points, options) or bool(compute.device_spread)
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
@@ -139,6 +140,7 @@ __all__ = [
     "CALIBRATIONS",
     "Calibration",
     "ComputeSource",
+    "DeviceSpread",
     "MeasuredStep",
     "StepPrediction",
     "blocking_for",

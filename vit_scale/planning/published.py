@@ -95,7 +95,7 @@ class SpeedRow:
         return (self.baseline - self.measured) / self.measured
 
 
-def speed_rows(data: dict, network: Network, device_spread: float = 0.0) -> list:
+def speed_rows(data: dict, network: Network, device_spread=None) -> list:
     """Every measured point above its series' baseline rung, predicted from that rung; with the network's
     ranges or a device spread, each with its band (the same prediction with every figure at its cheap and
     its costly end, the rung's compute derived again under each, and beyond the rung on devices
@@ -113,7 +113,7 @@ def speed_rows(data: dict, network: Network, device_spread: float = 0.0) -> list
     return out
 
 
-def _speed_rows(data: dict, network: Network, device_spread: float = 0.0, costly: bool = False) -> list:
+def _speed_rows(data: dict, network: Network, device_spread=None, costly: bool = False) -> list:
     rows = []
     ranks = int(data["ranks_per_node"])
     for s in data["speed"]:

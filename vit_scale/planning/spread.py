@@ -24,11 +24,58 @@ two, which keeps `vit-scale plan` as fast as before. Torch-free. docs/plan.md, "
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 LEVEL = 0.90  # what the band claims to cover: each range read as its input's 90% interval
 BANDED = ("images_per_s_per_gpu", "images_per_s", "step_s", "scaling_efficiency")
 # "falls below": by more than the curves' own noise (published.CROSSING_MARGIN's reasoning: the authors'
 # curves move by +-3% from one run to the next and their 1-node rungs differ by up to 5%)
 CROSSING_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class DeviceSpread:
+    """How far a band end's compute, beyond its baseline rung, may lie from the rung's, as shares of its time:
+    `faster` less at the cheap end, `slower` more at the costly end. A profile's number is both (Frontier's
+    0.08: another allocation's devices 8% either way); a pair [faster, slower] is not symmetric (the isolated
+    emulation: a node that waits on its link computes faster than at its rung, as its CPU quota allows)."""
+
+    faster: float = 0.0
+    slower: float = 0.0
+
+    @classmethod
+    def of(cls, value) -> DeviceSpread:
+        """A DeviceSpread, a share for both sides, or None (no spread)."""
+        if isinstance(value, DeviceSpread):
+            return value
+        return cls(float(value or 0.0), float(value or 0.0))
+
+    @classmethod
+    def read(cls, value) -> DeviceSpread | None:
+        """A profile's `device_spread` (a share, or [faster, slower]); None where it is not one of those (each
+        share a finite number from 0 up to, not including, 1)."""
+
+        def share(x) -> bool:
+            return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x) and 0 <= x < 1
+
+        if share(value):
+            return cls(float(value), float(value))
+        if isinstance(value, (list, tuple)) and len(value) == 2 and all(share(x) for x in value):
+            return cls(float(value[0]), float(value[1]))
+        return None
+
+    def __bool__(self) -> bool:
+        return self.faster > 0 or self.slower > 0
+
+    def factor(self, costly: bool) -> float:
+        """What a band end's compute time is multiplied by."""
+        return 1 + self.slower if costly else 1 - self.faster
+
+    def text(self) -> str:
+        if self.faster == self.slower:
+            return f"devices {self.faster:.0%} slower or faster"
+        return f"compute up to {self.faster:.0%} less and {self.slower:.0%} more time"
 
 
 def ends(network) -> tuple | None:
