@@ -768,7 +768,9 @@ def test_an_emulated_node_computes_faster_beyond_its_rung_never_slower(tmp_path)
     (benchmarks/quota_burst.py measures it), and never more; Frontier's 0.08 is 8% either way. A pair that
     is not two shares below 1 is one line naming the key."""
     local = pr.device_spread(pr.profile_path("local"))
-    assert (local.faster, local.slower) == (0.75, 0.0) and local.text() == "compute up to 75% less and 0% more time"
+    assert (local.faster, local.slower) == (0.75, 0.0) and local.text().startswith(
+        "compute up to 75% less and 0% more time"
+    )
     comp = Compute(0.1, 0.2, 0.05, "the rung")
     cheap = pr.on_other_devices(comp, local, costly=False)
     assert (cheap.forward_s, cheap.backward_s, cheap.optimizer_s) == pytest.approx((0.025, 0.05, 0.0125))
@@ -784,3 +786,39 @@ def test_an_emulated_node_computes_faster_beyond_its_rung_never_slower(tmp_path)
             pr.device_spread(str(path))
         assert str(err.value).startswith("local.yaml: device_spread: ") and "[faster, slower]" in str(err.value)
         assert "\n" not in str(err.value)
+
+
+def test_on_a_quota_the_values_compute_takes_back_what_the_waits_left_unspent():
+    """On the local profile's emulated nodes (a CPU quota, gloo's blocking collectives) a point beyond its rung
+    computes in max(C - E, 0.25 C): C the rung's compute, E the step's waits, 0.25 the cores' own pace over the
+    quota's; over the step the node still uses no more than its quota. The rung itself, collectives that
+    overlap compute, and Frontier's devices keep the rung's compute."""
+    cal = pr.profile_calibration(pr.profile_path("local"))
+    comp = pr.compute_from_flops(1e-2, 0.4, "a made peak")  # a CPU has no peak: one to count FLOPs against
+    comp.device_spread = pr.device_spread(pr.profile_path("local"))
+    assert comp.device_spread.budget
+    points = [
+        Scenario(model="vit_micro", strategy=s, nodes=n, batch_size=8, precision="fp32", gpus_per_node=2)
+        for s in ("FULL_SHARD", "HYBRID_2GPU")
+        for n in (1, 2, 4)
+    ]
+    for sc, p in zip(points, pr.predict(points, cal, comp, blocking=True), strict=True):
+        plain = predict_step(sc, cal.network, comp.compute_for(sc, cal.network), blocking=True).breakdown
+        whole = plain.forward_s + plain.backward_s + plain.optimizer_s
+        waits = plain.exposed_intra_s + plain.exposed_inter_s
+        got = p.breakdown.forward_s + p.breakdown.backward_s + p.breakdown.optimizer_s
+        expected = whole if sc.nodes == 1 else max(whole - waits, 0.25 * whole)
+        assert got == pytest.approx(expected), sc
+        assert p.breakdown.step_s == pytest.approx(expected + waits)
+        lo, hi = p.band["images_per_s_per_gpu"]
+        assert lo <= p.images_per_s_per_gpu <= hi
+    # at 4 nodes the waits exceed the rung's compute: the value computes at the cores' own pace
+    plain = predict_step(points[2], cal.network, comp.compute_for(points[2], cal.network), blocking=True).breakdown
+    assert plain.exposed_inter_s > plain.forward_s + plain.backward_s + plain.optimizer_s
+    # not blocking (the collectives overlap compute: a wait is not idle time) or no quota: the rung's compute
+    nonblocking = pr.predict([points[2]], cal, comp, blocking=False)[0].breakdown
+    assert nonblocking.forward_s == pytest.approx(comp.compute_for(points[2], cal.network).forward_s)
+    comp.device_spread = pr.device_spread(pr.profile_path("frontier"))
+    assert not comp.device_spread.budget
+    again = pr.predict([points[2]], cal, comp, blocking=True)[0].breakdown
+    assert again.forward_s == pytest.approx(comp.compute_for(points[2], cal.network).forward_s)

@@ -5,6 +5,7 @@ file and key."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from vit_scale.errors import UserError
@@ -67,7 +68,8 @@ def device_spread(path: str) -> DeviceSpread | None:
     """The profile's `device_spread`: how far a band end's compute beyond the baseline rung may lie from the
     rung's, as shares of its time (0.08: 8% either way; [0.75, 0]: up to 75% less, none more), from the source
     cited beside it; None when the profile gives none. Anything else is a UserError naming the key."""
-    value = _read_yaml(path, "--system").get("device_spread")
+    data = _read_yaml(path, "--system")
+    value = data.get("device_spread")
     if value is None:
         return None
     spread = DeviceSpread.read(value)
@@ -76,4 +78,9 @@ def device_spread(path: str) -> DeviceSpread | None:
             f"{os.path.basename(path)}: device_spread: {value!r} is not allowed; allowed: a share of a device's "
             "speed from 0 up to 1 (0.08 for 8% either way), or [faster, slower], two such shares"
         )
+    emulation = data.get("emulation")
+    quota = emulation.get("cpus_per_node") if isinstance(emulation, dict) else None
+    if isinstance(quota, (int, float)) and not isinstance(quota, bool) and quota > 0:
+        # emulated nodes under a CPU quota: the faster share is its budget (docs/plan.md, "The devices")
+        spread = dataclasses.replace(spread, budget=True)
     return spread

@@ -97,7 +97,11 @@ def predict(
     out, base = [], {}
     for i, sc in enumerate(points):
         opt = options[i] if options else ""
-        p = _predict_one(sc, net, compute.compute_for(sc, net, opt), blocking, base, "value")
+        comp = compute.compute_for(sc, net, opt)
+        p = _predict_one(sc, net, comp, blocking, base, "value")
+        refunded = _on_budget(p, sc, comp, compute.device_spread, blocking)
+        if refunded is not None:
+            p = _predict_one(sc, net, refunded, blocking, base, "value", base_comp=comp)
         if banded:
             at_ends = []
             for costly in (False, True):
@@ -115,6 +119,24 @@ def predict(
         p.rules = p.rules + [f"calibration: {calibration.describe()}"]
         out.append(p)
     return out
+
+
+def _on_budget(p: StepPrediction, sc: Scenario, comp: Compute, devices: DeviceSpread, blocking: bool):
+    """The value's compute beyond the rung on emulated nodes whose CPU share is a quota (a budget each 100 ms
+    period, not a pace): the rung computes back to back at the quota's pace, compute time C; beyond it the ranks
+    wait E on blocking collectives (gloo), spend none of the budget meanwhile, and compute faster after. Over
+    the step a node uses at most its quota, so its compute still takes at least C - E of wall time, and at least
+    the cores' own pace, (1 - faster) C: max(C - E, (1 - faster) C). None where that is not less than C (no
+    quota, no wait, the rung itself, or collectives that overlap compute, where E is not idle time)."""
+    if not (devices.budget and devices.faster and blocking) or p.breakdown is None or sc.nodes == baseline_nodes(sc):
+        return None
+    whole = comp.forward_s + comp.backward_s + comp.optimizer_s
+    waits = p.breakdown.exposed_intra_s + p.breakdown.exposed_inter_s
+    pace = max(whole - waits, (1 - devices.faster) * whole)
+    if whole <= 0 or pace >= whole:
+        return None
+    share = pace / whole
+    return comp.scaled(share, f"{share:.0%} of it on the quota's budget ({waits * 1e3:.0f} ms of waits a step)")
 
 
 def _predict_one(

@@ -43,6 +43,9 @@ class DeviceSpread:
 
     faster: float = 0.0
     slower: float = 0.0
+    # the faster share is a CPU quota's budget a period that waiting leaves unspent (emulated nodes): the
+    # value, not only the band's end, takes as much of it as the step's waits give back (predict._on_budget)
+    budget: bool = False
 
     @classmethod
     def of(cls, value) -> DeviceSpread:
@@ -75,7 +78,8 @@ class DeviceSpread:
     def text(self) -> str:
         if self.faster == self.slower:
             return f"devices {self.faster:.0%} slower or faster"
-        return f"compute up to {self.faster:.0%} less and {self.slower:.0%} more time"
+        quota = " (a CPU quota's budget, given back by waiting)" if self.budget else ""
+        return f"compute up to {self.faster:.0%} less and {self.slower:.0%} more time{quota}"
 
 
 def ends(network) -> tuple | None:
