@@ -93,7 +93,8 @@ def _node_dirs(kind: str, tag: str, nodes: int, cpus: float) -> list:
 
 def measure(nodes: int, ranks: int, cpus: float, steps: int, pieces: int, matmuls: int, wait_s: float, kind) -> float:
     """The median over ranks of each rank's median compute wall time a step (seconds)."""
-    tag = f"vitq{os.getpid()}x{nodes}"
+    # the emulation's own tag form, so that its clean-up (and a later run's sweep of a killed one) finds them
+    tag = emulation.study_tag(f"quota-burst-{nodes}")
     files = _node_dirs(kind, tag, nodes, cpus) if kind else [None] * nodes
     barrier, out = mp.Barrier(nodes * ranks), mp.Queue()
     procs = [
