@@ -229,6 +229,15 @@ def deepspeed_cpu_adam():
     print(output.strip())
 
 
+@pytest.fixture(scope="session")
+def shared_launches(request, tmp_path_factory):
+    """The launches several modules' runs share, one per rank count, each started by the first fixture that
+    asks (tests/shared_launch.py)."""
+    import shared_launch
+
+    return shared_launch.Launches(request, tmp_path_factory)
+
+
 def init_one_rank_group() -> None:
     """A real gloo process group of one rank in this process, for tests of code that needs one.
     Its store lives in memory: a FileStore of world size 1 can hang in destroy_process_group
