@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO strategies train the same model as DDP: same per-step losses on the same ranks,
 replicas agree, status ok; the generated config is in the run directory; bad input is one line.
-Real torchrun launches over gloo, vit_micro, fp32, several runs per launch (tests/run_many.py).
+Real torchrun launches over gloo, vit_micro, fp32, several runs per launch (tests/run_many.py): the
+session's launches of 2 and of 4 ranks (tests/shared_launch.py).
 
 DeepSpeed compiles two ops on a CPU the first time they are used (cached under
 ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR): `deepspeed_shm_comm` (~30 s), which every
