@@ -2,6 +2,7 @@
 talk over gloo; nothing about torch.distributed is mocked."""
 
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,19 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 # computes at its quota (half a core), which would make every multi-rank test several times slower. The
 # tests of the isolated emulation (test_emulation*.py) ask for it themselves.
 os.environ.setdefault("VIT_SCALE_EMULATION", "shared")
+# DeepSpeed's CPU Adam is built under $TORCH_EXTENSIONS_DIR (by default ~/.cache/torch_extensions), and its build
+# file names the paths of the venv it was built from: a session of a checkout at another path (another worktree,
+# its .venv a link to the same venv) rebuilt it there, and the next session here rebuilt it back, each time 50 to
+# 130 s of both cores (12 builds on 2026-11-28) beside the tests. A folder a venv path keeps each one's build.
+os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR",
+    os.path.join(
+        os.path.expanduser("~"),
+        ".cache",
+        "torch_extensions",
+        "vit-scale-tests-" + hashlib.sha256(sys.prefix.encode()).hexdigest()[:12],
+    ),
+)
 FAST = [
     "model=vit_micro",
     "train.steps=4",
@@ -155,6 +169,19 @@ PREPARE_CPU_ADAM = [PYTHON, "-m", "vit_scale", "prepare", "--strategies", "ZERO1
 _prepare = {}  # "proc": the Popen, "out": its output file
 
 
+def pytest_sessionstart(session):
+    """The project's sources byte-compiled once, into the __pycache__ folders a first import writes: where
+    PYTHONDONTWRITEBYTECODE is set (as on the 2-core machine the suite's time is measured on) no process
+    writes them, and each of the suite's hundreds of processes compiled what it imported anew. A source
+    edited later is compiled anew by whoever imports it (the cache keeps its mtime and size)."""
+    if not sys.dont_write_bytecode:
+        return  # the first import writes them
+    import compileall
+
+    for folder in ("vit_scale", "analysis"):
+        compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
+
+
 def pytest_collection_finish(session):
     import importlib.util
 
@@ -200,6 +227,15 @@ def deepspeed_cpu_adam():
         out.close()
     assert code == 0, output[-6000:]
     print(output.strip())
+
+
+@pytest.fixture(scope="session")
+def shared_launches(request, tmp_path_factory):
+    """The launches several modules' runs share, one per rank count, each started by the first fixture that
+    asks (tests/shared_launch.py)."""
+    import shared_launch
+
+    return shared_launch.Launches(request, tmp_path_factory)
 
 
 def init_one_rank_group() -> None:

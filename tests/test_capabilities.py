@@ -1,13 +1,17 @@
 """The capability table (label x precision x device kind) is what the trainer does: on this CPU every
 pair it allows trains to `ok`, every pair it refuses exits 2 with its one line before any work, and
-docs/strategies.md carries the same table. Real launches: the allowed pairs in one torchrun launch
-of 2 ranks (tests/run_many.py, which checks each pair as `vit-scale train` does), the refused ones
-through `vit-scale train`'s main, one after the other in one process (conftest.train_refusals)."""
+docs/strategies.md carries the same table. Real launches: the allowed pairs in the session's torchrun
+launch of 2 ranks (tests/shared_launch.py; tests/run_many.py checks each pair as `vit-scale train`
+does), the refused ones through `vit-scale train`'s main, one after the other in one process
+(conftest.train_refusals)."""
 
 import os
 import re
 
-from conftest import FAST, ROOT, load_runs, require_package, run_many, train_refusals
+import pytest
+
+import shared_launch
+from conftest import FAST, ROOT, load_runs, require_package, train_refusals
 from vit_scale.distributed import capabilities as caps
 
 # HYBRID_<g>GPU stands for every g: a 1-rank and a 2-rank shard group on 2 ranks
@@ -41,23 +45,47 @@ def test_every_label_and_precision_has_a_verdict_on_every_device():
     assert caps.capability("CAI_DDP_FP16", "fp16", "cuda").seen == caps.H100
 
 
-def test_every_cpu_pair_trains_or_is_refused_in_one_line(tmp_path):
+def _allowed_runs(folder) -> list:
+    out = f"output.dir={folder / 'trained'}"
+    return [
+        [
+            *FAST,
+            out,
+            f"strategy={label}",
+            f"train.precision={precision}",
+            *cap.needs,
+            f"output.study={label}-{precision}",
+        ]
+        for label, precision, cap in _cpu_pairs()
+        if cap.runs
+    ]
+
+
+# in the session's launch of 2 ranks (tests/shared_launch.py), after test_deepspeed's runs
+shared_launch.register(
+    "test_capabilities", "allowed_pairs", 2, _allowed_runs, order=3, packages=("deepspeed", "colossalai")
+)
+
+
+@pytest.fixture(scope="module")
+def allowed_pairs(shared_launches):
     require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
     require_package("colossalai", "bash env/setup_venv.sh local --extras colossalai")
-    out = f"output.dir={tmp_path / 'trained'}"
-    allowed, refused = [], {}
+    return shared_launches.share("test_capabilities", "allowed_pairs")
+
+
+def test_every_cpu_pair_trains_or_is_refused_in_one_line(allowed_pairs, tmp_path):
+    refused = {}
     for label, precision, cap in _cpu_pairs():
         args = [f"strategy={label}", f"train.precision={precision}"]
-        if cap.runs:
-            allowed.append([*FAST, out, *args, *cap.needs, f"output.study={label}-{precision}"])
-            if cap.needs:  # without its options the pair is refused
-                refused[f"{label}-{precision}-bare"] = (args, "strategy: ZEROPP")
-        else:
+        if cap.runs and cap.needs:  # without its options the pair is refused
+            refused[f"{label}-{precision}-bare"] = (args, "strategy: ZEROPP")
+        elif not cap.runs:
             refused[f"{label}-{precision}"] = (args, f"{cap.key}: {cap.reason}")
 
-    proc = run_many(2, allowed, tmp_path, timeout=900)
-    assert f"EXIT CODES {[0] * len(allowed)}" in proc.stdout, proc.stdout[-3000:]
-    runs = {records[0]["study"]: records[-1] for records in load_runs(tmp_path / "trained").values()}
+    allowed = _allowed_runs(allowed_pairs.folder)
+    assert allowed_pairs.codes == [0] * len(allowed), allowed_pairs.stdout[-3000:]
+    runs = {records[0]["study"]: records[-1] for records in load_runs(allowed_pairs.folder / "trained").values()}
     assert sorted(runs) == sorted(a[-1].split("=", 1)[1] for a in allowed)
     for study, end in runs.items():
         assert end["status"] == "ok" and end["replicas_agree"] is True, (study, end)

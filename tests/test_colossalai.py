@@ -1,9 +1,11 @@
 """ColossalAI Booster plugins: CAI_DDP trains the same model as DDP on the same ranks (real
-torchrun launch over gloo, vit_micro, fp32); every plugin that needs a GPU says so in one line
-before any work on a CPU; a missing colossalai names the install command."""
+torchrun launch over gloo, vit_micro, fp32: the session's launch of 2 ranks, tests/shared_launch.py);
+every plugin that needs a GPU says so in one line before any work on a CPU; a missing colossalai names
+the install command."""
 
 import pytest
 
+import shared_launch
 from conftest import (
     FAST,
     assert_same_losses,
@@ -11,16 +13,12 @@ from conftest import (
     load_runs,
     losses,
     require_package,
-    run_many,
     start_train,
     train_refusals,
 )
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory):
-    require_package("colossalai", "see docs/strategies.md for the install that keeps your torch")
-    tmp = tmp_path_factory.mktemp("cai2")
+def _two_rank_runs(tmp) -> list:
     out = f"output.dir={tmp / 'runs'}"
     runs = [
         [*FAST, out, "strategy=DDP", "output.study=ddp"],
@@ -34,13 +32,23 @@ def two_rank_runs(tmp_path_factory):
             "output.study=cai-ddp-small-buckets-ac",
         ],
     ]
-    proc = run_many(2, runs, tmp)
-    return {study: records for (study, _, _), records in load_runs(tmp / "runs").items()}, proc
+    return runs
+
+
+# in the session's launch of 2 ranks (tests/shared_launch.py)
+shared_launch.register("test_colossalai", "two_rank_runs", 2, _two_rank_runs, order=2, packages=("colossalai",))
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(shared_launches):
+    require_package("colossalai", "see docs/strategies.md for the install that keeps your torch")
+    share = shared_launches.share("test_colossalai", "two_rank_runs")
+    return {study: records for (study, _, _), records in load_runs(share.folder / "runs").items()}, share
 
 
 def test_cai_ddp_equals_ddp(two_rank_runs):
     runs, proc = two_rank_runs
-    assert "EXIT CODES [0, 0, 0]" in proc.stdout
+    assert proc.codes == [0, 0, 0]
     reference = losses(runs["ddp"])
     for study in ("cai-ddp", "cai-ddp-small-buckets-ac"):
         end = runs[study][-1]

@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO strategies train the same model as DDP: same per-step losses on the same ranks,
 replicas agree, status ok; the generated config is in the run directory; bad input is one line.
-Real torchrun launches over gloo, vit_micro, fp32, several runs per launch (tests/run_many.py).
+Real torchrun launches over gloo, vit_micro, fp32, several runs per launch (tests/run_many.py): the
+session's launches of 2 and of 4 ranks (tests/shared_launch.py).
 
 DeepSpeed compiles two ops on a CPU the first time they are used (cached under
 ~/.cache/torch_extensions, or $TORCH_EXTENSIONS_DIR): `deepspeed_shm_comm` (~30 s), which every
@@ -15,6 +16,7 @@ import os
 
 import pytest
 
+import shared_launch
 from conftest import (
     FAST,
     assert_same_losses,
@@ -23,7 +25,6 @@ from conftest import (
     load_runs,
     losses,
     require_package,
-    run_many,
     start_train,
     train_refusals,
 )
@@ -43,10 +44,7 @@ def _run_dir(records, out_dir):
 NO_QUANT = ["deepspeed.quantized_weights=false", "deepspeed.quantized_gradients=false"]
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory, deepspeed_cpu_adam):
-    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
-    tmp = tmp_path_factory.mktemp("ds2")
+def _two_rank_runs(tmp) -> list:
     out = f"output.dir={tmp / 'runs'}"
     runs = [
         [*FAST, out, "strategy=DDP", "output.study=ddp"],
@@ -109,8 +107,27 @@ def two_rank_runs(tmp_path_factory, deepspeed_cpu_adam):
             "output.study=zero3-offload",
         ],
     ]
-    proc = run_many(2, runs, tmp, timeout=900)
-    return by_study(load_runs(tmp / "runs")), tmp / "runs", proc
+    return runs
+
+
+# in the session's launch of 2 ranks (tests/shared_launch.py) before any other module's DeepSpeed run: its
+# ZERO3 meta run is the process's first; the offload run needs the compiled op
+shared_launch.register(
+    "test_deepspeed",
+    "two_rank_runs",
+    2,
+    _two_rank_runs,
+    order=1,
+    needs=("deepspeed_cpu_adam",),
+    packages=("deepspeed",),
+)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(shared_launches):
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
+    share = shared_launches.share("test_deepspeed", "two_rank_runs")
+    return by_study(load_runs(share.folder / "runs")), share.folder / "runs", share
 
 
 def test_every_run_ok_and_replicas_agree(two_rank_runs):
@@ -122,7 +139,7 @@ def test_every_run_ok_and_replicas_agree(two_rank_runs):
         assert end["replicas_agree"] is True, study
         assert end["steps_done"] == 4 and end["timed_steps"] == 3
         assert end["memory"]["peak_rss_gib"]["max"] > 0
-    assert "EXIT CODES [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]" in proc.stdout
+    assert proc.codes == [0] * 11
     # no run waited for the shm_comm op build
     assert "deepspeed_shm_comm" not in proc.stdout + proc.stderr
 
@@ -183,11 +200,8 @@ def test_generated_config_is_in_the_run_directory(two_rank_runs):
     assert not os.path.exists(os.path.join(_run_dir(runs["ddp"], out_dir), "deepspeed.json"))
 
 
-@pytest.fixture(scope="module")
-def four_rank_runs(tmp_path_factory):
+def _four_rank_runs(tmp) -> list:
     """Two emulated nodes of two ranks: hpZ's default partition (ranks per node) is 2 of 4 ranks."""
-    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
-    tmp = tmp_path_factory.mktemp("ds4")
     out = f"output.dir={tmp / 'runs'}"
     nodes = "system.ranks_per_node=2"
     runs = [
@@ -203,8 +217,17 @@ def four_rank_runs(tmp_path_factory):
         ],
         [*FAST, out, nodes, "strategy=ZERO3", "deepspeed.param_persistence_threshold=0", "output.study=zero3"],
     ]
-    run_many(4, runs, tmp)
-    return by_study(load_runs(tmp / "runs"))
+    return runs
+
+
+# in the session's launch of 4 ranks, after the runs without DeepSpeed
+shared_launch.register("test_deepspeed", "four_rank_runs", 4, _four_rank_runs, order=1, packages=("deepspeed",))
+
+
+@pytest.fixture(scope="module")
+def four_rank_runs(shared_launches):
+    require_package("deepspeed", "pip install 'vit-scale[deepspeed]'")
+    return by_study(load_runs(shared_launches.share("test_deepspeed", "four_rank_runs").folder / "runs"))
 
 
 @pytest.mark.parametrize("study", ["zeropp", "zero3"])

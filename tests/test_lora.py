@@ -1,12 +1,12 @@
 """LoRA fine-tuning (finetune.lora.rank) with peft, from a saved vit_micro checkpoint, on 2 CPU
 ranks over gloo.
 
-The checkpoint is made here as a user would make one: `vit-scale finetune` trains vit_micro from
+The checkpoint is made here as a user would make one: a `vit-scale finetune` run trains vit_micro from
 scratch on the digits 0-4 only (10 epochs, about 92% on those five) and saves it. LoRA then adapts
 it to all ten digits: adapters of rank 8 on every Block's qkv, proj, fc1 and fc2, a new 10-class
-head, activation checkpointing, everything else frozen. One launch runs that (5 epochs), then 12
-steps under each strategy family that trains adapters, each compared loss for loss with DDP's, and
-the refusals.
+head, activation checkpointing, everything else frozen. One launch runs them all, one after the other:
+the base run, LoRA's (5 epochs), then 12 steps under each strategy family that trains adapters, each
+compared loss for loss with DDP's, and the refusals.
 
 Measured on the 2-core machine (DDP, lr 5e-3), top-1 on the 359 validation images: 5 epochs 86.9%
 (by epoch 56.3, 73.8, 81.6, 84.7, 86.9; 2026-11-27); 8 epochs 90.8% the same day and 88.0% before,
@@ -20,7 +20,7 @@ import types
 
 import pytest
 
-from conftest import assert_same_losses, require_module, require_package, run_many, torchrun
+from conftest import assert_same_losses, require_module, require_package, run_many
 from test_finetune import read_run, run_dir, write_digits
 
 require_module("sklearn", "the digits come with scikit-learn: pip install 'vit-scale[test]'")
@@ -28,6 +28,7 @@ require_package("peft", "pip install 'vit-scale[lora]'")
 
 MIN_ACCURACY = 0.80
 LORA_EPOCHS = 5
+PRETRAIN_EPOCHS = 10
 COMMON = [
     "model=vit_micro",
     "train.batch_size=16",
@@ -67,33 +68,29 @@ def lora_runs(tmp_path_factory):
             os.symlink(os.path.join(root, split, label), five / split / label)
 
     out = tmp_path_factory.mktemp("runs")
-    pre = torchrun(
-        2,
-        [
-            "-m",
-            "vit_scale",
-            "finetune",
-            *COMMON,
-            f"data.path={five}",
-            "strategy=DDP",
-            "train.lr=2e-3",
-            "finetune.epochs=10",
-            "finetune.lr_warmup_steps=22",
-            f"output.dir={out}",
-            "output.study=pretrain",
-        ],
-        timeout=300,
-    )
-    assert pre.returncode == 0, pre.stdout[-3000:] + pre.stderr[-5000:]
-    pretrained = read_run(out, "pretrain")
-    saved = os.path.join(pretrained[-1]["checkpoint"], "state.pt")
-    assert os.path.isfile(saved), pretrained[-1]
+    # the base checkpoint first in the one launch (each launch costs seconds of imports): its path is known
+    # before it is written, the end of its 10 epochs of (images per rank // 16) steps
+    images = sum(len(os.listdir(five / "train" / label)) for label in "01234")
+    saved = os.path.join(str(out), "ck-pretrain", f"step-{PRETRAIN_EPOCHS * (images // 2 // 16):08d}", "state.pt")
+    pretrain = [
+        "@finetune",
+        *COMMON,
+        f"data.path={five}",
+        "strategy=DDP",
+        "train.lr=2e-3",
+        f"finetune.epochs={PRETRAIN_EPOCHS}",
+        "finetune.lr_warmup_steps=22",
+        f"output.dir={out}",
+        "output.study=pretrain",
+        f"checkpoint.dir={out / 'ck-pretrain'}",
+    ]
 
     full = [f"data.path={root}", f"finetune.pretrained={saved}", f"output.dir={out}", *COMMON, *LORA]
     short = [*full, "finetune.steps=12", "checkpoint.at_end=false"]
     tracking = ["tracking.backend=tensorboard"] if importlib.util.find_spec("tensorboard") else []
     checkpoints = out / "ck-short-DDP"
     runs = [
+        pretrain,
         ["@finetune", *full, "strategy=DDP", f"finetune.epochs={LORA_EPOCHS}", "output.study=lora", *tracking],
         [
             "@finetune",
@@ -114,7 +111,10 @@ def lora_runs(tmp_path_factory):
     ]
     runs += [["@finetune", *short, *family, f"output.study=short-{i}"] for i, family in enumerate(FAMILIES)]
     runs += [["@finetune", *short, "strategy=FULL_SHARD", "output.study=refused-fsdp1"]]
-    proc = run_many(2, runs, tmp_path_factory.mktemp("spec"), timeout=600)
+    proc = run_many(2, runs, tmp_path_factory.mktemp("spec"), timeout=900)
+    pretrained = read_run(out, "pretrain")
+    assert pretrained[-1]["status"] == "ok" and pretrained[-1]["checkpoint"] == os.path.dirname(saved), pretrained[-1]
+    assert os.path.isfile(saved), pretrained[-1]
     return {"out": out, "pretrained": saved, "pretrained_run": pretrained, "stdout": proc.stdout}
 
 

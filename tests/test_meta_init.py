@@ -1,10 +1,12 @@
 """train.init=meta (what train.init=auto does above 1.5B parameters): the model is built on the meta
 device and initialised where it lands, and it must still be one model: the same on every replica,
 the same in every launch with the same seed, and drawn from the distributions timm's own
-initialisation (train.init=device) uses. Real torchrun launches over gloo, vit_micro, fp32."""
+initialisation (train.init=device) uses. Real torchrun launches over gloo, vit_micro, fp32 (the first: the
+session's launch of 4 ranks, tests/shared_launch.py)."""
 
 import pytest
 
+import shared_launch
 from conftest import FAST, REL_TOL, assert_same_losses, by_study, load_runs, losses, run_many
 
 META = [*FAST, "train.init=meta"]
@@ -133,13 +135,19 @@ def _meta_runs(out: str, which=None) -> list:
 REPEATED = ("fsdp1-FULL_SHARD", "fsdp2-HYBRID_2GPU")
 
 
-@pytest.fixture(scope="module")
-def meta_runs(tmp_path_factory):
-    first, second = tmp_path_factory.mktemp("first"), tmp_path_factory.mktemp("second")
-    out = f"output.dir={first / 'runs'}"
+def _first_launch(folder) -> list:
+    out = f"output.dir={folder / 'runs'}"
     # weights from timm's device init: the meta runs must not have trained this model
-    runs = _meta_runs(out) + [[*FAST, out, "strategy=FULL_SHARD", "output.study=device-init"]]
-    run_many(4, runs, first)
+    return _meta_runs(out) + [[*FAST, out, "strategy=FULL_SHARD", "output.study=device-init"]]
+
+
+# the first launch is the session's launch of 4 ranks (tests/shared_launch.py)
+shared_launch.register("test_meta_init", "meta_runs", 4, _first_launch, order=0)
+
+
+@pytest.fixture(scope="module")
+def meta_runs(shared_launches, tmp_path_factory):
+    first, second = shared_launches.share("test_meta_init", "meta_runs").folder, tmp_path_factory.mktemp("second")
     # another launch, the same seed: fresh processes, whose global RNG torch seeds at random
     run_many(4, _meta_runs(f"output.dir={second / 'runs'}", which=REPEATED), second)
     return by_study(load_runs(first / "runs")), by_study(load_runs(second / "runs"))

@@ -1,5 +1,6 @@
-"""profile.enabled: Chrome traces per rank after the timed window, and the analysis' torch-free
-breakdown of them (time_breakdown.csv, the figure, the report's line)."""
+"""profile.enabled: Chrome traces per rank after the timed window (runs in the session's launch of 2 ranks,
+tests/shared_launch.py), and the analysis' torch-free breakdown of them (time_breakdown.csv, the figure,
+the report's line)."""
 
 import glob
 import gzip
@@ -9,8 +10,10 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 
-from conftest import ROOT, load_runs, run_many
+import shared_launch
+from conftest import ROOT, load_runs
 
 sys.path.insert(0, ROOT)
 from analysis import traces
@@ -18,16 +21,25 @@ from analysis import traces
 STEPS = ["train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "model=vit_micro"]
 
 
-def test_ddp_and_full_shard_traces_and_their_breakdown(tmp_path):
-    out = tmp_path / "runs"
-    run_many(
-        2,
-        [
-            [*STEPS, f"strategy={s}", "profile.enabled=true", f"output.dir={out}", "output.study=prof"]
-            for s in ("DDP", "FULL_SHARD")
-        ],
-        tmp_path,
-    )
+def _profiled_runs(folder) -> list:
+    out = folder / "runs"
+    return [
+        [*STEPS, f"strategy={s}", "profile.enabled=true", f"output.dir={out}", "output.study=prof"]
+        for s in ("DDP", "FULL_SHARD")
+    ]
+
+
+# in the session's launch of 2 ranks (tests/shared_launch.py)
+shared_launch.register("test_profiling", "profiled_runs", 2, _profiled_runs, order=0)
+
+
+@pytest.fixture(scope="module")
+def profiled_runs(shared_launches):
+    return shared_launches.share("test_profiling", "profiled_runs").folder / "runs"
+
+
+def test_ddp_and_full_shard_traces_and_their_breakdown(profiled_runs, tmp_path):
+    out = profiled_runs
     runs = load_runs(out)
     assert len(runs) == 2
     for (_, strategy, _), records in runs.items():

@@ -1,16 +1,16 @@
 """Every FSDP mode trains the same model as DDP: same per-step losses on the same ranks, replicas
-agree, status ok. Real torchrun launches over gloo, vit_micro, fp32."""
+agree, status ok. Real torchrun launches over gloo, vit_micro, fp32 (the session's launches of 2 and of 4
+ranks, tests/shared_launch.py)."""
 
 import itertools
 
 import pytest
 
-from conftest import FAST, assert_same_losses, by_study, load_runs, losses, run_many
+import shared_launch
+from conftest import FAST, assert_same_losses, by_study, load_runs, losses
 
 
-@pytest.fixture(scope="module")
-def two_rank_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("two")
+def _two_rank_runs(tmp) -> list:
     out = f"output.dir={tmp / 'runs'}"
     runs = [[*FAST, out, "strategy=DDP", "output.study=ddp"]]
     for strategy in ("NO_SHARD", "FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_1GPU", "HYBRID_2GPU"):
@@ -72,8 +72,17 @@ def two_rank_runs(tmp_path_factory):
             "output.study=bf16-ac-ddp",
         ]
     )
-    run_many(2, runs, tmp)
-    return by_study(load_runs(tmp / "runs"))
+    return runs
+
+
+# in the session's launch of 2 ranks and in its launch of 4 (tests/shared_launch.py)
+shared_launch.register("test_trainer_equivalence", "two_rank_runs", 2, _two_rank_runs, order=0)
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(shared_launches):
+    share = shared_launches.share("test_trainer_equivalence", "two_rank_runs")
+    return by_study(load_runs(share.folder / "runs"))
 
 
 def test_every_run_ok_and_replicas_agree(two_rank_runs):
@@ -130,9 +139,7 @@ def test_the_run_records_what_ran(two_rank_runs):
     assert bf16["precision"] == "bf16" and bf16["activation_checkpointing"] is True
 
 
-@pytest.fixture(scope="module")
-def four_rank_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("four")
+def _four_rank_runs(tmp) -> list:
     out = f"output.dir={tmp / 'runs'}"
     runs = [
         [*FAST, out, "strategy=DDP", "output.study=ddp"],
@@ -154,8 +161,16 @@ def four_rank_runs(tmp_path_factory):
                 f"output.study=grid-HYBRID_2GPU-{prefetch}-{limit}",
             ]
         )
-    proc = run_many(4, runs, tmp)
-    return by_study(load_runs(tmp / "runs")), proc
+    return runs
+
+
+shared_launch.register("test_trainer_equivalence", "four_rank_runs", 4, _four_rank_runs, order=0)
+
+
+@pytest.fixture(scope="module")
+def four_rank_runs(shared_launches):
+    share = shared_launches.share("test_trainer_equivalence", "four_rank_runs")
+    return by_study(load_runs(share.folder / "runs")), share
 
 
 @pytest.mark.parametrize(
@@ -193,4 +208,4 @@ def test_replica_check_catches_fsdp1_hybrid_with_one_rank_shard_groups(four_rank
     assert "replicas differ" in end["error"]
     # and its losses are not DDP's: the replicas trained apart
     assert losses(runs["broken-hybrid1"])[-1] != pytest.approx(losses(runs["ddp"])[-1], rel=1e-6)
-    assert "EXIT CODES [0, 0, 0, 0, 0, 4" in proc.stdout
+    assert proc.codes[:6] == [0, 0, 0, 0, 0, 4]
