@@ -292,7 +292,7 @@ def test_on_gloo_a_reduce_scatter_costs_the_all_reduce_of_its_input_and_nothing_
         nccl.cost("all_reduce", 64, 8, 4).algorithm == "tree" and gloo.cost("all_reduce", 64, 8, 4).algorithm == "ring"
     )
     assert read_network(os.path.join(ROOT, "configs", "systems", "local.yaml")).backend == "gloo"
-    assert read_network(os.path.join(ROOT, "configs", "systems", "frontier.yaml")).backend == ""
+    assert read_network(os.path.join(ROOT, "configs", "systems", "frontier.yaml")).backend == "nccl"
 
 
 def test_the_trees_bandwidth_carries_a_range_whose_low_end_is_the_costly_one():

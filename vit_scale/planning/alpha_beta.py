@@ -407,7 +407,8 @@ class Network:
     # the spread of these figures from their sources (the profile's `*_range` keys): one Range each;
     # empty: one reading, no interval (vit_scale.planning.spread)
     ranges: tuple = ()
-    # the collectives' library where it changes what they cost (gloo: see cost); "" for NCCL and RCCL
+    # the collectives' library, as the profile or the check names it ("gloo", "nccl"; "": not said): gloo's
+    # collectives cost what cost() says of them
     backend: str = ""
 
     def at_end(self, costly: bool) -> Network:
@@ -627,7 +628,7 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 2:
             raise ValueError(f"{where}: network.measured_ranks must be a whole number of ranks >= 2, got {ranks!r}")
         extra["measured_ranks"] = ranks
-    backend = data.get("backend") if data.get("backend") == "gloo" else ""
+    backend = str(data.get("backend") or "")
     return Network(
         links["intra_node"], links["inter_node"], source=f"defaults of {where}", algo=algo, backend=backend, **extra
     )

@@ -241,7 +241,7 @@ def check_calibration(
             by_scope["intra"],
             by_scope["inter"],
             source=f"fits of {os.path.basename(path)}",
-            backend="gloo" if data.get("backend") == "gloo" else "",
+            backend=str(data.get("backend") or ""),
         )
     if not usable:
         # defaults is not None here (else the error above): no fit of the check times anything, so the
@@ -339,7 +339,7 @@ def _step_calibration(path: str, data: dict, defaults: Calibration | None) -> Ca
             by_scope["intra"],
             by_scope["inter"],
             source=f"fits of {os.path.basename(path)}",
-            backend="gloo" if data.get("backend") == "gloo" else "",
+            backend=str(data.get("backend") or ""),
         )
     network = _step_network(base, usable, path)
     ends = ()
