@@ -81,23 +81,25 @@ def test_memory_within_ten_percent_but_vit_base(figures):
 def test_bands_from_the_profiles_ranges(figures):
     """Every point's 90% band (the Frontier profile's ranges: 3.0-76.2 us a step across nodes, from the
     issue-1490 table's rows, RCCL's tuning and PCCL's readings at 32-256 nodes; the tree's bandwidth and the
-    within-node rate from PCCL; and beyond the baseline rung devices 8% slower or faster, Sinha et al.'s
-    variation between GPUs of one SKU) holds its prediction; the bands are what the sources give, not widened
-    to the curves (docs/plan.md, "How sure a prediction is"): 128 of the 146 points lie inside (bar 80%) at a
-    median width of 1.18 (bar 1.3); of the 13 below 0.8 efficiency 7 do (bar 70%, missed). Pinned as measured
-    so that a change of the ranges or the model shows here."""
+    within-node rate from PCCL; compute up to 40% and collectives up to 2x as slow beside each other; and
+    beyond the baseline rung devices 8% slower or faster, Sinha et al.'s variation between GPUs of one SKU)
+    holds its prediction; the bands are what the sources give, not widened to the curves (docs/plan.md, "How
+    sure a prediction is"): 142 of the 146 points lie inside (bar 80%) at a median width of 1.29 (bar 1.3); of
+    the 13 below 0.8 efficiency 11 do (bar 70%). Pinned as measured so that a change of the ranges or the model
+    shows here."""
     data, rows, mem, s = figures
     assert all(r.low <= r.predicted <= r.high for r in rows)
-    assert s["coverage"] == pytest.approx(128 / 146) and s["coverage_low_efficiency"] == pytest.approx(7 / 13)
-    assert 1.15 < s["median_width"] < 1.2 and 3.0 < s["median_width_low_efficiency"] < 3.5
-    # FULL_SHARD's collapse is what the ranges disagree on: vit_base's 128-node band spans 14x
+    assert s["coverage"] == pytest.approx(142 / 146) and s["coverage_low_efficiency"] == pytest.approx(11 / 13)
+    assert 1.25 < s["median_width"] < 1.3 and 3.8 < s["median_width_low_efficiency"] < 4.3
+    # FULL_SHARD's collapse is what the ranges disagree on: vit_base's 128-node band spans 15x
     full = next(r for r in rows if (r.model, r.strategy, r.nodes) == ("vit_base", "FULL_SHARD", 128))
     assert 12 < full.width < 16
-    # the collapsed vit_base points lie inside once PCCL's 70-80 us a step at 32+ nodes is the costly end
-    assert all(r.low <= r.measured <= r.high for r in rows if r.model == "vit_base" and r.strategy == "FULL_SHARD")
-    # without the device spread the well-scaling points' bands are under 1% wide and miss
+    # every FULL_SHARD point lies inside: the collapse once PCCL's 70-80 us a step at 32+ nodes is the costly
+    # end, the largest models' 64-128-node points once the collectives beside compute may take twice as long
+    assert all(r.low <= r.measured <= r.high for r in rows if r.strategy == "FULL_SHARD")
+    # without the device spread the well-scaling points' bands are narrow and many miss
     bare = pub.summary(pub.speed_rows(data, read_network(f"{ROOT}/configs/systems/frontier.yaml")), mem)
-    assert bare["coverage"] == pytest.approx(29 / 146) and bare["median_width"] < 1.01
+    assert bare["coverage"] == pytest.approx(86 / 146) and bare["median_width"] < 1.12
 
 
 def test_a_crossing_on_one_side_only_is_a_miss():

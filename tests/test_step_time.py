@@ -122,6 +122,52 @@ def test_full_shard_forward_one_unit_ahead():
     assert timeline(fwd_only, forward_ahead=0).exposed_intra_s == pytest.approx(1.5)
 
 
+def test_compute_and_a_collective_beside_it_slow_each_other():
+    """Two units (forward 1 s, backward 2 s), forward all-gathers of 1 s one unit ahead, compute 1.5x as slow
+    while a collective is in flight (compute_slowdown 0.5):
+      AG0 0-1 exposed; AG1 issued when unit 0 starts, 1-2; unit 0's forward runs beside it at 2/3 of its pace
+      until 2 (2/3 s done), then the last 1/3 s alone: 1-7/3, 1/3 s longer; unit 1 7/3-10/3; backward 4 s:
+      step 1 + 2 + 1/3 + 4 = 22/3.
+    The collective also 1.5x as slow beside compute (collective_slowdown 0.5), over the first walk's compute
+    (the forwards, 1-7/3 and 7/3-10/3): AG1 does 8/9 s by 7/3 and its last 1/9 s takes 1/6 s: it ends at 5/2;
+    unit 0's forward, beside it 1-5/2, does exactly its 1 s by then: unit 1 5/2-7/2: step 7/2 + 4 = 7.5.
+    Blocking collectives (gloo) never run beside compute: nothing is slowed."""
+    units = [Unit(1, 2, gather_forward=Coll(1.0, "inter", "world")) for _ in range(2)]
+    plain = timeline(units, forward_ahead=1)
+    assert plain.step_s == pytest.approx(7) and plain.overlap_s == 0
+    slowed = timeline(units, forward_ahead=1, compute_slowdown=0.5)
+    assert slowed.overlap_s == pytest.approx(1 / 3)
+    assert (slowed.forward_s, slowed.exposed_inter_s) == (2, pytest.approx(1))
+    assert slowed.step_s == pytest.approx(22 / 3)
+    both = timeline(units, forward_ahead=1, compute_slowdown=0.5, collective_slowdown=0.5)
+    assert both.step_s == pytest.approx(7.5) and both.overlap_s == pytest.approx(0.5)
+    assert both.communication_s["inter"] == pytest.approx(1 + 1.5)
+    blocking = timeline(units, forward_ahead=1, blocking=True, compute_slowdown=0.5, collective_slowdown=0.5)
+    assert blocking.step_s == pytest.approx(timeline(units, forward_ahead=1, blocking=True).step_s)
+    assert blocking.overlap_s == 0
+
+
+def test_a_profiles_slowdowns_reach_the_step_and_its_costly_end():
+    """Frontier's compute_slowdown (0, up to 0.4) and collective_slowdown (0, up to 1.0): the value is the step
+    as before, the costly end's slowdowns reach the step (a FULL_SHARD step on 16 nodes, whose gathers run
+    beside compute, is longer with compute slowed, and longer still with the collectives slowed too)."""
+    from vit_scale.planning import alpha_beta, input_profile, spread
+
+    net = alpha_beta.read_network(input_profile.profile_path("frontier"))
+    assert (net.compute_slowdown, net.collective_slowdown) == (0.0, 0.0)
+    cheap, costly = spread.ends(net)
+    assert (cheap.compute_slowdown, cheap.collective_slowdown) == (0.0, 0.0)
+    assert (costly.compute_slowdown, costly.collective_slowdown) == (0.4, 1.0)
+    sc = Scenario(model="vit_base", strategy="FULL_SHARD", nodes=16)
+    comp = Compute.measured(0.2, 0.0, "test")
+    value = predict_step(sc, net, comp).breakdown
+    assert value.overlap_s == 0
+    slowed = predict_step(sc, dataclasses.replace(net, compute_slowdown=0.4), comp).breakdown
+    assert slowed.overlap_s > 0 and slowed.step_s > value.step_s
+    both = dataclasses.replace(net, compute_slowdown=0.4, collective_slowdown=1.0)
+    assert predict_step(sc, both, comp).breakdown.step_s > slowed.step_s
+
+
 def test_full_shard_backward_prefetch_pre_post_none():
     """The backward of _sharded() after the forward above (compute at 3.5):
     BACKWARD_PRE: unit 2's all-gather 3.5-4.0 (exposed 0.5); unit 1's issued as unit 2 starts,

@@ -410,6 +410,11 @@ class Network:
     # the collectives' library, as the profile or the check names it ("gloo", "nccl"; "": not said): gloo's
     # collectives cost what cost() says of them
     backend: str = ""
+    # compute that runs while a collective is in flight takes this share longer, and a collective that runs
+    # beside compute this share longer (the two share the device's compute units, caches and memory bandwidth;
+    # step_time.timeline; docs/plan.md "Compute and collectives side by side"); 0: not slowed
+    compute_slowdown: float = 0.0
+    collective_slowdown: float = 0.0
 
     def at_end(self, costly: bool) -> Network:
         """These figures with every ranged one at the end of its range that makes a collective cheaper
@@ -542,6 +547,10 @@ NETWORK_OPTIONAL = {
     "launch_us_range",
     "net_overhead_us_range",
     "tree_bus_ratio_range",
+    "compute_slowdown",
+    "compute_slowdown_range",
+    "collective_slowdown",
+    "collective_slowdown_range",
 }
 # step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
 # as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
@@ -599,7 +608,7 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
                     )
                 )
     extra = {}
-    for key in ("launch_us", "net_overhead_us"):
+    for key in ("launch_us", "net_overhead_us", "compute_slowdown", "collective_slowdown"):
         if key in section:
             extra[key] = _positive(section[key], f"{where}: network.{key}", zero_ok=True)
         if key + RANGE_SUFFIX in section:

@@ -118,11 +118,21 @@ class Breakdown:
     optimizer_s: float = 0.0
     exposed_intra_s: float = 0.0
     exposed_inter_s: float = 0.0
+    # what compute took beyond its own time, slowed by the collectives in flight beside it
+    # (Network.compute_slowdown)
+    overlap_s: float = 0.0
     communication_s: dict = field(default_factory=lambda: {"intra": 0.0, "inter": 0.0})  # busy, hidden or not
 
     @property
     def step_s(self) -> float:
-        return self.forward_s + self.backward_s + self.optimizer_s + self.exposed_intra_s + self.exposed_inter_s
+        return (
+            self.forward_s
+            + self.backward_s
+            + self.optimizer_s
+            + self.exposed_intra_s
+            + self.exposed_inter_s
+            + self.overlap_s
+        )
 
     def as_dict(self) -> dict:
         def r(x):
@@ -135,24 +145,36 @@ class Breakdown:
             "optimizer_s": r(self.optimizer_s),
             "exposed_intra_s": r(self.exposed_intra_s),
             "exposed_inter_s": r(self.exposed_inter_s),
+            "overlap_s": r(self.overlap_s),
             "communication_s": {k: r(v) for k, v in self.communication_s.items()},
         }
 
 
 class _Clock:
-    def __init__(self):
+    """The compute stream's time, each collective stream's, and what the step is made of. Where compute and
+    collectives share the device (Network.compute_slowdown, collective_slowdown), compute runs slower while a
+    collective is in flight, and a collective slower over the compute spans of `computing` (a first pass's)."""
+
+    def __init__(self, compute_slowdown: float = 0.0, collective_slowdown: float = 0.0, computing: tuple = ()):
         self.t = 0.0  # the compute stream
         self.free: dict = {}  # stream -> when its last collective ends
         self.out = Breakdown()
+        self.compute_slowdown = compute_slowdown
+        self.collective_slowdown = collective_slowdown
+        self.computing = computing
+        self.in_flight: list = []  # (start, end) of every collective issued (a collective's is fixed at issue)
+        self.compute_spans: list = []  # (start, end) of every stretch of compute
 
     def issue(self, c: Coll | None, ready: float):
         """Start `c` once it is ready and its stream is free; (end, scope)."""
         if c is None:
             return None
         start = max(ready, self.free.get(c.stream, 0.0))
-        end = start + c.seconds
+        end = _stretch(start, c.seconds, self.computing, self.collective_slowdown)
         self.free[c.stream] = end
-        self.out.communication_s[c.scope] += c.seconds
+        if c.seconds > 0:
+            self.in_flight.append((start, end))
+        self.out.communication_s[c.scope] += end - start
         return end, c.scope
 
     def wait(self, *handles) -> None:
@@ -169,8 +191,33 @@ class _Clock:
             self.t = end
 
     def run(self, seconds: float, phase: str) -> None:
-        self.t += seconds
+        end = _stretch(self.t, seconds, self.in_flight, self.compute_slowdown)
+        if self.compute_slowdown:
+            self.out.overlap_s += end - self.t - seconds
+        self.compute_spans.append((self.t, end))
+        self.t = end
         setattr(self.out, phase, getattr(self.out, phase) + seconds)
+
+
+def _stretch(t: float, work: float, spans, slowdown: float) -> float:
+    """When `work` seconds of one stream's work begun at t end, where the stream runs at 1 / (1 + slowdown) of
+    its pace inside any of `spans` (the other stream's (start, end) intervals, overlapping or not)."""
+    if not slowdown or not spans:
+        return t + work
+    left, rate = work, 1.0 + slowdown
+    for a, b in sorted(s for s in spans if s[1] > t):
+        if b <= t:
+            continue  # inside a span already passed (spans may overlap)
+        if a > t:
+            step = min(left, a - t)
+            t, left = t + step, left - step
+        if left <= 0:
+            break
+        can = (b - t) / rate
+        if left <= can:
+            return t + left * rate
+        t, left = b, left - can
+    return t + left
 
 
 def timeline(
@@ -182,6 +229,8 @@ def timeline(
     blocking: bool = False,
     one_reduce_in_flight: bool = False,
     backward_ahead: int = 1,
+    compute_slowdown: float = 0.0,
+    collective_slowdown: float = 0.0,
 ) -> Breakdown:
     """One step through `units` (forward order). Rules:
 
@@ -200,21 +249,44 @@ def timeline(
       coordinator: as far ahead as in the forward).
     one_reduce_in_flight: before a unit's after_backward collectives are issued, compute waits for the
       previous unit's first one (FSDP2's reduce_scatter_max_input_buffers = 1).
+    compute_slowdown, collective_slowdown: compute takes 1 + compute_slowdown times as long while a collective
+      is in flight, and a collective 1 + collective_slowdown times as long while compute runs (they share the
+      device's compute units and memory). A collective's time is fixed when it is issued, before the compute
+      beside it has run: so the step is walked twice, the second time with each collective slowed over the
+      first walk's compute (one pass of the fixed point; exact where compute does not move between the walks).
     """
     if backward_prefetch not in PREFETCH_MODES:
         raise ValueError(f"backward_prefetch: {backward_prefetch!r} is not one of {', '.join(PREFETCH_MODES)}")
     if blocking:
         forward_ahead, backward_prefetch = 0, "none"
-    clock = _Clock()
+    rules = (units, forward_ahead, backward_prefetch, optimizer_s, after_step, blocking, one_reduce_in_flight)
+    clock = _walk(_Clock(compute_slowdown), *rules, backward_ahead)
+    if collective_slowdown:
+        computing = tuple(clock.compute_spans)
+        clock = _walk(_Clock(compute_slowdown, collective_slowdown, computing), *rules, backward_ahead)
+    return clock.out
+
+
+def _walk(
+    clock: _Clock,
+    units: list,
+    forward_ahead: int,
+    backward_prefetch: str,
+    optimizer_s: float,
+    after_step: tuple,
+    blocking: bool,
+    one_reduce_in_flight: bool,
+    backward_ahead: int,
+) -> _Clock:
+    """The step's program on `clock` (timeline's rules)."""
     n = len(units)
-    starts = []
+    # each gather is issued in program order, before the compute it runs beside (whose pace it may slow)
+    ahead = {i: clock.issue(units[i].gather_forward, 0.0) for i in range(min(forward_ahead, n))}
     for i, u in enumerate(units):
-        if forward_ahead == 0 or i - forward_ahead >= 0:
-            ready = clock.t if forward_ahead == 0 else starts[i - forward_ahead]
-        else:
-            ready = 0.0
-        clock.wait(clock.issue(u.gather_forward, ready))
-        starts.append(clock.t)
+        handle = clock.issue(u.gather_forward, clock.t) if forward_ahead == 0 else ahead.pop(i)
+        clock.wait(handle)
+        if forward_ahead and i + forward_ahead < n:
+            ahead[i + forward_ahead] = clock.issue(units[i + forward_ahead].gather_forward, clock.t)
         clock.run(u.forward_s, "forward_s")
     pending, gathered, last_reduce = [], {}, None
     order = list(reversed(range(n)))
@@ -248,7 +320,7 @@ def timeline(
     clock.run(optimizer_s, "optimizer_s")
     for c in after_step:
         clock.wait(clock.issue(c, clock.t))
-    return clock.out
+    return clock
 
 
 # ---------------------------------------------------------------- a scenario's units
@@ -354,6 +426,8 @@ def predict_step(sc: Scenario, network: Network, compute: Compute, blocking: boo
         blocking=blocking and plan.blocking_applies,
         one_reduce_in_flight=plan.one_reduce_in_flight,
         backward_ahead=plan.backward_ahead,
+        compute_slowdown=network.compute_slowdown,
+        collective_slowdown=network.collective_slowdown,
     )
     per_gpu = sc.batch_size / out.step_s if out.step_s > 0 else None
     largest = max((c.ranks for c in _colls(plan)), default=0)
