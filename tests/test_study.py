@@ -138,6 +138,8 @@ def test_plugin_comparison_is_a_study_over_batch_sizes_with_kernels_built_first(
             "1",
             "--out",
             "runs",
+            "--set",
+            "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
         ],
         tmp_path,
     )
