@@ -36,7 +36,7 @@ def _runs(folder) -> list:
     runs = folder / "runs"
     common = (
         f"model=vit_micro,train.batch_size=2,train.steps=3,train.warmup_steps=1,output.dir={runs},"
-        "plan.skip_if_not_fits=true"
+        "plan.skip_if_not_fits=true,train.health_probe_s=0.1"  # the node-health probe shortened (1 s by default)
     )
     train_cases = [
         f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=0.01,output.study=skip",
