@@ -2,6 +2,7 @@
 the planner predicts for the same run.
 
     torchrun --nproc_per_node=4 tests/collective_bytes.py OUT.json RANKS_PER_NODE LABEL[:key=value,...] ...
+or as an entry of tests/run_many.py: ["@driver", "collective_bytes", OUT.json, RANKS_PER_NODE, LABEL, ...].
 
 Each case builds vit_micro with the trainer's own strategy class (as tests/plan_tensors.py does) on
 RANKS_PER_NODE ranks per emulated node, runs WARM steps unobserved, then COUNTED steps under
@@ -167,18 +168,26 @@ def run_case(case: str, world) -> dict:
     }
 
 
-def main() -> int:
-    out, ranks_per_node, cases = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def run(argv: list) -> int:
+    """OUT.json RANKS_PER_NODE CASES...: in the launch's process group, started here unless a run before made
+    it (tests/run_many.py's @driver entries)."""
+    out, ranks_per_node, cases = argv[0], int(argv[1]), argv[2:]
     cfg = load_config(None, FAST)
     world = choose_device(detect_world(cfg.system.launcher, ranks_per_node), "cpu")
-    init_distributed(world, cfg.system.collective_timeout_s)
+    if not dist.is_initialized():
+        init_distributed(world, cfg.system.collective_timeout_s)
     results = [run_case(case, world) for case in cases]
     if world.rank == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
     dist.barrier()
-    dist.destroy_process_group()
     return 0
+
+
+def main() -> int:
+    code = run(sys.argv[1:])
+    dist.destroy_process_group()
+    return code
 
 
 if __name__ == "__main__":

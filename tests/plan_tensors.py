@@ -2,6 +2,7 @@
 parameter, gradient and optimizer components.
 
     torchrun --nproc_per_node=2 tests/plan_tensors.py OUT.json LABEL[:key=value,...] ... [train:key=value,...]
+or as an entry of tests/run_many.py: ["@driver", "plan_tensors", OUT.json, LABEL, ...].
 
 Each LABEL case builds vit_micro with the trainer's own strategy class, runs one real step (forward,
 backward, optimizer step; `zero_grad` is held back so the gradients are still there), then sums
@@ -162,18 +163,26 @@ def run_training(case: str, world) -> dict:
     return {"case": case, "codes": codes}
 
 
-def main() -> int:
-    out, cases = sys.argv[1], sys.argv[2:]
+def run(argv: list) -> int:
+    """OUT.json CASES...: in the launch's process group, started here unless a run before made it
+    (tests/run_many.py's @driver entries)."""
+    out, cases = argv[0], argv[1:]
     cfg = load_config(None, FAST)
     world = choose_device(detect_world(cfg.system.launcher), "cpu")
-    init_distributed(world, cfg.system.collective_timeout_s)
+    if not dist.is_initialized():
+        init_distributed(world, cfg.system.collective_timeout_s)
     results = [run_training(case, world) if case.startswith("train:") else run_case(case, world) for case in cases]
     if world.rank == 0:
         with open(out, "w") as f:
             json.dump(results, f, indent=1)
     dist.barrier()
-    dist.destroy_process_group()
     return 0
+
+
+def main() -> int:
+    code = run(sys.argv[1:])
+    dist.destroy_process_group()
+    return code
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@
     torchrun --nproc_per_node=N tests/run_many.py RUNS.json
 RUNS.json is a list of override lists. An entry may start with "@broken_hybrid1", which runs
 HYBRID_1GPU the way FSDP1 alone would (1-rank shard groups) to show the replica check catches it,
-or with "@finetune", which runs `vit-scale finetune` (its own checks first) instead of the benchmark.
+or with "@finetune", which runs `vit-scale finetune` (its own checks first) instead of the benchmark,
+or with "@driver", followed by the name of another test driver of tests/ (collective_bytes, plan_tensors) and its
+arguments: that driver's run(arguments), in this launch's process group.
 Rank 0 opens each run's output with a line "RUN_MANY <i>" (conftest.run_outputs splits on it).
 """
 
+import importlib
 import json
 import os
 import sys
@@ -39,6 +42,9 @@ def main() -> int:
         if int(os.environ.get("RANK", "0")) == 0:  # after what the run before printed (flushed)
             sys.stdout.flush()
             os.write(sys.stdout.fileno(), f"{RUN_MARK} {index}\n".encode())
+        if overrides and overrides[0] == "@driver":
+            codes.append(importlib.import_module(overrides[1]).run(overrides[2:]))
+            continue
         broken = overrides and overrides[0] == "@broken_hybrid1"
         finetuning = overrides and overrides[0] == "@finetune"
         if broken:

@@ -29,7 +29,8 @@ class Entry:
     nproc: int
     make_runs: Callable[[Path], list]
     order: int  # lower first in the launch: runs without DeepSpeed, then test_deepspeed's (whose first run is
-    # a process's first DeepSpeed run), then the other modules' DeepSpeed and ColossalAI runs
+    # a process's first DeepSpeed run), then the other modules' DeepSpeed and ColossalAI runs; in the launch of 4
+    # ranks test_predicted_bytes' cases before test_deepspeed's (whose runs changed a ZeRO-3 case's bytes)
     needs: tuple  # session fixtures to set up before the launch (a kernel build)
 
 

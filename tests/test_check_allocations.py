@@ -242,6 +242,8 @@ def submit_sweep_with_check(cluster, tmp_path) -> list:
             "1",
             "--ranks-per-node",  # each job's check and run: one rank a node is what this test needs
             "1",
+            "--set",
+            "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
         ],
         cwd=tmp_path,
         env=cluster.env(),

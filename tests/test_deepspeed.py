@@ -220,8 +220,8 @@ def _four_rank_runs(tmp) -> list:
     return runs
 
 
-# in the session's launch of 4 ranks, after the runs without DeepSpeed
-shared_launch.register("test_deepspeed", "four_rank_runs", 4, _four_rank_runs, order=1, packages=("deepspeed",))
+# in the session's launch of 4 ranks, after the runs without DeepSpeed and test_predicted_bytes' cases
+shared_launch.register("test_deepspeed", "four_rank_runs", 4, _four_rank_runs, order=2, packages=("deepspeed",))
 
 
 @pytest.fixture(scope="module")

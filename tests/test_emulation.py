@@ -33,7 +33,10 @@ def study(out, name, *extra):
         "OMP_NUM_THREADS": "1",
     }
     argv = [PYTHON, "-m", "vit_scale", "study", "--system", "local", "--study", name, "--out", str(out)]
-    argv += ["--models", "vit_micro", "--strategies", "DDP", "--batch-size", "4", "--steps", "4"]
+    # two steps (a step took about 1 s over local1's slow link) and a 0.1 s node-health probe (1 s by default):
+    # what is checked here is where the run ran, not what it measured
+    argv += ["--models", "vit_micro", "--strategies", "DDP", "--batch-size", "4", "--steps", "2"]
+    argv += ["--set", "train.health_probe_s=0.1"]
     # one rank a node: what is checked here is per node (its namespace, link and CPU group)
     argv += ["--warmup-steps", "1", "--repeat", "1", "--ranks-per-node", "1", "--no-analysis", *extra]
     return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -232,6 +232,8 @@ def test_local_study_without_slurm(tmp_path):
             "runs",
             "--repeat",
             "1",
+            "--set",
+            "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
         ],
         tmp_path,
         timeout=600,

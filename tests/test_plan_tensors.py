@@ -1,6 +1,6 @@
 """The planner's parameter, gradient and optimizer components against the tensors a real wrapped
-vit_micro holds after one step, on 2 CPU ranks (one torchrun launch, tests/plan_tensors.py), and
-the trainer's plan.skip_if_not_fits path in the same launch.
+vit_micro holds after one step, on 2 CPU ranks (tests/plan_tensors.py's cases in the session's torchrun
+launch of 2 ranks, tests/shared_launch.py), and the trainer's plan.skip_if_not_fits path in the same launch.
 
 Exact, in bytes of storage with padding, for the largest rank, which is what the planner states:
 DDP, FSDP1 and ZeRO ranks hold the same, except that FSDP2 pads each parameter's dim 0 (later
@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from conftest import ROOT, torchrun
+import shared_launch
 from vit_scale.record.schema import validate_record_file
 
 STATE_CASES = [
@@ -32,23 +32,30 @@ STATE_CASES = [
 COMPONENTS = ("params", "grads", "optimizer")
 
 
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("plan_tensors")
-    out = tmp / "tensors.json"
-    runs = tmp / "runs"
+def _runs(folder) -> list:
+    runs = folder / "runs"
     common = (
         f"model=vit_micro,train.batch_size=2,train.steps=3,train.warmup_steps=1,output.dir={runs},"
-        "plan.skip_if_not_fits=true"
+        "plan.skip_if_not_fits=true,train.health_probe_s=0.1"  # the node-health probe shortened (1 s by default)
     )
     train_cases = [
         f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=0.01,output.study=skip",
         f"train:{common},strategy=FULL_SHARD,plan.device_memory_gib=64,output.study=fits",
     ]
-    proc = torchrun(2, [os.path.join(ROOT, "tests", "plan_tensors.py"), str(out), *STATE_CASES, *train_cases])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    results = {r["case"]: r for r in json.loads(out.read_text())}
-    return results, runs
+    return [["@driver", "plan_tensors", str(folder / "tensors.json"), *STATE_CASES, *train_cases]]
+
+
+# in the session's launch of 2 ranks (tests/shared_launch.py), last: after test_deepspeed's runs, whose first
+# DeepSpeed run is to be the process's first
+shared_launch.register("test_plan_tensors", "launch", 2, _runs, order=4)
+
+
+@pytest.fixture(scope="module")
+def launch(shared_launches):
+    share = shared_launches.share("test_plan_tensors", "launch")
+    assert share.codes == [0], share.stdout[-3000:] + share.stderr[-5000:]
+    results = {r["case"]: r for r in json.loads((share.folder / "tensors.json").read_text())}
+    return results, share.folder / "runs"
 
 
 @pytest.mark.parametrize("case", STATE_CASES)

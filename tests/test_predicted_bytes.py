@@ -1,8 +1,9 @@
 """The planner's communication per step (`vit-scale plan`'s bytes, planning.communication) against the
-collectives a real training step issues: vit_micro in bf16 on 2 emulated nodes x 2 gloo ranks, one
-torchrun launch (tests/collective_bytes.py), under DDP, FULL_SHARD, SHARD_GRAD_OP, HYBRID_2GPU (FSDP1,
-the study's, and FSDP2) and DeepSpeed ZeRO-1, ZeRO-2 (whose gradient buckets are all-reduced, not
-reduce-scattered: stage_1_and_2.py average_tensor -> allreduce_bucket) and ZeRO-3.
+collectives a real training step issues: vit_micro in bf16 on 2 emulated nodes x 2 gloo ranks, in the
+session's torchrun launch of 4 ranks (tests/collective_bytes.py's cases, tests/shared_launch.py), under DDP,
+FULL_SHARD, SHARD_GRAD_OP, HYBRID_2GPU (FSDP1, the study's, and FSDP2) and DeepSpeed ZeRO-1, ZeRO-2 (whose
+gradient buckets are all-reduced, not reduce-scattered: stage_1_and_2.py average_tensor -> allreduce_bucket)
+and ZeRO-3.
 
 How the bytes are counted. A TorchDispatchMode in every rank (collective_bytes.CollectiveLog) sees each
 c10d dispatcher op (c10d::allreduce_, _allgather_base_, allgather_, _reduce_scatter_base_, broadcast_,
@@ -33,12 +34,12 @@ not bandwidth, which the planner's bytes do not count.
 
 import importlib.util
 import json
-import os
 from fractions import Fraction
 
 import pytest
 
-from conftest import ROOT, require_package, torchrun
+import shared_launch
+from conftest import require_package
 
 NODES, RANKS_PER_NODE = 2, 2
 # stage3_max_reuse_distance 250,000 releases vit_micro's stem and one LayerNorm of its third Block after
@@ -76,16 +77,22 @@ class Results(dict):
         return super().__getitem__(case)
 
 
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory):
-    out = tmp_path_factory.mktemp("collective_bytes") / "bytes.json"
+def _runs(folder) -> list:
     cases = CASES if importlib.util.find_spec("deepspeed") else [c for c in CASES if not c.startswith("ZERO")]
-    proc = torchrun(
-        NODES * RANKS_PER_NODE,
-        [os.path.join(ROOT, "tests", "collective_bytes.py"), str(out), str(RANKS_PER_NODE), *cases],
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return Results({r["case"]: r for r in json.loads(out.read_text())})
+    return [["@driver", "collective_bytes", str(folder / "bytes.json"), str(RANKS_PER_NODE), *cases]]
+
+
+# in the session's launch of 4 ranks (tests/shared_launch.py): after the runs without DeepSpeed, before
+# test_deepspeed's (after them, ZeRO-3's all-gathers with a reuse distance came out 17,552 bytes a rank above a
+# fresh process's, exactly the planner's figure, on 2026-11-28)
+shared_launch.register("test_predicted_bytes", "launch", NODES * RANKS_PER_NODE, _runs, order=1)
+
+
+@pytest.fixture(scope="module")
+def launch(shared_launches):
+    share = shared_launches.share("test_predicted_bytes", "launch")
+    assert share.codes == [0], share.stdout[-3000:] + share.stderr[-5000:]
+    return Results({r["case"]: r for r in json.loads((share.folder / "bytes.json").read_text())})
 
 
 def node(rank: int) -> int:

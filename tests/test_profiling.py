@@ -19,6 +19,7 @@ sys.path.insert(0, ROOT)
 from analysis import traces
 
 STEPS = ["train.steps=4", "train.warmup_steps=1", "train.batch_size=4", "model=vit_micro"]
+STEPS += ["train.health_probe_s=0.1"]  # the node-health probe after the window, shortened (it defaults to 1 s)
 
 
 def _profiled_runs(folder) -> list:

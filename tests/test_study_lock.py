@@ -46,6 +46,8 @@ STUDY = [
     "--no-analysis",
     "--repeat",
     "1",
+    "--set",
+    "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
 ]
 COMMAND = "weak_scaling.sh " + " ".join(STUDY)
 

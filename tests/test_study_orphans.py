@@ -12,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from jobs_support import job_env, python_injecting
 
 STUDY = [
@@ -38,6 +40,8 @@ STUDY = [
     "--no-analysis",
     "--repeat",
     "1",
+    "--set",
+    "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
 ]
 
 
@@ -85,7 +89,11 @@ def ledger_rows(study_dir) -> list:
     return [dict(zip(header, line.split("\t"), strict=True)) for line in lines[1:]]
 
 
-def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns_them(tmp_path):
+@pytest.fixture(scope="module")
+def killed_then_resumed(tmp_path_factory):
+    """The study of both tests: its orchestrator SIGKILLed in DDP's run, the trainers it leaves, then the
+    study resumed. test_an_ok_run_... goes on from its finished study (one study's runs fewer)."""
+    tmp_path = tmp_path_factory.mktemp("orphans")
     study_dir, out = tmp_path / "runs" / "k", tmp_path / "runs"
     # DDP sleeps two minutes in its second step: the orchestrator is killed in there
     slow = python_injecting(tmp_path, "slow", 'self.cfg.strategy == "DDP"', "time.sleep(120)")
@@ -93,8 +101,11 @@ def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns
     deadline = time.monotonic() + 300
     while not stepped(study_dir, "DDP") and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert proc.poll() is None and stepped(study_dir, "DDP"), proc.communicate()
-    assert len(trainers_of(out)) == 2
+    running = proc.poll() is None and stepped(study_dir, "DDP")
+    if not running:
+        proc.kill()
+    assert running, proc.communicate()
+    trainers = len(trainers_of(out))
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
 
@@ -105,81 +116,63 @@ def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns
     left = trainers_of(out)
     for pid in left:  # not this test's to leave behind
         os.kill(pid, signal.SIGKILL)
-    assert left == [], "trainer processes outlived their killed study"
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "vit_scale", "study", *STUDY],
-        cwd=tmp_path,
+    resumed = study(tmp_path, STUDY)
+    return tmp_path, trainers, left, resumed, ledger_rows(study_dir)
+
+
+def study(cwd, args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vit_scale", "study", *args],
+        cwd=cwd,
         env=job_env(),
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def test_killed_orchestrator_takes_its_runs_with_it_and_the_resumed_study_reruns_them(killed_then_resumed):
+    _, trainers, left, resumed, rows = killed_then_resumed
+    assert trainers == 2
+    assert left == [], "trainer processes outlived their killed study"
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "[1/2] vit_micro FULL_SHARD n2 (2 ranks) ... ok earlier, skipped" in resumed.stdout, resumed.stdout
     assert "[2/2] vit_micro DDP n2 (2 ranks) ... ok " in resumed.stdout, resumed.stdout
-    rows = ledger_rows(study_dir)
     assert [(r["strategy"], r["status"]) for r in rows] == [("FULL_SHARD", "ok"), ("DDP", "ok")], rows
     assert len({r["run_dir"] for r in rows}) == len(rows)
 
 
-def test_an_ok_run_its_study_never_saw_end_is_run_again_saying_why(tmp_path):
+def test_an_ok_run_its_study_never_saw_end_is_run_again_saying_why(killed_then_resumed):
     """The record of a run that ended after its study had died: ok, but without the ledger row the
-    study writes once it has seen the run end (here: the row taken out of a real study's ledger).
+    study writes once it has seen the run end (here: DDP's row taken out of the resumed study's ledger).
     A study directory moved, or reached through a link, keeps its runs: nothing reruns."""
-    args = [*STUDY[:5], "DDP", *STUDY[6:]]
-    first = subprocess.run(
-        [sys.executable, "-m", "vit_scale", "study", *args],
-        cwd=tmp_path,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert first.returncode == 0, first.stdout + first.stderr
+    tmp_path, _, _, resumed, _ = killed_then_resumed
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     ledger = tmp_path / "runs" / "k" / "study_runs.tsv"
-    (run_dir,) = [r["run_dir"] for r in ledger_rows(tmp_path / "runs" / "k")]
-    ledger.write_text(ledger.read_text().splitlines()[0] + "\n")
+    (run_dir,) = [r["run_dir"] for r in ledger_rows(tmp_path / "runs" / "k") if r["strategy"] == "DDP"]
+    ledger.write_text("".join(line for line in ledger.read_text().splitlines(True) if run_dir not in line))
 
-    again = subprocess.run(
-        [sys.executable, "-m", "vit_scale", "study", *args],
-        cwd=tmp_path,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    again = study(tmp_path, STUDY)
     assert again.returncode == 0, again.stdout + again.stderr
     assert (
-        f"[1/1] vit_micro DDP n2 (2 ranks): {run_dir} says ok, but it has no ledger row: its study was killed "
+        f"[2/2] vit_micro DDP n2 (2 ranks): {run_dir} says ok, but it has no ledger row: its study was killed "
         f"before the run ended, which then ran unattended; running it again"
     ) in again.stdout, again.stdout
-    assert "[1/1] vit_micro DDP n2 (2 ranks) ... ok " in again.stdout
-    third = subprocess.run(
-        [sys.executable, "-m", "vit_scale", "study", *args],
-        cwd=tmp_path,
-        env=job_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert "ok earlier, skipped" in third.stdout, third.stdout
+    assert "[2/2] vit_micro DDP n2 (2 ranks) ... ok " in again.stdout
+    assert "[1/2] vit_micro FULL_SHARD n2 (2 ranks) ... ok earlier, skipped" in again.stdout, again.stdout
     rows = ledger_rows(tmp_path / "runs" / "k")
-    assert len(rows) == 1 and rows[0]["run_dir"] != run_dir, rows  # the rerun's row, once
+    # the rerun's row, once
+    assert [r["strategy"] for r in rows] == ["FULL_SHARD", "DDP"] and rows[1]["run_dir"] != run_dir, rows
 
-    # the finished study moved, then reached through a symbolic link: its runs are still its own
+    # the finished study moved, then reached through a symbolic link: its runs are still its own, each skipped
+    # without a word of unattended runs, and no row is added
     (tmp_path / "runs").rename(tmp_path / "moved")
     (tmp_path / "link").symlink_to(tmp_path / "moved")
     for out in ("moved", "link"):
-        moved = [*args[: args.index("--out") + 1], out, *args[args.index("--out") + 2 :]]
-        resumed = subprocess.run(
-            [sys.executable, "-m", "vit_scale", "study", *moved],
-            cwd=tmp_path,
-            env=job_env(),
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        moved = [*STUDY[: STUDY.index("--out") + 1], out, *STUDY[STUDY.index("--out") + 2 :]]
+        resumed = study(tmp_path, moved)
         assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-        assert "ok earlier, skipped" in resumed.stdout and "unattended" not in resumed.stdout, resumed.stdout
-        assert len(ledger_rows(tmp_path / "moved" / "k")) == 1
+        assert resumed.stdout.count("ok earlier, skipped") == 2, resumed.stdout
+        assert "unattended" not in resumed.stdout, resumed.stdout
+        assert len(ledger_rows(tmp_path / "moved" / "k")) == 2

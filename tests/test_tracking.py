@@ -20,6 +20,7 @@ RUN = [
     "train.warmup_steps=1",
     "train.batch_size=2",
     "system.launcher=single",
+    "train.health_probe_s=0.1",  # the node-health probe after the window, shortened (it defaults to 1 s)
 ]
 
 
