@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import FAST, PYTHON, ROOT, losses, require_package, require_tool, torchrun
-from vit_scale.launch.world import detect_launcher, detect_world, slurm_master_port
+from vit_scale.launch.world import detect_launcher, detect_world, free_port, slurm_master_port
 from vit_scale.record.schema import validate_record_file
 
 SLURM_STEP_ENV = {
@@ -50,7 +50,21 @@ def test_srun_environment(monkeypatch):
     assert world.master_port == slurm_master_port()
     # consecutive steps of one job get different ports (no TIME_WAIT clash between ladder rungs)
     monkeypatch.setenv("SLURM_STEP_ID", "4")
-    assert slurm_master_port() != world.master_port and 15000 <= slurm_master_port() < 45000
+    assert slurm_master_port() != world.master_port and 15000 <= slurm_master_port() < 32768
+
+
+def test_rendezvous_ports_are_below_the_ephemeral_range(monkeypatch):
+    """A rendezvous port is chosen before the ranks import torch and bind it: one in the kernel's ephemeral range
+    (32768 up, by default) can meanwhile be given to an outgoing connection (a Slurm test's check failed with
+    EADDRINUSE on 41301 that way). Both ways of choosing one stay below it, and a free one is free to bind."""
+    ports = {free_port() for _ in range(20)}
+    assert all(15000 <= p < 32768 for p in ports) and len(ports) > 1
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("", p))
+    for job in range(0, 5000, 37):
+        monkeypatch.setenv("SLURM_JOB_ID", str(job))
+        assert 15000 <= slurm_master_port() < 32768
 
 
 def test_batch_script_alone_is_not_a_step(monkeypatch):

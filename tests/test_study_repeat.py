@@ -37,7 +37,9 @@ FAST = [
     "--warmup-steps",
     "1",
     "--set",
-    "train.health_probe_s=0.1",  # the node-health probe after each run, shortened (it defaults to 1 s)
+    # no node-health probe: a short one on a loaded machine once read a node at 61% of the other, and the
+    # analysis set that run aside (results.csv's slow_node), which changes the counts asserted here
+    "train.health_probe_s=0",
     "--batch-size",
     "2",
     "--study",

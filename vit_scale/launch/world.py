@@ -141,15 +141,44 @@ def slurm_master_addr() -> str:
     return slurm_node_address(nodes[0]) if nodes else "127.0.0.1"
 
 
+# Rendezvous ports are chosen below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by
+# default): a port is chosen tens of seconds (the ranks' imports) before the rendezvous listens on it, and a port
+# in that range may meanwhile be handed to any outgoing connection (a suite's gloo traffic did: EADDRINUSE)
+PORT_LOW = 15000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def slurm_master_port() -> int:
-    """Distinct per job and per step, so consecutive steps of a ladder never meet a port in TIME_WAIT."""
+    """Distinct per job and per step, so consecutive steps of a ladder never meet a port in TIME_WAIT; below
+    the ephemeral range (PORT_LOW up to 32767, the default range's start: the same on every node)."""
     job = _int_env("SLURM_JOB_ID", 0) or 0
     step = _int_env("SLURM_STEP_ID", 0) or 0
-    return 15000 + (job * 97 + step * 13) % 30000
+    return PORT_LOW + (job * 97 + step * 13) % (32768 - PORT_LOW)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing on this host listens on, below its ephemeral range (no outgoing connection is handed it
+    before the rendezvous binds it); a random one (not seeded by the process), tried until one binds."""
+    import random
+
+    pick = random.SystemRandom()
+    high = max(PORT_LOW + 1, _ephemeral_low())
+    for _ in range(200):
+        port = pick.randrange(PORT_LOW, high)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every one taken: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
