@@ -9,6 +9,7 @@ so that no job script has to compute them.
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import subprocess
@@ -166,8 +167,6 @@ def slurm_master_port() -> int:
 def free_port() -> int:
     """A port nothing on this host listens on, below its ephemeral range (no outgoing connection is handed it
     before the rendezvous binds it); a random one (not seeded by the process), tried until one binds."""
-    import random
-
     pick = random.SystemRandom()
     high = max(PORT_LOW + 1, _ephemeral_low())
     for _ in range(200):

@@ -260,10 +260,10 @@ def timeline(
     if blocking:
         forward_ahead, backward_prefetch = 0, "none"
     rules = (units, forward_ahead, backward_prefetch, optimizer_s, after_step, blocking, one_reduce_in_flight)
-    clock = _walk(_Clock(compute_slowdown), *rules, backward_ahead)
+    rules += (backward_ahead,)
+    clock = _walk(_Clock(compute_slowdown), *rules)
     if collective_slowdown:
-        computing = tuple(clock.compute_spans)
-        clock = _walk(_Clock(compute_slowdown, collective_slowdown, computing), *rules, backward_ahead)
+        clock = _walk(_Clock(compute_slowdown, collective_slowdown, tuple(clock.compute_spans)), *rules)
     return clock.out
 
 
