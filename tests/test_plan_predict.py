@@ -794,6 +794,54 @@ def test_an_emulated_node_computes_faster_beyond_its_rung_never_slower(tmp_path)
         assert "\n" not in str(err.value)
 
 
+def test_on_a_quota_the_costly_end_computes_at_most_the_measured_burst_share(tmp_path):
+    """The band's costly end on the local profile's quota: benchmarks/quota_burst.py measured a node's compute,
+    once its ranks wait at least as long as they compute a step, at up to 0.57 of the rung's time (the profile's
+    quota_burst_share), so there the costly end computes in 0.57 C (C its rung's compute, E its waits, both at
+    the costly end's inputs), with shorter waits on the line from C: C (1 - 0.43 min(1, E / C)); never faster
+    than the value. The rung keeps its compute. A share below the cores' own pace (0.25) or above 1, or one on a
+    profile without a quota, is one line naming the key."""
+    cal = pr.profile_calibration(pr.profile_path("local"))
+    comp = pr.compute_from_flops(1e-2, 0.4, "a made peak")  # a CPU has no peak: one to count FLOPs against
+    comp.device_spread = pr.device_spread(pr.profile_path("local"))
+    assert (
+        comp.device_spread.burst_share == 0.57
+        and "with waits as long as the compute, 57% of the rung's time" in comp.device_spread.text()
+    )
+    dear = cal.ends[True]
+    points = [
+        Scenario(model="vit_micro", strategy=s, nodes=n, batch_size=8, precision="fp32", gpus_per_node=2)
+        for s in ("FULL_SHARD", "HYBRID_2GPU")
+        for n in (1, 2, 4)
+    ]
+    shares = []
+    for sc, p in zip(points, pr.predict(points, cal, comp, blocking=True), strict=True):
+        rung = comp.compute_for(sc, dear)
+        plain = predict_step(sc, dear, rung, blocking=True)
+        whole = rung.forward_s + rung.backward_s + rung.optimizer_s
+        waits = plain.breakdown.exposed_intra_s + plain.breakdown.exposed_inter_s
+        share = 1.0 if sc.nodes == 1 else 1 - 0.43 * min(1.0, waits / whole)
+        end = predict_step(sc, dear, rung.scaled(share, "test"), blocking=True)
+        assert p.end_ips[1] == pytest.approx(end.images_per_s_per_gpu), sc
+        assert p.band["images_per_s_per_gpu"][0] <= p.images_per_s_per_gpu
+        shares.append(share)
+    # at 4 nodes the waits outlast the compute: the measured ceiling itself
+    assert shares[0] == 1.0 and shares[2] == pytest.approx(0.57) and all(0.57 <= x < 1 for x in shares[1:3])
+    local = open(pr.profile_path("local"), encoding="utf-8").read()
+    frontier = open(pr.profile_path("frontier"), encoding="utf-8").read()
+    for text, words in (
+        (local.replace("quota_burst_share: 0.57", "quota_burst_share: 0.1"), "from the cores' own pace (0.25"),
+        (local.replace("quota_burst_share: 0.57", "quota_burst_share: most"), "up to 1"),
+        (frontier + "quota_burst_share: 0.5\n", "is given without a CPU quota (emulation.cpus_per_node)"),
+    ):
+        path = tmp_path / "bad.yaml"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(UserError) as err:
+            pr.device_spread(str(path))
+        assert str(err.value).startswith("bad.yaml: quota_burst_share") and words in str(err.value)
+        assert "\n" not in str(err.value)
+
+
 def test_on_a_quota_the_values_compute_takes_back_what_the_waits_left_unspent():
     """On the local profile's emulated nodes (a CPU quota, gloo's blocking collectives) a point beyond its rung
     computes in max(C - E, 0.25 C): C the rung's compute, E the step's waits, 0.25 the cores' own pace over the

@@ -38,6 +38,7 @@ SYSTEM_KEYS = (
     "peak_tflops",
     "device_memory_gib",
     "device_spread",
+    "quota_burst_share",
     "needs_slurm",
     "default_study",
     "sbatch_flags",
@@ -67,6 +68,8 @@ class SystemProfile:
     # how far one device's speed may lie from another's of the same model in this system: a band's input
     # (vit_scale.planning.input_profile.device_spread), not used by a run
     device_spread: object = None
+    # on emulated nodes with a CPU quota: the band's costly end's compute ceiling (input_profile.device_spread)
+    quota_burst_share: object = None
     needs_slurm: bool = False
     default_study: str = ""
     sbatch_flags: str = ""

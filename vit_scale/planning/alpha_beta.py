@@ -415,6 +415,12 @@ class Network:
     # step_time.timeline; docs/plan.md "Compute and collectives side by side"); 0: not slowed
     compute_slowdown: float = 0.0
     collective_slowdown: float = 0.0
+    # gloo's rings keep two segments in flight (gloo/allgather.cc sends each chunk in two halves and waits for
+    # the next-to-last operation; allreduce.cc keeps one segment in flight while it reduces the other), so a
+    # step's latency may pass while the other segment moves: this share of the ring's latency beyond its first
+    # step hides behind its bytes (0: latency plus bytes; 1: the longer of its steps' latency and one step's
+    # latency plus its bytes). gloo only; docs/plan.md, "gloo's rings: latency behind bytes"
+    segment_overlap: float = 0.0
 
     def at_end(self, costly: bool) -> Network:
         """These figures with every ranged one at the end of its range that makes a collective cheaper
@@ -507,7 +513,12 @@ class Network:
             inter_alpha = bw.alpha_us if k > 1 else 0.0
             intra_alpha = max(intra.alpha_us, self.net_overhead_us) if (k > 1 and algo == "ring") else intra.alpha_us
             latency = (self.launch_us + steps[0] * intra_alpha + steps[1] * inter_alpha) * 1e-6
-            c = Cost(latency + bandwidth, algo, latency, bandwidth, *steps)
+            seconds = latency + bandwidth
+            if self.segment_overlap and self.backend == "gloo" and algo == "ring":
+                first = (self.launch_us + (inter_alpha if k > 1 else intra_alpha)) * 1e-6
+                hidden = max(latency, first + bandwidth)
+                seconds += self.segment_overlap * (hidden - seconds)
+            c = Cost(seconds, algo, latency, bandwidth, *steps)
             if best is None or c.seconds < best.seconds:
                 best = c
         return best
@@ -551,6 +562,8 @@ NETWORK_OPTIONAL = {
     "compute_slowdown_range",
     "collective_slowdown",
     "collective_slowdown_range",
+    "segment_overlap",
+    "segment_overlap_range",
 }
 # step_latency_us: per ring step. latency_us (profiles before the per-step form): a collective's latency
 # as measured over two ranks, i.e. one ring step of an all-gather, so read as the same per-step figure
@@ -565,6 +578,13 @@ def _positive(value, what: str, zero_ok: bool = False) -> float:
     if not (value >= 0 if zero_ok else value > 0):
         raise ValueError(f"{what} must be a {'non-negative' if zero_ok else 'positive'} number, got {value!r}")
     return float(value)
+
+
+def _share(value, what: str, zero_ok: bool) -> float:
+    share = _positive(value, what, zero_ok=zero_ok)
+    if share > 1:
+        raise ValueError(f"{what} must be in {'[' if zero_ok else '('}0, 1], got {share!r}")
+    return share
 
 
 def network_from_profile(data: dict, where: str, algo: str | None = None) -> Network | None:
@@ -617,19 +637,18 @@ def network_from_profile(data: dict, where: str, algo: str | None = None) -> Net
             ranges.append(
                 read_range(section[key + RANGE_SUFFIX], extra[key], key, f"{where}: network.{key}{RANGE_SUFFIX}")
             )
-    if "tree_bus_ratio" in section:
-        ratio = _positive(section["tree_bus_ratio"], f"{where}: network.tree_bus_ratio")
-        if ratio > 1:
-            raise ValueError(f"{where}: network.tree_bus_ratio must be in (0, 1], got {ratio!r}")
-        extra["tree_bus_ratio"] = ratio
-    if "tree_bus_ratio_range" in section:
-        what = f"{where}: network.tree_bus_ratio_range"
-        if "tree_bus_ratio" not in extra:
-            raise ValueError(f"{what} is given without network.tree_bus_ratio")
-        # a lower ratio is a slower tree: its low end is the costly one, as a bandwidth's
-        ranges.append(
-            read_range(section["tree_bus_ratio_range"], extra["tree_bus_ratio"], "tree_bus_ratio", what, False)
-        )
+    # shares where more is a cheaper collective, so their range's low end is the costly one: the tree's share of
+    # the ring's bandwidth (above 0, as a bandwidth), and the share of a gloo ring's latency its bytes hide
+    for key, zero_ok in (("tree_bus_ratio", False), ("segment_overlap", True)):
+        if key in section:
+            extra[key] = _share(section[key], f"{where}: network.{key}", zero_ok)
+        if key + RANGE_SUFFIX in section:
+            what = f"{where}: network.{key}{RANGE_SUFFIX}"
+            if key not in extra:
+                raise ValueError(f"{what} is given without network.{key}")
+            ranges.append(
+                read_range(section[key + RANGE_SUFFIX], extra[key], key, what, False, 1.0 if zero_ok else None)
+            )
     if ranges:
         extra["ranges"] = tuple(ranges)
     if "measured_ranks" in section:
@@ -662,9 +681,9 @@ class Range:
         return f"{self.key} {self.value:g} ({self.low:g}-{self.high:g})"
 
 
-def read_range(given, value: float, key: str, what: str, costly_high: bool = True) -> Range:
+def read_range(given, value: float, key: str, what: str, costly_high: bool = True, share: float | None = None) -> Range:
     """A `KEY_range: [low, high]` beside KEY's `value`: two finite numbers, 0 or more (a bandwidth above
-    0), low <= value <= high; else ValueError naming `what`."""
+    0; a share, `share` its largest, from 0 up to it), low <= value <= high; else ValueError naming `what`."""
     ok = (
         isinstance(given, (list, tuple))
         and len(given) == 2
@@ -673,8 +692,11 @@ def read_range(given, value: float, key: str, what: str, costly_high: bool = Tru
     if not ok:
         raise ValueError(f"{what} must be [low, high], two finite numbers, got {given!r}")
     low, high = float(given[0]), float(given[1])
-    if low < 0 or (not costly_high and low <= 0):
-        raise ValueError(f"{what}: its low end must be {'above' if not costly_high else 'at least'} 0, got {low:g}")
+    above = not costly_high and share is None  # a bandwidth: above 0
+    if low < 0 or (above and low <= 0):
+        raise ValueError(f"{what}: its low end must be {'above' if above else 'at least'} 0, got {low:g}")
+    if share is not None and high > share:
+        raise ValueError(f"{what}: its high end must be at most {share:g} (a share), got {high:g}")
     if not low <= value <= high:
         raise ValueError(
             f"{what}: [{low:g}, {high:g}] does not contain the value {value:g}; expected low <= value <= high"

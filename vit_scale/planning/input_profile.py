@@ -6,6 +6,7 @@ file and key."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 
 from vit_scale.errors import UserError
@@ -83,4 +84,17 @@ def device_spread(path: str) -> DeviceSpread | None:
     if isinstance(quota, (int, float)) and not isinstance(quota, bool) and quota > 0:
         # emulated nodes under a CPU quota: the faster share is its budget (docs/plan.md, "The devices")
         spread = dataclasses.replace(spread, budget=True)
+    burst = data.get("quota_burst_share")
+    if burst is not None:
+        name = os.path.basename(path)
+        if not spread.budget:
+            raise UserError(f"{name}: quota_burst_share is given without a CPU quota (emulation.cpus_per_node)")
+        pace = 1 - spread.faster
+        ok = not isinstance(burst, bool) and isinstance(burst, (int, float)) and math.isfinite(burst)
+        if not ok or not pace <= burst <= 1:
+            raise UserError(
+                f"{name}: quota_burst_share: {burst!r} is not allowed; allowed: a share of the rung's compute time "
+                f"from the cores' own pace ({pace:g}, 1 - device_spread's faster share) up to 1"
+            )
+        spread = dataclasses.replace(spread, burst_share=float(burst))
     return spread

@@ -5,21 +5,21 @@ falls below another as a range of node counts.
     band(value, [at_cheap, at_costly])       # a StepPrediction's *_low / *_high from the predictions at the ends
     crossings(curves)                        # per model and pair of strategies, the node counts it falls below
 
-Propagation is by bounds, not sampling. Every input with a range (a latency, a bandwidth: the system
-profile's `*_range` keys, each written beside its citation) moves a collective's time one way only: a higher
-latency or a lower bandwidth never makes a collective shorter (alpha_beta.Network.cost: latency + bytes over
-bandwidth, the faster of ring and tree), and the step's timeline (step_time.timeline: each collective starts
-at the later of its data being ready and its stream being free, compute waits for it) only adds and takes
-maxima, so a longer collective never shortens the step. So the step with every input at its cheap end is the
-shortest the ranges allow and with every one at its costly end the longest. Each range is read as its input's
-90% interval, and the inputs as moving together (they do: the across-nodes per-step latency and the network
-overhead are one reading of one table): for inputs that move together, the 5th and 95th percentiles of a
-monotone function are its values at the inputs' 5th and 95th percentiles, so the two ends are the 90% band
-exactly; inputs varying independently would give a narrower one, so the band is on the wide side. Where
-compute is derived from a measured step (its step less the communication predicted exposed there), a
-dearer network leaves less compute, and a point's images/s need not be monotone in the inputs: the band is
-then the hull of the value and both ends. Sampling would need hundreds of timelines a point; the bounds take
-two, which keeps `vit-scale plan` as fast as before. Torch-free. docs/plan.md, "How sure a prediction is".
+Propagation is by bounds, not sampling. Every input with a range (a latency, a bandwidth: the system profile's
+`*_range` keys, each written beside its citation) moves a collective's time one way only: a higher latency, a
+lower bandwidth or less of a gloo ring's latency hidden behind its bytes never makes a collective shorter
+(alpha_beta.Network.cost: latency + bytes over bandwidth, the faster of ring and tree), and the step's timeline
+(step_time.timeline: each collective starts at the later of its data being ready and its stream being free,
+compute waits for it) only adds and takes maxima, so a longer collective never shortens the step. So the step with
+every input at its cheap end is the shortest the ranges allow and with every one at its costly end the longest.
+Each range is read as its input's 90% interval, and the inputs as moving together (they do: the across-nodes
+per-step latency and the network overhead are one reading of one table): for inputs that move together, the 5th
+and 95th percentiles of a monotone function are its values at the inputs' 5th and 95th percentiles, so the two
+ends are the 90% band exactly; inputs varying independently would give a narrower one, so the band is on the wide
+side. Where compute is derived from a measured step (its step less the communication predicted exposed there), a
+dearer network leaves less compute, and a point's images/s need not be monotone in the inputs: the band is then
+the hull of the value and both ends. Sampling would need hundreds of timelines a point; the bounds take two, which
+keeps `vit-scale plan` as fast as before. Torch-free. docs/plan.md, "How sure a prediction is".
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class DeviceSpread:
     # the faster share is a CPU quota's budget a period that waiting leaves unspent (emulated nodes): the
     # value, not only the band's end, takes as much of it as the step's waits give back (predict._on_budget)
     budget: bool = False
+    # on such a budget, the most of the rung's compute time a node's compute was measured to take once its
+    # ranks wait at least that long a step (the profile's quota_burst_share, benchmarks/quota_burst.py): the
+    # costly end's ceiling there; 1: not measured, the rung's own pace
+    burst_share: float = 1.0
 
     @classmethod
     def of(cls, value) -> DeviceSpread:
@@ -79,6 +83,11 @@ class DeviceSpread:
         if self.faster == self.slower:
             return f"devices {self.faster:.0%} slower or faster"
         quota = " (a CPU quota's budget, given back by waiting)" if self.budget else ""
+        if self.budget and self.burst_share < 1:
+            quota = (
+                " (a CPU quota's budget, given back by waiting; the costly end, with waits as long as the compute, "
+                f"{self.burst_share:.0%} of the rung's time)"
+            )
         return f"compute up to {self.faster:.0%} less and {self.slower:.0%} more time{quota}"
 
 
