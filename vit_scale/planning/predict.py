@@ -108,7 +108,7 @@ def predict(
                 end_net = spread_ends[costly] if spread_ends else net
                 comp = compute.compute_for(sc, end_net, opt, end=costly if compute.origin else None)
                 varied = compute.varied(comp, sc, costly)
-                if costly:
+                if costly and blocking and compute.device_spread.budget:
                     dear = _predict_one(sc, end_net, varied, blocking, base, costly, base_comp=comp)
                     varied = _on_budget(dear, sc, varied, compute.device_spread, blocking, costly=True) or varied
                 at_ends.append(_predict_one(sc, end_net, varied, blocking, base, costly, base_comp=comp))
