@@ -39,9 +39,13 @@ jsonschema = require_module("jsonschema", "pip install 'vit-scale[test]'")
 pytestmark = pytest.mark.timeout(2400)
 
 MIN_ACCURACY = 0.90
+# the node-health probe at a run's end, shortened (1 s by default): nothing here reads it, and the runs are many
+PROBE = "train.health_probe_s=0.1"
 # from scratch, no augmentation, 12 epochs of 44 steps of 2 x 16 images: 94.7%, 95.3%, 94.7% with
 # seeds 0, 1, 2 under DDP (16 epochs: 96.1%, 96.1%, 98.3%, 8 s more of the suite; 10 epochs: 91.6%,
 # 93.3%, 94.4%, too near the bar). (lr 4e-3 with a shorter warm-up once sat at chance for epochs: 77%.)
+# Batches of 8 (89 steps an epoch, lr 2e-3, a warm-up of one epoch), 7 epochs in 21 s: 94.7% with seed 0 but
+# 79.7% and 78.3% with seeds 1 and 2; 6 epochs 85.5%, 69.1% (2026-11-28).
 EPOCHS = 12
 ACCURACY = [
     "model=vit_micro",
@@ -52,6 +56,7 @@ ACCURACY = [
     "data.augment=none",
     "train.print_every=1000",
     "train.warmup_steps=2",
+    PROBE,
 ]
 # short runs for resuming, with everything that could break "the same losses": random crops and
 # flips, two loader workers per rank, accumulation over two micro-batches, clipping, label smoothing
@@ -66,6 +71,7 @@ SHORT = [
     "data.workers=2",
     "train.print_every=1000",
     "train.warmup_steps=2",
+    PROBE,
 ]
 # FULL_SHARD reduce-scatters where DDP all-reduces: the same sums in another order, over 12 steps
 # (it held over 44 steps of all 1,438 training images too)

@@ -229,6 +229,21 @@ def test_augmentation_depends_on_seed_epoch_and_image_only(tmp_path):
     assert evaluation[(-1, 0, False)][0].shape == (3, 32, 32)
 
 
+def test_training_images_without_augmentation_are_the_same_unseeded(tmp_path):
+    """augment=none draws no random numbers, so fine-tuning reads its training images without a seed
+    per image (recipes/finetune.py): the same tensors as seeded, and the caller's RNG left alone."""
+    _image_folder(tmp_path, ["a", "b"], 3, size=40)
+    splits = datasets.load_splits(DataConfig(path=str(tmp_path), val_fraction=0.34), seed=0)
+    transform = datasets.build_transform(DataConfig(augment="none"), 32, train=True)
+    seeded = datasets.ImageDataset(splits.train, transform, seed=5, train=True)
+    unseeded = datasets.ImageDataset(splits.train, transform, seed=5, train=False)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    for position in range(len(splits.train)):
+        assert torch.equal(unseeded[(2, position, True)][0], seeded[(2, position, True)][0])
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 # ---------------------------------------------------------------- pretrained weights
 
 

@@ -480,7 +480,8 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 
 
 class ImageDataset:
-    """Keys are (epoch, position, valid) from the samplers below; items (image, label, valid)."""
+    """Keys are (epoch, position, valid) from the samplers below; items (image, label, valid). With `train`,
+    each item's transform draws its random numbers from a seed of its own (random augmentations)."""
 
     def __init__(self, split: Split, transform, seed: int, train: bool):
         self.split, self.transform, self.seed, self.train = split, transform, seed, train

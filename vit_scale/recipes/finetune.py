@@ -202,8 +202,13 @@ class FinetuneRun(RunSession):
             )
 
         splits, data = self.inputs.splits, cfg.data
+        # seeded per sample only where the transform is random: with augment=none it draws nothing, and
+        # fork_rng with manual_seed took 0.13 ms an image (a 32 px PNG's whole read and transform took 0.15 ms)
         self.train_set = datasets.ImageDataset(
-            splits.train, datasets.build_transform(data, spec.img_size, True), cfg.train.seed, train=True
+            splits.train,
+            datasets.build_transform(data, spec.img_size, True),
+            cfg.train.seed,
+            train=data.augment != "none",
         )
         val_set = datasets.ImageDataset(
             splits.val, datasets.build_transform(data, spec.img_size, False), cfg.train.seed, train=False
