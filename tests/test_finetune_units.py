@@ -225,6 +225,11 @@ def test_augmentation_depends_on_seed_epoch_and_image_only(tmp_path):
     assert x.shape == (3, 32, 32) and valid is True and label == splits.train.labels()[1]
     assert torch.equal(data[(2, 1, True)][0], x)
     assert not torch.equal(data[(3, 1, True)][0], x)
+    # the crop the seed (5, epoch 2, this image) gives, as torch.manual_seed would draw it: only the CPU
+    # generator is seeded (a GPU's is left alone), and the transforms draw from it
+    index = splits.train.indices[1]
+    torch.manual_seed(datasets.sample_seed(5, 2, index))
+    assert torch.equal(transform(splits.train.source.image(index)), x)
     evaluation = datasets.ImageDataset(splits.val, datasets.build_transform(DataConfig(), 32, train=False), 5, False)
     assert evaluation[(-1, 0, False)][0].shape == (3, 32, 32)
 

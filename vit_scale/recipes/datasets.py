@@ -497,9 +497,12 @@ class ImageDataset:
         image = self.split.source.image(index)
         if self.train:
             # augmentation drawn from (seed, epoch, image) alone: the same crops whichever worker,
-            # whatever the worker count, and after a resume; fork_rng leaves the caller's RNG alone
+            # whatever the worker count, and after a resume; fork_rng leaves the caller's RNG alone. Only the
+            # CPU generator, which the transforms draw from: torch.manual_seed would also reseed every GPU's
+            # (which fork_rng(devices=[]) does not restore) and, on a machine without one, queue that call
+            # with its stack each time (torch.cuda._lazy_call: about 0.13 ms an image)
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(sample_seed(self.seed, epoch, index))
+                torch.default_generator.manual_seed(sample_seed(self.seed, epoch, index))
                 tensor = self.transform(image)
         else:
             tensor = self.transform(image)
