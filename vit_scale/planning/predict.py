@@ -109,7 +109,7 @@ def predict(
                 comp = compute.compute_for(sc, end_net, opt, end=costly if compute.origin else None)
                 varied = compute.varied(comp, sc, costly)
                 if costly and blocking and compute.device_spread.budget:
-                    dear = _predict_one(sc, end_net, varied, blocking, base, costly, base_comp=comp)
+                    dear = predict_step(sc, end_net, varied, blocking)
                     varied = _on_budget(dear, sc, varied, compute.device_spread, blocking, costly=True) or varied
                 at_ends.append(_predict_one(sc, end_net, varied, blocking, base, costly, base_comp=comp))
             spread.band(p, at_ends)

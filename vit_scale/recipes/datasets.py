@@ -448,6 +448,11 @@ class _ToRGB:
         return img.convert("RGB") if img.mode != "RGB" else img
 
 
+def random_augmentation(data, train: bool) -> bool:
+    """Whether build_transform's transform draws random numbers (a random crop, and a flip for "standard")."""
+    return train and data.augment != "none"
+
+
 def build_transform(data, img_size: int, train: bool):
     from vit_scale.compat import ensure_torchvision_importable
 
@@ -456,7 +461,7 @@ def build_transform(data, img_size: int, train: bool):
 
     bicubic = T.InterpolationMode.BICUBIC
     ops = [_ToRGB()]
-    if train and data.augment != "none":
+    if random_augmentation(data, train):
         ops.append(
             T.RandomResizedCrop(img_size, scale=(data.crop_scale_min, 1.0), interpolation=bicubic, antialias=True)
         )

@@ -208,7 +208,7 @@ class FinetuneRun(RunSession):
             splits.train,
             datasets.build_transform(data, spec.img_size, True),
             cfg.train.seed,
-            train=data.augment != "none",
+            train=datasets.random_augmentation(data, True),
         )
         val_set = datasets.ImageDataset(
             splits.val, datasets.build_transform(data, spec.img_size, False), cfg.train.seed, train=False
